@@ -1,0 +1,168 @@
+"""The farm's public types (DESIGN.md §2), validated with pydantic v2 at every edge.
+
+A :class:`RenderRequest` enters at the producer (Python, CLI or HTTP), travels as JSON in the
+Celery message, and is rendered by a worker. A :class:`JobStatus` is what the job-state store
+returns for it. Validation errors name the field and the rule that failed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+JobState = Literal["queued", "running", "succeeded", "failed", "canceled"]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
+JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "canceled")
+
+OutputFormat = Literal["png", "webp", "jpeg"]
+Priority = Literal["high", "normal", "low"]
+
+#: Scheduler names a request may ask for; ``default`` keeps the model's own scheduler.
+#: The pipeline package maps each name to a diffusers scheduler class.
+SchedulerName = Literal[
+    "default", "ddim", "pndm", "euler", "euler_ancestral", "dpmpp_2m", "lms", "heun", "unipc", "lcm"
+]
+
+MAX_SEED = 2**32 - 1
+CONTENT_TYPES: dict[str, str] = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
+
+
+class RenderRequest(BaseModel):
+    """One text-to-image render.
+
+    Sizes are pixels; ``width`` and ``height`` must be multiples of 8 in 64…2048 (the VAE
+    downsamples by 8). ``seed`` is assigned by the producer when absent, so that every stored
+    job is reproducible. ``model`` ``None`` means the farm's default model.
+
+    Raises:
+        pydantic.ValidationError: naming the field and the rule, e.g.
+            ``width: Value error, width must be a multiple of 8, got 100``.
+    """
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    prompt: str = Field(min_length=1, max_length=2000, description="Text prompt, 1…2,000 characters.")
+    negative_prompt: str = Field("", max_length=2000, description="Negative prompt, up to 2,000 characters.")
+    model: str | None = Field(None, min_length=1, max_length=200, description="Hub id, local path or offline name.")
+    width: int = Field(512, ge=64, le=2048, description="Pixels, multiple of 8.")
+    height: int = Field(512, ge=64, le=2048, description="Pixels, multiple of 8.")
+    num_inference_steps: int = Field(20, ge=1, le=150, description="Denoising steps.")
+    guidance_scale: float = Field(7.5, ge=0.0, le=30.0, description="Classifier-free guidance scale.")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="RNG seed; assigned when absent.")
+    scheduler: SchedulerName = Field("default", description="Scheduler name; default keeps the model's.")
+    output_format: OutputFormat = Field("png", description="Image file format.")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Free str→str map, kept with the job.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("prompt must contain a non-whitespace character")
+        return v
+
+    @field_validator("width", "height")
+    @classmethod
+    def _multiple_of_8(cls, v: int, info) -> int:
+        if v % 8:
+            raise ValueError(f"{info.field_name} must be a multiple of 8, got {v}")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 32:
+            raise ValueError(f"metadata may hold at most 32 entries, got {len(v)}")
+        for key, value in v.items():
+            if not 1 <= len(key) <= 64:
+                raise ValueError(f"metadata key {key[:64]!r} must be 1…64 characters")
+            if len(value) > 1024:
+                raise ValueError(f"metadata value for {key!r} must be at most 1,024 characters")
+        return v
+
+
+class BatchSubmission(BaseModel):
+    """Body of ``POST /v1/batches``: up to 10,000 requests submitted as one batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[RenderRequest] = Field(min_length=1, max_length=10_000)
+    priority: Priority = "normal"
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    webhook_url: str | None = Field(None, max_length=2000)
+
+
+class JobAccepted(BaseModel):
+    """Answer to ``POST /v1/jobs``."""
+
+    job_id: str
+    batch_id: str
+
+
+class BatchAccepted(BaseModel):
+    """Answer to ``POST /v1/batches``: job ids in submission order."""
+
+    batch_id: str
+    job_ids: list[str]
+
+
+class JobResult(BaseModel):
+    """Where a rendered image is: S3 ``key`` and a presigned GET ``url``; sizes in pixels and bytes."""
+
+    key: str
+    url: str | None = None
+    width: int
+    height: int
+    seed: int
+    content_type: str
+    bytes: int
+
+
+class JobError(BaseModel):
+    """Why a job failed: the exception type and its message."""
+
+    type: str
+    message: str
+
+
+class JobStatus(BaseModel):
+    """The state of one job, as the job-state store records it.
+
+    ``progress`` is 0…1 (denoising steps done / steps). Times are UTC.
+    """
+
+    job_id: str
+    batch_id: str
+    state: JobState
+    progress: float = Field(0.0, ge=0.0, le=1.0)
+    attempts: int = 0
+    worker: str | None = None
+    pool: str | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result: JobResult | None = None
+    error: JobError | None = None
+    request: RenderRequest | None = None
+
+
+class BatchStatus(BaseModel):
+    """The state of one batch: counts by state, overall progress 0…1, and one page of jobs."""
+
+    batch_id: str
+    created_at: datetime
+    total: int
+    counts: dict[str, int]
+    progress: float = Field(ge=0.0, le=1.0)
+    done: bool
+    jobs: list[JobStatus]
+    offset: int = 0
+    limit: int = 0
+    next_offset: int | None = None
+
+    @model_validator(mode="after")
+    def _counts_cover_states(self) -> "BatchStatus":
+        for state in JOB_STATES:
+            self.counts.setdefault(state, 0)
+        return self

@@ -1,0 +1,49 @@
+"""Configuration for every process of the farm, read once from ``RENDERFARM_*`` variables.
+
+Producer, worker and API all read the same :class:`Settings`; nothing else parses the
+environment. See README "Configuration" for the table of variables.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "renderfarm"
+
+
+class Settings(BaseSettings):
+    """All tunables of the farm. Field ``x`` is read from ``RENDERFARM_X``.
+
+    The S3 credentials are boto3's standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
+    (and the rest of boto3's credential chain); they are not duplicated here.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RENDERFARM_", extra="ignore")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Broker and job-state store.")
+    s3_endpoint_url: str = Field("", description="S3 endpoint; empty means AWS.")
+    s3_bucket: str = Field("renders", description="Bucket that receives rendered images.")
+    s3_region: str = Field("us-east-1", description="Region used to sign S3 requests.")
+    presign_expires_s: int = Field(3600, ge=1, le=7 * 24 * 3600, description="Presigned GET lifetime, seconds.")
+    api_url: str = Field("http://127.0.0.1:8000", description="Status API base URL, for clients.")
+    api_key: str = Field("", description="The client's API key (sent as X-API-Key).")
+    cache_dir: Path = Field(default_factory=_default_cache_dir, description="Offline-built models live here.")
+    default_model: str = Field("tiny", description="Model used when a request names none.")
+    batch_size: int = Field(0, ge=0, le=256, description="Worker batch size; 0 = the device recipe's.")
+    flush_interval_s: float = Field(0.25, gt=0, le=0.25, description="celery-batches flush interval, seconds.")
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="Worker heartbeat period, seconds.")
+    heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
+    job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after creation, seconds.")
+    max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment on first use."""
+    return Settings()
