@@ -1,0 +1,170 @@
+"""The status API (FastAPI): submission over HTTP, job and batch status, workers, queues,
+health, metrics and the dashboard page.
+
+Data flow: producer clients → **POST here** → submission (store + queue); workers → store
+→ **GET here** → polling clients and the dashboard. An unknown id is always a 404.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import redis
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from infra import registry
+from infra.queue import make_celery
+from infra.queues import queue_depths
+from infra.schemas import BatchAccepted, BatchStatus, BatchSubmission, JobAccepted, JobStatus, RenderRequest
+from infra.settings import Settings, get_settings
+from infra.storage import Storage
+from infra.store import JobStore
+from infra.submission import Submitter
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+class Farm:
+    """The API's handles on Redis, S3 and the queue, built once per process."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.store = JobStore(self.redis, job_ttl_s=settings.job_ttl_s)
+        self.storage = Storage(settings, max_attempts=2)
+        self.celery = make_celery(settings)
+        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis)
+
+    def with_url(self, status: JobStatus) -> JobStatus:
+        """Attach a presigned GET URL to a finished job's result."""
+        if status.result is not None:
+            status.result.url = self.storage.presigned_url(status.result.key)
+        return status
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The ASGI app. ``settings`` default to the environment's."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.farm = Farm(settings)
+        yield
+        app.state.farm.celery.close()
+
+    app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan,
+                  description="Submit text-to-image render jobs and follow them to their images.")
+
+    def farm(request: Request) -> Farm:
+        return request.app.state.farm
+
+    @app.post("/v1/jobs", status_code=202, response_model=JobAccepted, tags=["jobs"])
+    async def submit_job(body: RenderRequest, request: Request) -> JobAccepted:
+        """Submit one render; it becomes a batch of one."""
+        accepted = await run_in_threadpool(farm(request).submitter.submit, [body])
+        return JobAccepted(job_id=accepted.job_ids[0], batch_id=accepted.batch_id)
+
+    @app.post("/v1/batches", status_code=202, response_model=BatchAccepted, tags=["batches"])
+    async def submit_batch(body: BatchSubmission, request: Request) -> BatchAccepted:
+        """Submit up to 10,000 renders as one batch. A repeated ``idempotency_key`` returns the first batch."""
+        return await run_in_threadpool(farm(request).submitter.submit, body.jobs, priority=body.priority,
+                                       idempotency_key=body.idempotency_key, webhook_url=body.webhook_url)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"])
+    def get_job(job_id: str, request: Request) -> JobStatus:
+        """One job's status, with a presigned URL once it succeeded. 404 for an unknown id."""
+        status = farm(request).store.get_job(job_id)
+        if status is None:
+            raise HTTPException(404, f"unknown job id {job_id!r}")
+        return farm(request).with_url(status)
+
+    @app.get("/v1/batches/{batch_id}", response_model=BatchStatus, tags=["batches"])
+    def get_batch(batch_id: str, request: Request, offset: int = Query(0, ge=0),
+                  limit: int = Query(100, ge=0, le=1000)) -> BatchStatus:
+        """Counts by state, progress 0…1 and one page of jobs (``offset``, ``limit`` ≤ 1,000)."""
+        status = farm(request).store.get_batch(batch_id, offset=offset, limit=limit)
+        if status is None:
+            raise HTTPException(404, f"unknown batch id {batch_id!r}")
+        status.jobs = [farm(request).with_url(j) for j in status.jobs]
+        return status
+
+    @app.delete("/v1/jobs/{job_id}", tags=["jobs"])
+    def cancel_job(job_id: str, request: Request) -> dict:
+        """Cancel a job that has not finished. 404 for an unknown id."""
+        store = farm(request).store
+        status = store.get_job(job_id)
+        if status is None:
+            raise HTTPException(404, f"unknown job id {job_id!r}")
+        canceled = store.cancel(job_id)
+        return {"job_id": job_id, "canceled": canceled, "state": store.get_job(job_id).state}
+
+    @app.delete("/v1/batches/{batch_id}", tags=["batches"])
+    def cancel_batch(batch_id: str, request: Request) -> dict:
+        """Cancel every job of a batch that has not finished. 404 for an unknown id."""
+        store = farm(request).store
+        if not store.batch_meta(batch_id):
+            raise HTTPException(404, f"unknown batch id {batch_id!r}")
+        n = sum(store.cancel(j) for j in store.batch_job_ids(batch_id))
+        return {"batch_id": batch_id, "canceled": n}
+
+    @app.get("/v1/workers", tags=["farm"])
+    def workers(request: Request) -> list[dict]:
+        """Live workers: device, recipe, model, pool, batch size, last heartbeat, current jobs."""
+        return registry.live_workers(farm(request).redis, farm(request).settings.heartbeat_ttl_s)
+
+    @app.get("/v1/queues", tags=["farm"])
+    def queues(request: Request) -> list[dict]:
+        """Per pool: queued, reserved (prefetched), running, outstanding and live workers."""
+        f = farm(request)
+        return queue_depths(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s))
+
+    @app.get("/healthz", tags=["farm"])
+    def healthz(request: Request) -> JSONResponse:
+        """200 when Redis and S3 answer, else 503 with the failing check."""
+        checks = {}
+        for name, probe in (("redis", farm(request).redis.ping), ("s3", farm(request).storage.ping)):
+            try:
+                probe()
+                checks[name] = "ok"
+            except Exception as exc:
+                checks[name] = f"{type(exc).__name__}: {exc}"[:300]
+        ok = all(v == "ok" for v in checks.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["farm"])
+    def metrics(request: Request) -> Response:
+        """Prometheus text format."""
+        f = farm(request)
+        reg = CollectorRegistry()
+        outstanding = Gauge("renderfarm_outstanding_jobs", "Queued + reserved + running jobs", ["pool"], registry=reg)
+        live = Gauge("renderfarm_live_workers", "Workers with a fresh heartbeat", ["pool"], registry=reg)
+        for row in queue_depths(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s)):
+            outstanding.labels(row["pool"]).set(row["outstanding"])
+            live.labels(row["pool"]).set(row["workers"])
+        return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse((STATIC_DIR / "dashboard.html").read_text(encoding="utf-8"))
+
+    return app
+
+
+def run_api(args: argparse.Namespace) -> None:
+    """Serve the API with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="info")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``renderfarm api`` to the CLI."""
+    p = subparsers.add_parser("api", help="serve the status API")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=run_api)

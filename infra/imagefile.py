@@ -1,0 +1,129 @@
+"""Image encoding with generation parameters embedded, as AUTOMATIC1111's "PNG Info" reads them.
+
+Data flow: worker → pipeline renders a PIL image → **here** it becomes PNG/WebP/JPEG bytes with
+a ``parameters`` text → storage uploads the bytes.
+
+The ``parameters`` text is A1111's infotext layout::
+
+    a red fox in the snow
+    Negative prompt: blurry
+    Steps: 20, Sampler: Euler a, CFG scale: 7.5, Seed: 7, Size: 512x512, Model: tiny
+
+PNG keeps it in a ``tEXt``/``iTXt`` chunk named ``parameters``; WebP and JPEG keep it in the EXIF
+``UserComment`` tag with the ``UNICODE`` prefix, which is where A1111 writes it for those formats.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+from PIL import Image, PngImagePlugin
+
+from infra.schemas import CONTENT_TYPES, RenderRequest
+
+#: Our scheduler names ↔ the sampler names A1111 shows. "default" is the model's own scheduler.
+SAMPLER_NAMES: dict[str, str] = {
+    "default": "Default", "ddim": "DDIM", "pndm": "PLMS", "euler": "Euler", "euler_ancestral": "Euler a",
+    "dpmpp_2m": "DPM++ 2M", "lms": "LMS", "heun": "Heun", "unipc": "UniPC", "lcm": "LCM",
+}
+_SCHEDULER_BY_SAMPLER = {v: k for k, v in SAMPLER_NAMES.items()}
+_EXIF_IFD = 0x8769
+_USER_COMMENT = 0x9286
+_PARAM_RE = re.compile(r'\s*([\w ]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+
+
+def _quote(value: str) -> str:
+    """A1111 quotes a value that holds a comma, colon or quote, JSON style."""
+    return json.dumps(value, ensure_ascii=False) if any(c in value for c in ',:"\n') else value
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def format_parameters(request: RenderRequest, *, model: str, job_id: str | None = None) -> str:
+    """The A1111 infotext for a rendered request. ``request.seed`` must be set."""
+    lines = [request.prompt]
+    if request.negative_prompt:
+        lines.append(f"Negative prompt: {request.negative_prompt}")
+    fields = {
+        "Steps": str(request.num_inference_steps),
+        "Sampler": SAMPLER_NAMES[request.scheduler],
+        "CFG scale": f"{request.guidance_scale:g}",
+        "Seed": str(request.seed),
+        "Size": f"{request.width}x{request.height}",
+        "Model": model,
+    }
+    if job_id:
+        fields["Job id"] = job_id
+    lines.append(", ".join(f"{k}: {_quote(v)}" for k, v in fields.items()))
+    return "\n".join(lines)
+
+
+def parse_parameters(text: str) -> dict[str, str]:
+    """Parse an A1111 infotext into ``{"prompt", "negative_prompt", "Steps", "Sampler", …}``."""
+    *head, last = text.split("\n")
+    fields = {m.group(1).strip(): _unquote(m.group(2)) for m in _PARAM_RE.finditer(last)}
+    prompt_lines, negative_lines, in_negative = [], [], False
+    for line in head:
+        if line.startswith("Negative prompt:"):
+            in_negative = True
+            line = line[len("Negative prompt:"):].lstrip()
+        (negative_lines if in_negative else prompt_lines).append(line)
+    return {"prompt": "\n".join(prompt_lines), "negative_prompt": "\n".join(negative_lines), **fields}
+
+
+def request_from_parameters(text: str) -> RenderRequest:
+    """Rebuild the :class:`RenderRequest` that an infotext describes (model included)."""
+    p = parse_parameters(text)
+    width, height = (int(x) for x in p["Size"].split("x"))
+    return RenderRequest(
+        prompt=p["prompt"], negative_prompt=p["negative_prompt"], model=p.get("Model"), width=width,
+        height=height, num_inference_steps=int(p["Steps"]), guidance_scale=float(p["CFG scale"]),
+        seed=int(p["Seed"]), scheduler=_SCHEDULER_BY_SAMPLER.get(p.get("Sampler", "Default"), "default"),
+    )
+
+
+def encode_image(image: Image.Image, fmt: str, parameters: str) -> tuple[bytes, str]:
+    """Encode ``image`` as ``fmt`` (png, webp or jpeg) with ``parameters`` embedded.
+
+    Returns:
+        (bytes, content type). PNG is lossless; WebP and JPEG use quality 95.
+    Raises:
+        ValueError: for an unknown format.
+    """
+    if fmt not in CONTENT_TYPES:
+        raise ValueError(f"output_format must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
+    buf = io.BytesIO()
+    if fmt == "png":
+        info = PngImagePlugin.PngInfo()
+        info.add_itxt("parameters", parameters)
+        image.save(buf, format="PNG", pnginfo=info)
+    else:
+        exif = Image.Exif()
+        exif.get_ifd(_EXIF_IFD)[_USER_COMMENT] = b"UNICODE\0" + parameters.encode("utf-16-be")
+        image.convert("RGB").save(buf, format=fmt.upper(), quality=95, exif=exif.tobytes())
+    return buf.getvalue(), CONTENT_TYPES[fmt]
+
+
+def read_parameters(data: bytes) -> str | None:
+    """The ``parameters`` text embedded in encoded image bytes, or None when absent."""
+    with Image.open(io.BytesIO(data)) as img:
+        if img.format == "PNG":
+            return img.info.get("parameters")
+        raw = img.getexif().get_ifd(_EXIF_IFD).get(_USER_COMMENT)
+    if not raw:
+        return None
+    if isinstance(raw, str):
+        return raw
+    if raw.startswith(b"UNICODE\0"):
+        return raw[8:].decode("utf-16-be")
+    return raw.split(b"\0", 1)[-1].decode("utf-8", "replace")

@@ -1,0 +1,127 @@
+"""The CLI's producer side: ``renderfarm submit``, ``status`` and ``wait``.
+
+Data flow: **CLI** → ``RenderClient`` → status API. Bad input is refused before anything is
+sent, with the field and the rule named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pydantic import ValidationError
+
+from infra.schemas import RenderRequest
+from producer.client import NotFoundError, RenderClient, RenderFarmError
+from producer.prompts import load_prompts
+
+
+def _requests_from_args(args: argparse.Namespace) -> list[RenderRequest]:
+    prompts = list(args.prompt or [])
+    if args.prompts:
+        prompts.extend(load_prompts(args.prompts))
+    if not prompts:
+        raise SystemExit("error: give --prompt TEXT or --prompts FILE")
+    common = {k: v for k, v in {
+        "model": args.model, "width": args.width, "height": args.height, "num_inference_steps": args.steps,
+        "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt,
+        "scheduler": args.scheduler, "output_format": args.format}.items() if v is not None}
+    return [RenderRequest(prompt=p, seed=None if args.seed is None else args.seed + i, **common)
+            for i, p in enumerate(prompts)]
+
+
+def _print_error(exc: Exception) -> int:
+    if isinstance(exc, ValidationError):
+        for err in exc.errors():
+            print(f"error: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}", file=sys.stderr)
+        return 2
+    print(f"error: {exc}", file=sys.stderr)
+    return 2 if isinstance(exc, (RenderFarmError, NotFoundError)) else 1
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        requests = _requests_from_args(args)
+        with RenderClient() as client:
+            accepted = client.submit_batch(requests, priority=args.priority)
+            print(accepted.batch_id)
+            if args.wait:
+                return _report(client.wait(accepted.batch_id, timeout=args.timeout))
+    except (ValidationError, RenderFarmError, NotFoundError, OSError, ValueError) as exc:
+        return _print_error(exc)
+    return 0
+
+
+def _report(jobs) -> int:
+    failed = [j for j in jobs if j.state != "succeeded"]
+    for j in failed:
+        print(f"{j.job_id} {j.state}" + (f": {j.error.type}: {j.error.message}" if j.error else ""), file=sys.stderr)
+    print(f"{len(jobs) - len(failed)}/{len(jobs)} succeeded", file=sys.stderr)
+    return 0 if not failed else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        with RenderClient() as client:
+            status = client.status(args.id)
+    except (NotFoundError, RenderFarmError) as exc:
+        return _print_error(exc)
+    if args.json:
+        print(status.model_dump_json(indent=2))
+    elif hasattr(status, "counts"):
+        print(f"batch {status.batch_id}: {status.total} jobs, progress {status.progress:.0%}, "
+              + ", ".join(f"{k} {v}" for k, v in status.counts.items() if v))
+    else:
+        line = f"job {status.job_id}: {status.state}, progress {status.progress:.0%}, attempts {status.attempts}"
+        if status.result:
+            line += f"\n  {status.result.key} {status.result.width}x{status.result.height}\n  {status.result.url}"
+        if status.error:
+            line += f"\n  {status.error.type}: {status.error.message}"
+        print(line)
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    try:
+        with RenderClient() as client:
+            jobs = client.wait(args.batch_id, timeout=args.timeout)
+    except (NotFoundError, RenderFarmError) as exc:
+        return _print_error(exc)
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
+    return _report(jobs)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``submit``, ``status`` and ``wait`` to the CLI."""
+    p = subparsers.add_parser("submit", help="submit renders; prints the batch id")
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    p.add_argument("--prompts", help="a text file (one prompt a line) or a PartiPrompts-style TSV")
+    p.add_argument("--model")
+    p.add_argument("--width", type=int)
+    p.add_argument("--height", type=int)
+    p.add_argument("--steps", type=int, help="num_inference_steps")
+    p.add_argument("--guidance-scale", type=float)
+    p.add_argument("--negative-prompt")
+    p.add_argument("--scheduler")
+    p.add_argument("--format", choices=["png", "webp", "jpeg"])
+    p.add_argument("--seed", type=int, help="seed of the first prompt; the next ones count up")
+    p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
+    p.add_argument("--wait", action="store_true", help="wait for the batch with a progress bar")
+    p.add_argument("--timeout", type=float, default=None, help="seconds to wait")
+    p.set_defaults(func=lambda a: sys.exit(cmd_submit(a)))
+
+    p = subparsers.add_parser("status", help="status of one job or one batch")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: sys.exit(cmd_status(a)))
+
+    p = subparsers.add_parser("wait", help="wait for a batch; exit 0 only when all jobs succeeded")
+    p.add_argument("batch_id")
+    p.add_argument("--timeout", type=float, default=None, help="seconds")
+    p.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    p.set_defaults(func=lambda a: sys.exit(cmd_wait(a)))

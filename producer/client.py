@@ -1,0 +1,187 @@
+"""``RenderClient``: the Python producer. Submits render jobs and follows them to their images.
+
+Data flow: **client** → HTTP status API → (job-state store + pool queues) … workers … →
+client polls status, then downloads images through presigned URLs (no S3 credentials needed).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import httpx
+from PIL import Image
+from tqdm import tqdm
+
+from infra.schemas import (
+    TERMINAL_STATES, BatchAccepted, BatchStatus, BatchSubmission, JobAccepted, JobStatus, RenderRequest,
+)
+from infra.settings import get_settings
+
+
+class NotFoundError(LookupError):
+    """The farm does not know this job or batch id."""
+
+
+class RenderFarmError(RuntimeError):
+    """The API refused a request; ``status_code`` and ``detail`` say why."""
+
+    def __init__(self, status_code: int, detail):
+        super().__init__(f"HTTP {status_code}: {detail}")
+        self.status_code, self.detail = status_code, detail
+
+
+class RenderClient:
+    """A client of the renderfarm API.
+
+    Args:
+        api_url: base URL; default ``RENDERFARM_API_URL``.
+        api_key: sent as ``X-API-Key``; default ``RENDERFARM_API_KEY``.
+        timeout_s: per-request HTTP timeout, seconds.
+    """
+
+    def __init__(self, api_url: str | None = None, api_key: str | None = None, timeout_s: float = 60.0):
+        settings = get_settings()
+        headers = {"X-API-Key": api_key or settings.api_key} if (api_key or settings.api_key) else {}
+        self.http = httpx.Client(base_url=(api_url or settings.api_url).rstrip("/"), headers=headers,
+                                 timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "RenderClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs) -> dict | list:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code == 404:
+            raise NotFoundError(response.json().get("detail", path))
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail")
+            except ValueError:
+                detail = response.text
+            raise RenderFarmError(response.status_code, detail)
+        return response.json()
+
+    # ---- submission -----------------------------------------------------------------------
+    def submit(self, request: RenderRequest | dict) -> JobAccepted:
+        """Submit one render. Raises ``pydantic.ValidationError`` before sending anything invalid."""
+        request = RenderRequest.model_validate(request)
+        return JobAccepted.model_validate(self._call("POST", "/v1/jobs", content=request.model_dump_json()))
+
+    def submit_batch(self, requests: Sequence[RenderRequest | dict], *, priority: str = "normal",
+                     idempotency_key: str | None = None, webhook_url: str | None = None) -> BatchAccepted:
+        """Submit up to 10,000 renders as one batch, in one HTTP request.
+
+        Raises:
+            pydantic.ValidationError: naming the job index, field and rule; nothing is sent.
+            RenderFarmError: the API refused the batch.
+        """
+        body = BatchSubmission(jobs=list(requests), priority=priority, idempotency_key=idempotency_key,
+                               webhook_url=webhook_url)
+        return BatchAccepted.model_validate(self._call(
+            "POST", "/v1/batches", content=body.model_dump_json(exclude_none=True),
+            headers={"Content-Type": "application/json"}))
+
+    # ---- status ---------------------------------------------------------------------------
+    def job(self, job_id: str) -> JobStatus:
+        """One job's status. Raises :class:`NotFoundError` for an unknown id."""
+        return JobStatus.model_validate(self._call("GET", f"/v1/jobs/{job_id}"))
+
+    def batch(self, batch_id: str, offset: int = 0, limit: int = 100) -> BatchStatus:
+        """A batch's counts and one page of its jobs. Raises :class:`NotFoundError` for an unknown id."""
+        return BatchStatus.model_validate(self._call("GET", f"/v1/batches/{batch_id}",
+                                                     params={"offset": offset, "limit": limit}))
+
+    def status(self, id_: str) -> JobStatus | BatchStatus:
+        """The status of a job or of a batch, whichever ``id_`` names."""
+        try:
+            return self.job(id_)
+        except NotFoundError:
+            return self.batch(id_)
+
+    def batch_jobs(self, batch_id: str, page: int = 1000) -> list[JobStatus]:
+        """All jobs of a batch, in submission order."""
+        jobs, offset = [], 0
+        while offset is not None:
+            status = self.batch(batch_id, offset=offset, limit=page)
+            jobs.extend(status.jobs)
+            offset = status.next_offset
+        return jobs
+
+    def wait(self, batch_id: str, timeout: float | None = None, *, poll_interval_s: float = 0.5,
+             progress: bool | None = None) -> list[JobStatus]:
+        """Block until every job of the batch has ended; return them in submission order.
+
+        Args:
+            timeout: seconds; None waits for ever.
+            progress: show a tqdm bar; default when stderr is a terminal.
+        Raises:
+            TimeoutError: the batch had not ended after ``timeout`` seconds.
+            NotFoundError: unknown batch id.
+        """
+        show = sys.stderr.isatty() if progress is None else progress
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status = self.batch(batch_id, limit=0)
+        with tqdm(total=status.total, unit="img", desc=f"batch {batch_id[:8]}", disable=not show,
+                  file=sys.stderr) as bar:
+            while True:
+                ended = sum(status.counts[s] for s in TERMINAL_STATES)
+                bar.n = ended
+                bar.set_postfix({s: status.counts[s] for s in ("running", "succeeded", "failed") if status.counts[s]})
+                bar.refresh()
+                if status.done:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"batch {batch_id} not done after {timeout} s: {status.counts}")
+                time.sleep(poll_interval_s)
+                status = self.batch(batch_id, limit=0)
+        return self.batch_jobs(batch_id)
+
+    def cancel(self, id_: str) -> dict:
+        """Cancel a job, or every unfinished job of a batch."""
+        try:
+            return self._call("DELETE", f"/v1/jobs/{id_}")
+        except NotFoundError:
+            return self._call("DELETE", f"/v1/batches/{id_}")
+
+    # ---- images ---------------------------------------------------------------------------
+    def fetch_bytes(self, job: str | JobStatus) -> bytes:
+        """The encoded image of a succeeded job, through its presigned URL.
+
+        Raises:
+            RuntimeError: the job has not succeeded.
+        """
+        status = self.job(job) if isinstance(job, str) else job
+        if status.state != "succeeded" or status.result is None or status.result.url is None:
+            raise RuntimeError(f"job {status.job_id} has no image: state {status.state}"
+                               + (f", {status.error.type}: {status.error.message}" if status.error else ""))
+        response = httpx.get(status.result.url, timeout=60)
+        response.raise_for_status()
+        return response.content
+
+    def fetch_image(self, job: str | JobStatus) -> Image.Image:
+        """The image of a succeeded job as a loaded ``PIL.Image``."""
+        image = Image.open(io.BytesIO(self.fetch_bytes(job)))
+        image.load()
+        return image
+
+    def download(self, job: str | JobStatus, dest_dir: str | Path) -> Path:
+        """Save a succeeded job's image file into ``dest_dir``; returns its path."""
+        status = self.job(job) if isinstance(job, str) else job
+        dest = Path(dest_dir)
+        dest.mkdir(parents=True, exist_ok=True)
+        path = dest / Path(status.result.key).name if status.result else dest / status.job_id
+        path.write_bytes(self.fetch_bytes(status))
+        return path
+
+    def download_all(self, jobs: Iterable[JobStatus], dest_dir: str | Path) -> list[Path]:
+        """Save every succeeded job's image; returns the paths."""
+        return [self.download(j, dest_dir) for j in jobs if j.state == "succeeded"]

@@ -1,0 +1,50 @@
+"""The worker's heartbeat: a daemon thread that re-registers the worker and renews its leases.
+
+Data flow: worker → **registry** (``GET /v1/workers``, the dashboard) and → job-state store
+(leases of the jobs it holds, so that only a dead worker's jobs are ever recovered).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from infra import registry
+
+log = logging.getLogger("renderfarm.worker")
+
+
+class Heartbeat(threading.Thread):
+    """Every ``interval_s`` seconds: publish ``describe()`` to the registry with TTL ``ttl_s``."""
+
+    def __init__(self, client: redis.Redis, name: str, describe: Callable[[], dict[str, Any]], *,
+                 interval_s: float, ttl_s: float, on_beat: Callable[[], None] | None = None):
+        super().__init__(name="renderfarm-heartbeat", daemon=True)
+        self.client, self.worker_name, self.describe = client, name, describe
+        self.interval_s, self.ttl_s = interval_s, ttl_s
+        self.on_beat = on_beat or (lambda: None)
+        self._stop_event = threading.Event()
+
+    def beat(self) -> None:
+        """One heartbeat now."""
+        registry.heartbeat(self.client, self.worker_name, self.describe(), self.ttl_s)
+        self.on_beat()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                self.beat()
+            except Exception as exc:  # Redis briefly away: keep beating, never kill the worker
+                log.warning("heartbeat failed: %s", exc)
+
+    def stop(self) -> None:
+        """Stop beating and remove the worker from the registry."""
+        self._stop_event.set()
+        try:
+            registry.deregister(self.client, self.worker_name)
+        except Exception as exc:
+            log.warning("could not deregister: %s", exc)
