@@ -1,0 +1,178 @@
+"""Memory: peak bytes per image, the batch size they allow, OOM recovery, allocator settings.
+
+Place in the data flow: at warm-up the worker renders batches of 1 and 2 images through
+:func:`measure_per_image`, turns the result into a batch size with :func:`batch_size_for`
+(capped by ``Recipe.max_batch_size``), and keeps it. When a batch still runs out of memory,
+:func:`split_on_oom` renders it in halves and reports the size that worked, so the worker
+lowers its batch size instead of dying (DESIGN §3.5).
+
+Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA (and its xpu/npu twins), and the
+process's resident-set high-water mark (``VmHWM`` in ``/proc/self/status``, reset through
+``/proc/self/clear_refs``; ``resource.getrusage`` where that is missing) on the CPU.
+
+Allocator (seed 002: SDNQ uint4 model card): never ``expandable_segments`` together with
+``max_split_size_mb`` (it over-reserved about 48 GiB and ran 2-4x slower), and no
+``torch.cuda.empty_cache()`` between batches; after an OOM the caching allocator already frees
+its cached blocks and retries before it raises, so none is needed here either.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence, TypeVar
+
+import torch
+
+from pipeline.device import DeviceProfile
+
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+T = TypeVar("T")
+R = TypeVar("R")
+_TORCH_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def _accel(kind: str):
+    mod = getattr(torch, kind, None) if kind in ("cuda", "xpu", "npu") else None
+    return mod if mod is not None and hasattr(mod, "max_memory_allocated") else None
+
+
+def reset_peak(device: str = "cpu") -> None:
+    """Start a new peak-memory window on ``device`` (e.g. ``"cuda:0"`` or ``"cpu"``)."""
+    mod = _accel(device.partition(":")[0])
+    if mod is not None:
+        mod.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux: reset VmHWM to the current RSS
+    except OSError:
+        pass  # no reset: the peak is the process lifetime's
+
+
+def current_bytes(device: str = "cpu") -> int:
+    """Bytes in use now: allocated tensors on an accelerator, the process RSS on the CPU."""
+    mod = _accel(device.partition(":")[0])
+    if mod is not None:
+        return int(mod.memory_allocated(device))
+    return _proc_status_bytes("VmRSS") or peak_bytes("cpu")
+
+
+def peak_bytes(device: str = "cpu") -> int:
+    """Peak bytes since the last :func:`reset_peak` (accelerator) or RSS high-water (CPU)."""
+    mod = _accel(device.partition(":")[0])
+    if mod is not None:
+        return int(mod.max_memory_allocated(device))
+    hwm = _proc_status_bytes("VmHWM")
+    if hwm:
+        return hwm
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+def _proc_status_bytes(key: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            m = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.MULTILINE)
+        return int(m.group(1)) * 1024 if m else 0
+    except OSError:
+        return 0
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    """Warm-up result in bytes: memory held before rendering, and the extra peak per image."""
+
+    base_bytes: int
+    per_image_bytes: int
+
+
+def measure_per_image(render: Callable[[int], object], device: str = "cpu",
+                      sizes: tuple[int, int] = (1, 2)) -> PeakMeasurement:
+    """Render ``sizes`` images and fit ``peak = base + per_image * n`` through the two peaks.
+
+    ``render(n)`` renders a batch of ``n`` images. The slope excludes activations that do not
+    grow with the batch; when the second peak is no higher (a CPU allocator reusing pages), the
+    first render's growth over the resident bytes is charged to its images instead.
+    """
+    held = current_bytes(device)
+    peaks = []
+    for n in sizes:
+        reset_peak(device)
+        render(n)
+        peaks.append(peak_bytes(device))
+    (n1, n2), (p1, p2) = sizes, peaks
+    slope = (p2 - p1) // (n2 - n1)
+    per_image = slope if slope > 0 else max(1, (p1 - held) // n1)  # RSS may not grow on reuse
+    return PeakMeasurement(max(held, p1 - per_image * n1), per_image)
+
+
+def batch_size_for(peak_per_image_bytes: int, base_bytes: int, device_total_bytes: int,
+                   fraction: float, cap: int | None = None) -> int:
+    """Largest batch whose peak ``base + n * per_image`` stays under ``fraction * total`` bytes.
+
+    Never below 1 (one image must be tried; an OOM then surfaces as a job error), never above
+    ``cap`` (the recipe's ``max_batch_size``) when given.
+    """
+    if peak_per_image_bytes <= 0 or device_total_bytes <= 0:
+        raise ValueError("peak_per_image_bytes and device_total_bytes must be positive")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    n = int((fraction * device_total_bytes - base_bytes) // peak_per_image_bytes)
+    return max(1, min(n, cap) if cap else n)
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means out of memory (CUDA/XPU/MPS allocator, or the host)."""
+    if isinstance(exc, (_TORCH_OOM, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def split_on_oom(render: Callable[[Sequence[T]], list[R]], items: Sequence[T]) -> tuple[list[R], int]:
+    """``render(items)``; on OOM, render each half the same way. Returns the results in order
+    and the largest batch size that succeeded, for the worker to lower its batch size to.
+    A single item that still runs out of memory re-raises."""
+    try:
+        return list(render(items)), len(items)
+    except Exception as e:
+        if not is_oom_error(e) or len(items) <= 1:
+            raise
+    mid = len(items) // 2
+    left, n_left = split_on_oom(render, items[:mid])
+    right, n_right = split_on_oom(render, items[mid:])
+    return left + right, max(n_left, n_right)
+
+
+def allocator_env(profile: DeviceProfile, num_threads: int = 0) -> dict[str, str]:
+    """Environment to set before a worker process imports torch.
+
+    CUDA keeps the default caching allocator (seed 002 measured it fastest); the CPU gets
+    ``OMP_NUM_THREADS``. The forbidden allocator combination is never produced.
+    """
+    env: dict[str, str] = {}
+    if profile.kind == "cpu":
+        env["OMP_NUM_THREADS"] = str(num_threads or profile.cpu_cores)
+    for var in ALLOC_CONF_VARS:
+        assert not _forbidden(env.get(var, "")), "allocator_env produced expandable_segments+max_split_size_mb"
+    return env
+
+
+def _forbidden(conf: str) -> bool:
+    opts = {k.strip(): v.strip() for k, _, v in (p.partition(":") for p in conf.split(",")) if k.strip()}
+    return opts.get("expandable_segments", "").lower() == "true" and "max_split_size_mb" in opts
+
+
+def check_allocator_env(environ: Mapping[str, str], strict: bool = True) -> None:
+    """Refuse (ValueError) or, with ``strict=False``, warn about the seed-002 allocator pitfall."""
+    for var in ALLOC_CONF_VARS:
+        if _forbidden(environ.get(var, "")):
+            msg = (f"{var}={environ[var]!r} combines expandable_segments with max_split_size_mb; "
+                   "seed 002 (SDNQ uint4 model card) measured ~48 GiB reserved and 2-4x slower "
+                   "denoising. Use the default allocator.")
+            if strict:
+                raise ValueError(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
