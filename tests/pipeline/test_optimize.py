@@ -1,0 +1,171 @@
+"""apply_recipe on a tiny random-weight StableDiffusionPipeline (CPU, 2 steps, 64×64)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.device import DeviceProfile
+from pipeline.optimize import FlashAttnProcessor, apply_recipe
+from pipeline.recipes import BASELINE, select_recipe
+
+CPU_AMX = DeviceProfile(kind="cpu", cpu_cores=2, total_memory_bytes=16 * 10**9, avx512=True, amx=True)
+
+
+def _tokenizer(tmp_path):
+    from transformers import CLIPTokenizer
+
+    tokens = ["<|startoftext|>", "<|endoftext|>"] + [c for c in "abcdefghijklmnopqrstuvwxyz"] \
+        + [c + "</w>" for c in "abcdefghijklmnopqrstuvwxyz"] + ["fo", "re", "fox</w>", "red</w>"]
+    (tmp_path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(dict.fromkeys(tokens))}))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\nf o\nfo x</w>\nr e\nre d</w>\n")
+    return CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), model_max_length=77)
+
+
+def tiny_pipeline(tmp_path):
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=1, sample_size=32, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32, norm_num_groups=16)
+    vae = AutoencoderKL(
+        block_out_channels=(16, 32), in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=16,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=32, intermediate_size=37,
+        num_attention_heads=4, num_hidden_layers=2, vocab_size=64, max_position_embeddings=77))
+    pipe = StableDiffusionPipeline(
+        unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=_tokenizer(tmp_path),
+        scheduler=DDIMScheduler(beta_schedule="scaled_linear", clip_sample=False, steps_offset=1),
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def render(pipe, n: int = 1) -> np.ndarray:
+    out = pipe(["a red fox"] * n, num_inference_steps=2, height=64, width=64, guidance_scale=5.0,
+               generator=[torch.Generator("cpu").manual_seed(7 + i) for i in range(n)], output_type="np")
+    return out.images
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+@pytest.fixture
+def exact_recipe():
+    # torch.compile stays off in tests: it needs minutes of Inductor work on this shared machine.
+    return select_recipe(CPU_AMX, allow_approximate=False, overrides={"compile_unet": False, "compile_vae": False})
+
+
+def test_exact_recipe_matches_the_unoptimized_pipeline(tmp_path, exact_recipe):
+    reference = render(tiny_pipeline(tmp_path))
+    pipe = tiny_pipeline(tmp_path)
+    report = apply_recipe(pipe, exact_recipe)
+    json.dumps(report)
+    assert report["approximations"] == [] and report["skipped"] == {}
+    assert report["applied"]["attention"] == "sdpa" and report["applied"]["fuse_qkv"] == ["unet", "vae"]
+    assert report["applied"]["channels_last"] == ["unet", "vae"] and report["applied"]["dtype"] == "float32"
+    assert pipe.unet.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
+    assert type(next(iter(pipe.unet.attn_processors.values()))).__name__ == "FusedAttnProcessor2_0"
+    optimized = render(pipe)
+    assert optimized.std() > 0.01  # not a blank image
+    assert psnr(reference, optimized) >= 40.0
+
+
+def test_baseline_changes_nothing_but_reports(tmp_path):
+    pipe = tiny_pipeline(tmp_path)
+    before = {k: type(v).__name__ for k, v in pipe.unet.attn_processors.items()}
+    report = apply_recipe(pipe, BASELINE)
+    assert report["applied"] == {"dtype": "float32", "attention": "default"} and report["skipped"] == {}
+    assert {k: type(v).__name__ for k, v in pipe.unet.attn_processors.items()} == before
+
+
+def test_fast_recipe_runs_and_names_its_approximations(tmp_path):
+    fast = select_recipe(CPU_AMX, allow_approximate=True, overrides={"compile_unet": False, "compile_vae": False})
+    pipe = tiny_pipeline(tmp_path)
+    report = apply_recipe(pipe, fast)
+    assert report["approximations"] == ["dtype", "tiny_vae"]
+    assert pipe.unet.dtype == torch.bfloat16
+    assert "tiny_vae" in report["applied"] or "locally" in report["skipped"]["tiny_vae"]
+    assert render(pipe).shape == (1, 64, 64, 3)
+
+
+def test_missing_packages_and_devices_are_skipped_with_reasons(tmp_path, exact_recipe):
+    recipe = dataclasses.replace(exact_recipe, attention="flash_attn", dtype="bfloat16",
+                                 quantization="sdnq_uint4", cpu_offload=True, fuse_qkv=False)
+    pipe = tiny_pipeline(tmp_path)
+    report = apply_recipe(pipe, recipe, device="cpu")
+    skipped = report["skipped"]
+    if importlib.util.find_spec("flash_attn") is None:
+        assert "flash-attn package not installed" in skipped["flash_attn"]
+        assert report["applied"]["attention"] == "sdpa"
+    if importlib.util.find_spec("sdnq") is None:
+        assert skipped["quantization"] == "sdnq not installed"
+    assert "needs an accelerator" in skipped["placement"]
+    if importlib.util.find_spec("torchao") is None:
+        r = apply_recipe(tiny_pipeline(tmp_path), dataclasses.replace(exact_recipe, quantization="torchao_int8"))
+        assert r["skipped"]["quantization"] == "torchao not installed"
+    assert render(pipe).shape == (1, 64, 64, 3)  # still usable
+
+
+def test_sliced_attention_and_vae_memory_knobs(tmp_path, exact_recipe):
+    pipe = tiny_pipeline(tmp_path)
+    recipe = dataclasses.replace(exact_recipe, attention="sliced", vae_slicing=True)
+    report = apply_recipe(pipe, recipe)
+    assert "sliced attention" in report["skipped"]["fuse_qkv"]
+    assert report["applied"]["attention"] == "sliced" and report["applied"]["vae_slicing"] is True
+    assert type(next(iter(pipe.unet.attn_processors.values()))).__name__ == "SlicedAttnProcessor"
+    assert pipe.vae.use_slicing
+    assert render(pipe, 2).shape == (2, 64, 64, 3)
+
+
+def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
+    recipe = dataclasses.replace(exact_recipe, compile_unet=True, compile_vae=True)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    report = apply_recipe(tiny_pipeline(tmp_path), recipe)
+    assert "needs a C++ compiler" in report["skipped"]["compile"]
+    monkeypatch.undo()
+    pipe = tiny_pipeline(tmp_path)
+    report = apply_recipe(pipe, recipe)  # compiles lazily: nothing is run here
+    assert report["applied"]["compile"] == {"mode": "default", "modules": ["unet", "vae.decoder"]}
+    assert pipe.unet._compiled_call_impl is not None
+
+
+def _fake_flash(q, k, v, dropout_p=0.0, causal=False):
+    """flash_attn_func's contract, (batch, seq, heads, dim), computed with SDPA."""
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_flash_processor_matches_sdpa(tmp_path, fused):
+    from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProcessor2_0
+
+    unet = tiny_pipeline(tmp_path).unet.to(torch.bfloat16)
+    if fused:
+        unet.fuse_qkv_projections()
+    sample = torch.randn(2, 4, 32, 32, dtype=torch.bfloat16)
+    context = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        unet.set_attn_processor(FusedAttnProcessor2_0() if fused else AttnProcessor2_0())
+        expected = unet(sample, 10, context).sample
+        calls = []
+
+        def counting_flash(*a, **kw):
+            calls.append(1)
+            return _fake_flash(*a, **kw)
+
+        unet.set_attn_processor(FlashAttnProcessor(counting_flash, devices=("cpu",)))
+        got = unet(sample, 10, context).sample
+    assert calls  # the kernel path ran, not only the fallback
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
