@@ -1,0 +1,147 @@
+"""Session fixtures: the farm's real processes (redis-server, SeaweedFS, the status API, Celery
+workers), started once per test session on free ports and stopped at its end.
+
+They are built on :mod:`infra.stack`, the same classes ``renderfarm up`` uses. Nothing here
+touches the Redis on 6379: the fixtures run their own servers with random S3 credentials.
+Logs of every child go to one session run dir; when a test fails, the tails of the logs that
+changed during it are attached to the report.
+
+Environment knobs: ``RENDERFARM_TEST_WORKERS`` (workers in the ``workers`` fixture, default 2).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from infra.stack import (
+    ApiServer,
+    RedisServer,
+    SeaweedS3,
+    WorkerProcess,
+    apply_env,
+    ensure_bucket,
+    free_port,
+    restore_env,
+    stack_env,
+    start_workers,
+    started_processes,
+)
+
+TEST_BUCKET = "renders-test"
+TEST_MODEL = "tiny"
+WORKER_BATCH_SIZE = 8
+
+_test_started = pytest.StashKey[float]()
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where every child process of the session writes its log."""
+    return tmp_path_factory.mktemp("run")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RENDERFARM_CACHE_DIR for the session, so the tiny model is built once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def redis_server(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private redis-server on a free port, with the AOF on so a restart keeps the queue."""
+    server = RedisServer(free_port(), appendonly=True, dir=tmp_path_factory.mktemp("redis"), run_dir=run_dir)
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_server(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """SeaweedFS S3 on free ports with random credentials."""
+    server = SeaweedS3(
+        dir=tmp_path_factory.mktemp("seaweedfs"),
+        access_key=f"test{secrets.token_hex(6)}",
+        secret_key=secrets.token_urlsafe(24),
+        run_dir=run_dir,
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def farm_env(redis_server: RedisServer, s3_server: SeaweedS3, cache_dir: Path) -> Iterator[dict[str, str]]:
+    """The RENDERFARM_* and AWS_* variables of the test farm, also set in ``os.environ``.
+
+    The bucket exists; the API URL names a free port (the ``api_server`` fixture serves it).
+    The settings cache is cleared on the way in and out.
+    """
+    env = stack_env(
+        redis_url=redis_server.url,
+        s3_endpoint_url=s3_server.url,
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        bucket=TEST_BUCKET,
+        api_url=f"http://127.0.0.1:{free_port()}",
+        cache_dir=cache_dir,
+    )
+    previous = apply_env(env)
+    try:
+        ensure_bucket(env)
+        yield env
+    finally:
+        restore_env(previous)
+
+
+@pytest.fixture(scope="session")
+def api_server(farm_env: dict[str, str], run_dir: Path) -> Iterator[ApiServer]:
+    """The status API at ``farm_env["RENDERFARM_API_URL"]``."""
+    server = ApiServer(urlsplit(farm_env["RENDERFARM_API_URL"]).port, farm_env, run_dir=run_dir)
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def workers(farm_env: dict[str, str], run_dir: Path) -> Iterator[list[WorkerProcess]]:
+    """``RENDERFARM_TEST_WORKERS`` (default 2) workers on the tiny model, batch size 8, all ready."""
+    count = int(os.environ.get("RENDERFARM_TEST_WORKERS", "2"))
+    procs = [
+        WorkerProcess(TEST_MODEL, farm_env, f"test-{TEST_MODEL}-{i + 1}", WORKER_BATCH_SIZE, run_dir=run_dir)
+        for i in range(count)
+    ]
+    try:
+        start_workers(procs)
+        yield procs
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+# -- log tails on failure -------------------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_test_started] = time.time()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Attach the tails of child logs written during a failed test to its report."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    since = item.stash.get(_test_started, 0.0) - 1.0
+    for process in started_processes():
+        try:
+            changed = process.log_path.stat().st_mtime >= since
+        except OSError:
+            continue
+        if changed:
+            report.sections.append((f"log tail: {process.name} ({process.log_path})", process.log_tail(60)))
