@@ -159,11 +159,13 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            memory_fraction=0.85),  # xpu / npu (seed 003 measured fp16 on Ascend 910B)
     Recipe("mps", dtype="float16", attention="sdpa", fuse_qkv=True, vae_slicing=True, max_batch_size=4,
            memory_fraction=0.7, tiny_vae="madebyollin/taesd"),
+    # CPU: torch.compile is opt-in (override compile_unet/compile_vae). Inductor took 66 s to
+    # compile even the tiny model on 2 cores, and again for each new batch shape; it then ran
+    # that model 2.2x faster. Worth it for a long-lived worker, not for every cold start.
     Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", channels_last=True, fuse_qkv=True,
-           compile_unet=True, compile_vae=True, max_batch_size=4, memory_fraction=0.7,
-           tiny_vae="madebyollin/taesd"),
-    Recipe("cpu", attention="sdpa", channels_last=True, fuse_qkv=True, compile_unet=True, compile_vae=True,
            max_batch_size=4, memory_fraction=0.7, tiny_vae="madebyollin/taesd"),
+    Recipe("cpu", attention="sdpa", channels_last=True, fuse_qkv=True, max_batch_size=4,
+           memory_fraction=0.7, tiny_vae="madebyollin/taesd"),
 )}
 
 

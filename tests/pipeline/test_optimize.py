@@ -63,8 +63,9 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture
 def exact_recipe():
-    # torch.compile stays off in tests: it needs minutes of Inductor work on this shared machine.
-    return select_recipe(CPU_AMX, allow_approximate=False, overrides={"compile_unet": False, "compile_vae": False})
+    recipe = select_recipe(CPU_AMX, allow_approximate=False)
+    assert not recipe.compile_unet  # CPU compile is opt-in: a minute of Inductor work per shape
+    return recipe
 
 
 def test_exact_recipe_matches_the_unoptimized_pipeline(tmp_path, exact_recipe):
@@ -91,7 +92,7 @@ def test_baseline_changes_nothing_but_reports(tmp_path):
 
 
 def test_fast_recipe_runs_and_names_its_approximations(tmp_path):
-    fast = select_recipe(CPU_AMX, allow_approximate=True, overrides={"compile_unet": False, "compile_vae": False})
+    fast = select_recipe(CPU_AMX, allow_approximate=True)
     pipe = tiny_pipeline(tmp_path)
     report = apply_recipe(pipe, fast)
     assert report["approximations"] == ["dtype", "tiny_vae"]

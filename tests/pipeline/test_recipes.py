@@ -61,6 +61,7 @@ def test_mps_and_cpu_recipes():
     assert amx.name == "cpu-amx/fast" and amx.dtype == "bfloat16"
     assert plain.name == "cpu/fast" and plain.dtype == "float32"
     assert amx.num_threads == plain.num_threads == 8  # resolved from the probe's core count
+    assert not (amx.compile_unet or plain.compile_unet)  # opt-in on the CPU (cold starts)
 
 
 def test_table_is_data_and_every_rule_names_a_recipe():
@@ -105,8 +106,8 @@ def test_named_recipes_for_the_bench():
 # --- overrides -------------------------------------------------------------------------------
 
 def test_overrides_apply_validate_and_are_reported():
-    r = select_recipe(cpu(True), overrides={"compile_unet": False, "max_batch_size": 2})
-    assert not r.compile_unet and r.max_batch_size == 2
+    r = select_recipe(cpu(True), overrides={"compile_unet": True, "max_batch_size": 2})
+    assert r.compile_unet and r.max_batch_size == 2
     assert r.to_dict()["overridden"] == ["compile_unet", "max_batch_size"]
     with pytest.raises(ValueError, match="bogus_knob"):
         select_recipe(cpu(True), overrides={"bogus_knob": 1})
