@@ -1,0 +1,46 @@
+# renderfarm developer targets.
+#   make setup  - .venv with the CPU torch, the project (editable) and its test extras;
+#                 redis-server and chromium from apt when missing. A rerun does nothing.
+#   make demo   - the local stack, one batch of prompts, a summary (see `renderfarm demo -h`).
+#   make test   - the whole test suite.
+
+SHELL  := /bin/bash
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Rebuilt when pyproject.toml changes; lives in the venv, so a new venv starts over.
+STAMP  := $(VENV)/.renderfarm-setup.stamp
+PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup system-packages demo test
+
+setup: $(STAMP) system-packages
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, so the project's torch range is already satisfied by the CPU build;
+# open-clip-torch without its deps, which would replace that torch.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[test]"
+	$(BIN)/pip install --no-deps open-clip-torch
+	touch $@
+
+# apt-get update runs only when a package is missing.
+system-packages:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+		echo "apt-get install:$$missing"; \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+demo: setup
+	$(BIN)/renderfarm demo $(if $(wildcard $(PARTI)),--prompts $(PARTI))
+
+test: setup
+	$(BIN)/python -m pytest -q
