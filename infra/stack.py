@@ -732,11 +732,13 @@ class ApiServer(ManagedProcess):
 
 
 class WorkerProcess(ManagedProcess):
-    """One Celery worker (``renderfarm worker``) for ``model``; ready once it is in the registry.
+    """One Celery worker (``renderfarm worker --name NAME``) for ``model``; ready once it is in
+    the registry.
 
     Readiness reads ``infra.registry.live_workers`` from the Redis at ``RENDERFARM_REDIS_URL``
-    (from ``env``, else the environment) and looks for this worker's name or pid. A worker
-    finishes its current batch on SIGTERM, so :meth:`stop` waits up to 60 s by default.
+    (from ``env``, else the environment) and looks for this worker's name. ``extra_args`` are
+    appended to the command line (e.g. ``["--recipe", "fast"]``). A worker finishes its current
+    batch on SIGTERM, so :meth:`stop` waits up to 60 s by default.
     """
 
     stop_timeout = 60.0
@@ -750,6 +752,7 @@ class WorkerProcess(ManagedProcess):
         batch_size: int | None = None,
         *,
         device: str = "auto",
+        extra_args: Sequence[str] = (),
         run_dir: Path | str | None = None,
     ) -> None:
         self.model = model
@@ -757,13 +760,13 @@ class WorkerProcess(ManagedProcess):
         super().__init__(self.worker_name, env=env, run_dir=run_dir)
         self.batch_size = batch_size
         self.device = device
+        self.extra_args = list(extra_args)
 
     def command(self) -> list[str]:
-        argv = _python_cli("worker", "--model", self.model, "--device", self.device,
-                           "--concurrency-name", self.worker_name)  # fmt: skip
+        argv = _python_cli("worker", "--model", self.model, "--device", self.device, "--name", self.worker_name)
         if self.batch_size:
             argv += ["--batch-size", str(self.batch_size)]
-        return argv
+        return argv + self.extra_args
 
     def _redis_url(self) -> str:
         if "RENDERFARM_REDIS_URL" in self.env:
@@ -782,15 +785,7 @@ class WorkerProcess(ManagedProcess):
             entries = live_workers(client)
         finally:
             client.close()
-        return any(self._is_me(entry) for entry in entries)
-
-    def _is_me(self, entry: Mapping[str, Any]) -> bool:
-        name = str(entry.get("name", ""))
-        return (
-            name == self.worker_name
-            or name.split("@", 1)[0] == self.worker_name
-            or (self.pid is not None and str(entry.get("pid")) == str(self.pid))
-        )
+        return any(entry.get("name") == self.worker_name for entry in entries)
 
 
 def start_workers(workers: Sequence[WorkerProcess], on_ready: Callable[[WorkerProcess], None] | None = None) -> None:
@@ -886,7 +881,7 @@ class LocalStack:
             self._announce("bucket", f"s3://{self.bucket}", "created or found")
             self.api.start()
             self.api.wait_ready()
-            self._announce(self.api.name, self.api.url, f"pid {self.api.pid}, log {self.api.log_path}")
+            self._announce(self.api.name, self.api.url, f"pid {self.api.pid}")
             self._start_workers()
         except BaseException:
             self.stop()
@@ -906,23 +901,26 @@ class LocalStack:
         self.s3.start()
         if self.redis is not None:
             self.redis.wait_ready()
-            self._announce("redis", self.redis_url, f"pid {self.redis.pid}, log {self.redis.log_path}")
+            self._announce("redis", self.redis_url, f"pid {self.redis.pid}")
         else:
             self._announce("redis", self.redis_url, "reused: already running")
         self.s3.wait_ready()
-        self._announce(self.s3.name, self.s3.url, f"pid {self.s3.pid}, log {self.s3.log_path}")
+        self._announce(self.s3.name, self.s3.url, f"pid {self.s3.pid}")
 
     def _start_workers(self) -> None:
         def announce(worker: WorkerProcess) -> None:
-            self._announce(worker.name, f"model {worker.model}", f"pid {worker.pid}, log {worker.log_path}")
+            self._announce(worker.name, f"model {worker.model}", f"pid {worker.pid}")
 
         start_workers(self.workers, on_ready=announce)
 
     def _announce(self, name: str, where: str, note: str) -> None:
-        self.console.print(f"[green]✓[/] {name:<12} {where:<34} [dim]{note}[/]")
+        self.console.print(f"[green]✓[/] {name:<10} {where:<32} [dim]{note}[/]", highlight=False)
 
     def stop(self) -> None:
         """Stop what this stack started, workers first, a reused Redis excepted. Idempotent."""
+        running = [p for p in self.processes if p.running]
+        if running:
+            self.console.print(f"stopping {', '.join(p.name for p in reversed(running))} …")
         for process in reversed(self.processes):
             try:
                 process.stop()
@@ -934,15 +932,15 @@ class LocalStack:
         return [p for p in self.processes if p.proc is not None and p.proc.poll() is not None]
 
     def table(self) -> Table:
-        """A rich table of the services: name, where it listens, pid, log file."""
-        table = Table(title=f"renderfarm local stack  ({self.run_dir})")
+        """A rich table of the services: name, where it listens, pid, log file (in the run dir)."""
+        table = Table(title="renderfarm local stack", caption=f"logs and data in {self.run_dir}")
         for column in ("service", "listens at", "pid", "log"):
             table.add_column(column)
         if self.redis is None:
             table.add_row("redis", self.redis_url, "(reused)", "")
         for p in self.processes:
             where = p.url or f"model {getattr(p, 'model', '')}"
-            table.add_row(p.name, where, str(p.pid or ""), str(p.log_path))
+            table.add_row(p.name, where, str(p.pid or ""), p.log_path.name)
         table.add_row("bucket", f"s3://{self.bucket}", "", "")
         return table
 

@@ -120,7 +120,7 @@ def _run(console: Console, stack: Any, requests: list[Any], args: argparse.Names
 
     table = Table(title=f"renderfarm demo — batch {batch.batch_id}")
     table.add_column("")
-    table.add_column("", justify="right")
+    table.add_column("result")
     rows = [
         ("jobs", str(len(statuses))),
         ("succeeded", str(len(succeeded))),

@@ -7,9 +7,11 @@ Redis on 6379. The process-group tests check that a stop leaves no process of th
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -20,8 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 from botocore.exceptions import ClientError
+from rich.console import Console
 
 from infra.stack import (
+    LocalStack,
     ManagedProcess,
     ProcessExited,
     RedisServer,
@@ -29,6 +33,7 @@ from infra.stack import (
     free_port,
     group_members,
     new_run_dir,
+    patched_environ,
     redis_answers,
     register,
 )
@@ -370,3 +375,88 @@ def test_default_prompts_and_demo_selection():
     assert sample == select_prompts(pool, 10, seed=1), "deterministic"
     assert len(set(sample)) == 10 and sample != pool[:10]
     assert select_prompts(pool, 10, seed=2) != sample
+
+
+# -- the composed stack: `renderfarm up`, `renderfarm demo`, LocalStack -------------------------
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "infra.cli", *args]
+
+
+def _private_env(cache_dir: Path) -> dict[str, str]:
+    """os.environ with a Redis URL nobody answers at (so the stack starts its own) and the
+    session's model cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RENDERFARM_", "AWS_"))}
+    env.update(RENDERFARM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", RENDERFARM_CACHE_DIR=str(cache_dir))
+    return env
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_up_serves_until_signalled_then_leaves_nothing_behind(cache_dir, sig):
+    up = subprocess.Popen(_cli("up", "--workers", "0"), env=_private_env(cache_dir), cwd=REPO, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not any("Ctrl-C stops everything" in line for line in lines):
+            line = up.stdout.readline()
+            assert line and time.monotonic() < deadline, "up ended or stalled:\n" + "".join(lines)
+            lines.append(line)
+        output = "".join(lines)
+        pids = [int(pid) for pid in re.findall(r"^✓ .* pid (\d+)\s*$", output, flags=re.M)]
+        assert len(pids) == 3, output  # redis (its own: none answered), seaweedfs, api
+        api_url = re.search(r"^export RENDERFARM_API_URL=(\S+)$", output, flags=re.M).group(1)
+        assert httpx.get(f"{api_url}/healthz", timeout=10).status_code == 200
+
+        up.send_signal(sig)
+        rest, _ = up.communicate(timeout=90)
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+    assert up.returncode == 0, output + rest
+    assert "stopped." in rest
+    for pid in pids:
+        assert group_members(pid) == [], f"pid {pid} outlived `renderfarm up`"
+
+
+@pytest.mark.integration
+def test_demo_renders_a_small_batch_end_to_end(cache_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red fox\na lighthouse\na bowl of ramen\n", encoding="utf-8")
+    out = tmp_path / "out"
+    demo = subprocess.run(
+        _cli("demo", "--prompts", str(prompts), "--count", "4", "--workers", "1", "--steps", "2",
+             "--width", "64", "--height", "64", "--out", str(out)),  # fmt: skip
+        env={**_private_env(cache_dir), "COLUMNS": "200"}, cwd=REPO, capture_output=True, text=True, timeout=900,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert re.search(r"succeeded\s*│\s*4\b", demo.stdout), demo.stdout
+    assert re.search(r"failed\s*│\s*0\b", demo.stdout), demo.stdout
+    images = sorted(out.glob("*.png"))
+    assert len(images) == 4
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in images)
+
+
+@pytest.mark.integration
+def test_local_stack_reuses_an_answering_redis_and_renders(redis_server, cache_dir, tmp_path):
+    from producer import RenderClient
+    from infra.schemas import RenderRequest
+
+    stack = LocalStack(workers=1, redis_url=redis_server.url, bucket="stack-reuse", cache_dir=cache_dir,
+                       run_dir=tmp_path, console=Console(file=io.StringIO()))  # fmt: skip
+    with stack:
+        assert stack.redis is None and stack.redis_reused
+        assert stack.env["RENDERFARM_REDIS_URL"] == redis_server.url
+        assert stack.env["RENDERFARM_S3_BUCKET"] == "stack-reuse"
+        with patched_environ(stack.env), RenderClient(api_url=stack.api.url) as client:
+            batch = client.submit_batch([RenderRequest(prompt="a red fox", model="tiny", width=64, height=64,
+                                                       num_inference_steps=2, seed=7)])  # fmt: skip
+            [status] = client.wait(batch.batch_id, timeout=300, progress=False)
+            assert status.state == "succeeded", status
+            assert client.fetch_image(status.job_id).size == (64, 64)
+        pgids = [p.pgid for p in stack.processes]
+    assert all(group_members(pgid) == [] for pgid in pgids)
+    assert redis_server.client().ping(), "a reused Redis is left running"
