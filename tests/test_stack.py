@@ -460,3 +460,21 @@ def test_local_stack_reuses_an_answering_redis_and_renders(redis_server, cache_d
         pgids = [p.pgid for p in stack.processes]
     assert all(group_members(pgid) == [] for pgid in pgids)
     assert redis_server.client().ping(), "a reused Redis is left running"
+
+
+@pytest.mark.integration
+def test_session_fixtures_bring_up_a_working_farm(farm_env, api_server, workers, redis_server, s3_server):
+    from infra.registry import live_workers
+    from infra.settings import get_settings
+
+    assert os.environ["RENDERFARM_REDIS_URL"] == redis_server.url == get_settings().redis_url
+    assert get_settings().api_url == api_server.url
+    assert farm_env["AWS_ACCESS_KEY_ID"] == s3_server.access_key
+    assert httpx.get(f"{api_server.url}/healthz", timeout=10).status_code == 200
+    s3_server.client().head_bucket(Bucket=farm_env["RENDERFARM_S3_BUCKET"])
+
+    registered = {w["name"]: w for w in live_workers(redis_server.client())}
+    for worker in workers:
+        assert worker.running
+        assert registered[worker.worker_name]["model"] == "tiny"
+        assert registered[worker.worker_name]["batch_size"] == 8
