@@ -28,16 +28,21 @@ from worker.runner import BatchRunner
 from worker.tasks import install_render_task, set_batch_size
 
 log = logging.getLogger("renderfarm.worker")
-DEFAULT_CPU_BATCH = 4
+DEFAULT_NULL_BATCH = 64
 
 
-def _load_renderer(model: str, device: str):
-    """The warm renderer for ``model``: the null renderer, or a diffusers pipeline."""
-    if model == NULL_MODEL:
-        return NullRenderer(), {"kind": "none"}
-    from pipeline.worker_setup import prepare_renderer  # heavy: torch and diffusers
+def _load_renderer(args: argparse.Namespace, settings) -> tuple[object, dict, int]:
+    """The warm renderer for ``args.model`` (the null renderer, or a diffusers pipeline), the
+    device profile, and the batch size: the flag, the setting, or measured from memory."""
+    if args.model == NULL_MODEL:
+        return NullRenderer(), {"kind": "none"}, args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
+    from worker.warm import batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
-    return prepare_renderer(model, device)
+    renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
+                                         settings.recipe_overrides)
+    renderer.warmup()
+    batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile)
+    return renderer, profile, batch_size
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -47,11 +52,9 @@ def run_worker(args: argparse.Namespace) -> int:
     pool = args.pool or pool_for_model(args.model)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
-    renderer, device_info = _load_renderer(args.model, args.device)
-    warm_s = renderer.warmup()
-    batch_size = args.batch_size or settings.batch_size or getattr(renderer, "max_batch_size", 0) or DEFAULT_CPU_BATCH
-    log.info("worker %s: model %s ready in %.1fs (warm-up %.2fs), batch size %d, queue %s",
-             name, args.model, time.perf_counter() - t0, warm_s, batch_size, queue_name(pool))
+    renderer, device_info, batch_size = _load_renderer(args, settings)
+    log.info("worker %s: model %s ready in %.1fs, batch size %d, queue %s",
+             name, args.model, time.perf_counter() - t0, batch_size, queue_name(pool))
 
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s)
@@ -95,8 +98,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("worker", help="run one worker that renders one pool's jobs")
     p.add_argument("--model", required=True, help="hub id, local path, an offline name (tiny, sd15-arch, …) or null")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, xpu or npu")
+    p.add_argument("--recipe", default=None,
+                   help="exact (default: RENDERFARM_RECIPE), fast (allows approximations: half precision, tiny VAE…), baseline, or a named recipe")
     p.add_argument("--pool", default=None, help="pool to serve (default: derived from the model)")
-    p.add_argument("--batch-size", type=int, default=0, help="jobs per batch (default: from the device recipe)")
+    p.add_argument("--batch-size", type=int, default=0, help="jobs per batch (default: measured from device memory, capped by the recipe)")
     p.add_argument("--name", default=None, help="worker name (default: pool@host-pid)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=lambda args: sys.exit(run_worker(args)))

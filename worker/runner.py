@@ -26,6 +26,8 @@ from infra.imagefile import encode_image, format_parameters
 from infra.schemas import JobError, JobResult, RenderRequest
 from infra.storage import Storage, object_key, object_metadata
 from infra.store import JobStore, StartedJob
+from pipeline.memory import is_oom_error
+from pipeline.render import compat_key
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -37,19 +39,6 @@ class Renderer(Protocol):
 
     def render(self, requests: Sequence[RenderRequest],
                on_step: Callable[[int, int], None] | None = None) -> list[Image.Image]: ...
-
-
-def compat_key(request: RenderRequest) -> tuple:
-    """Requests with equal keys can share one pipeline call (DESIGN.md §1)."""
-    return (request.model, request.width, request.height, request.num_inference_steps,
-            request.guidance_scale, request.scheduler)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is a device or host out-of-memory error."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    return "out of memory" in str(exc).lower()
 
 
 def job_ids_from_messages(messages: Sequence[Any]) -> list[str]:
@@ -123,7 +112,7 @@ class BatchRunner:
         try:
             images = self.renderer.render([j.request for j in jobs], on_step=self._progress_reporter(jobs))
         except Exception as exc:  # bisect: only the job that fails may fail
-            if is_out_of_memory(exc):
+            if is_oom_error(exc):
                 log.warning("out of memory on a group of %d; splitting", len(jobs))
                 self.on_oom(len(jobs))
             if len(jobs) == 1:
