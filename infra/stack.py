@@ -183,20 +183,27 @@ def stack_env(
     }
 
 
-def _clear_settings_cache() -> None:
+def _forget_env_caches() -> None:
+    """Forget what was read from the environment: the settings, and boto3's default session
+    (botocore caches the credentials it resolved, so a later ``boto3.client`` would keep
+    signing with the old ``AWS_*`` keys)."""
+    import boto3
+
     from infra.settings import get_settings
 
     get_settings.cache_clear()
+    boto3.DEFAULT_SESSION = None
 
 
 def apply_env(env: Mapping[str, str]) -> dict[str, str | None]:
-    """Set ``env`` in ``os.environ`` and forget the cached settings; returns the previous values.
+    """Set ``env`` in ``os.environ`` and forget the cached settings and boto3 session; returns the
+    previous values.
 
     Pass the returned mapping to :func:`restore_env` to undo.
     """
     previous = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
-    _clear_settings_cache()
+    _forget_env_caches()
     return previous
 
 
@@ -207,7 +214,7 @@ def restore_env(previous: Mapping[str, str | None]) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    _clear_settings_cache()
+    _forget_env_caches()
 
 
 @contextlib.contextmanager

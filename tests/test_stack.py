@@ -274,6 +274,22 @@ def test_s3_rejects_wrong_credentials(s3_server, bucket):
     assert unknown_key.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
 
 
+def test_patched_environ_makes_boto3_sign_with_the_new_keys(s3_server):
+    import boto3
+
+    def list_buckets_as(access_key: str, secret_key: str) -> int:
+        env = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
+        with patched_environ(env):
+            client = boto3.client("s3", endpoint_url=s3_server.url, region_name="us-east-1")
+            try:
+                return client.list_buckets()["ResponseMetadata"]["HTTPStatusCode"]
+            except ClientError as exc:
+                return exc.response["ResponseMetadata"]["HTTPStatusCode"]
+
+    assert list_buckets_as(s3_server.access_key, s3_server.secret_key) == 200
+    assert list_buckets_as("someone-else", "another-secret") == 403, "boto3 kept the first keys"
+
+
 def test_s3_stop_and_restart_keeps_ports_and_objects(tmp_path):
     server = SeaweedS3(dir=tmp_path / "data", run_dir=tmp_path)
     with server:
