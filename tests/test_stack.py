@@ -461,11 +461,13 @@ def test_local_stack_reuses_an_answering_redis_and_renders(redis_server, cache_d
     from producer import RenderClient
     from infra.schemas import RenderRequest
 
-    stack = LocalStack(workers=1, redis_url=redis_server.url, bucket="stack-reuse", cache_dir=cache_dir,
+    # Database 1: the session's workers serve the same queue names on database 0.
+    redis_url = redis_server.url.rsplit("/", 1)[0] + "/1"
+    stack = LocalStack(workers=1, redis_url=redis_url, bucket="stack-reuse", cache_dir=cache_dir,
                        run_dir=tmp_path, console=Console(file=io.StringIO()))  # fmt: skip
     with stack:
         assert stack.redis is None and stack.redis_reused
-        assert stack.env["RENDERFARM_REDIS_URL"] == redis_server.url
+        assert stack.env["RENDERFARM_REDIS_URL"] == redis_url
         assert stack.env["RENDERFARM_S3_BUCKET"] == "stack-reuse"
         with patched_environ(stack.env), RenderClient(api_url=stack.api.url) as client:
             batch = client.submit_batch([RenderRequest(prompt="a red fox", model="tiny", width=64, height=64,
