@@ -123,6 +123,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         f = farm(request)
         return queue_depths(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s))
 
+    @app.get("/v1/queues/{pool}", tags=["farm"])
+    def queue(pool: str, request: Request) -> dict:
+        """One pool's row of ``/v1/queues`` (jobs; all zeros for a pool with nothing queued and no
+        worker), so that KEDA's metrics-api scaler reads a scalar at ``valueLocation: outstanding``."""
+        rows = queues(request)
+        return next((r for r in rows if r["pool"] == pool),
+                    {"pool": pool, "queued": 0, "reserved": 0, "running": 0, "outstanding": 0, "workers": 0})
+
     @app.get("/healthz", tags=["farm"])
     def healthz(request: Request) -> JSONResponse:
         """200 when Redis and S3 answer, else 503 with the failing check."""

@@ -1,0 +1,156 @@
+{{/* Names, labels, the merged pool settings and the shared environment. */}}
+
+{{- define "renderfarm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "renderfarm.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "renderfarm.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "renderfarm.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "renderfarm.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "renderfarm.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "renderfarm.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "renderfarm.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "renderfarm.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "renderfarm.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "repository:tag" of an images.* entry; the tag defaults to the chart's appVersion. */}}
+{{- define "renderfarm.image" -}}
+{{- $img := .image -}}
+{{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag | toString) -}}
+{{- end -}}
+
+{{/*
+Deep merge for values: keys present in .over win, maps merge recursively. Unlike sprig's
+merge/mergeOverwrite it keeps a pool's explicit 0, false or "" (e.g. minReplicas: 0).
+Returns JSON.
+*/}}
+{{- define "renderfarm.deepMerge" -}}
+{{- $out := dict -}}
+{{- range $k, $v := .base -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- range $k, $v := .over -}}
+{{- if and (kindIs "map" $v) (kindIs "map" (get $out $k)) -}}
+{{- $_ := set $out $k (include "renderfarm.deepMerge" (dict "base" (get $out $k) "over" $v) | fromJson) -}}
+{{- else -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
+A pool with workerDefaults filled in and derived fields: deploymentName, queue, device, image,
+grace (terminationGracePeriodSeconds). Call with (dict "root" $ "pool" $pool); returns JSON.
+The pool name must be a DNS label: it names Kubernetes objects and the queue renderfarm.<name>.
+*/}}
+{{- define "renderfarm.pool" -}}
+{{- $root := .root -}}
+{{- $p := include "renderfarm.deepMerge" (dict "base" $root.Values.workerDefaults "over" .pool) | fromJson -}}
+{{- if not $p.name -}}{{- fail "every pool needs a name" -}}{{- end -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $p.name) -}}
+{{- fail (printf "pool name %q must be a DNS label (lowercase letters, digits and '-')" $p.name) -}}
+{{- end -}}
+{{- if gt (len $p.name) 40 -}}{{- fail (printf "pool name %q is longer than 40 characters" $p.name) -}}{{- end -}}
+{{- if not $p.model -}}{{- fail (printf "pool %q needs a model" $p.name) -}}{{- end -}}
+{{- if not (has $p.deviceClass (list "cpu" "cuda")) -}}
+{{- fail (printf "pool %q: deviceClass must be cpu or cuda, not %q" $p.name $p.deviceClass) -}}
+{{- end -}}
+{{- $_ := set $p "deploymentName" (printf "%s-worker-%s" (include "renderfarm.fullname" $root | trunc 22 | trimSuffix "-") $p.name) -}}
+{{- $_ := set $p "queue" (printf "renderfarm.%s" $p.name) -}}
+{{- $_ := set $p "device" (default $p.deviceClass $p.device) -}}
+{{- $imgKey := ternary "workerCuda" "workerCpu" (eq $p.deviceClass "cuda") -}}
+{{- $img := include "renderfarm.deepMerge" (dict "base" (get $root.Values.images $imgKey) "over" (default dict $p.image)) | fromJson -}}
+{{- $_ := set $p "imageRef" (include "renderfarm.image" (dict "root" $root "image" $img)) -}}
+{{- $_ := set $p "imagePullPolicy" $img.pullPolicy -}}
+{{- $longest := int $p.longestBatchSeconds -}}
+{{- $grace := add $longest (int $p.shutdownMarginSeconds) -}}
+{{- if not (kindIs "invalid" $p.terminationGracePeriodSeconds) -}}
+{{- $grace = int $p.terminationGracePeriodSeconds -}}
+{{- if lt $grace $longest -}}
+{{- fail (printf "pool %q: terminationGracePeriodSeconds %d is shorter than longestBatchSeconds %d; scale-down would kill a running batch" $p.name $grace $longest) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $p "grace" $grace -}}
+{{- $_ := set $p "triggerType" (default $root.Values.autoscaling.trigger $p.autoscaling.trigger) -}}
+{{- toJson $p -}}
+{{- end -}}
+
+{{- define "renderfarm.poolLabels" -}}
+app.kubernetes.io/component: worker
+renderfarm.io/pool: {{ .name }}
+{{- end -}}
+
+{{- define "renderfarm.redisUrl" -}}
+{{- if .Values.redis.url -}}
+{{- .Values.redis.url -}}
+{{- else if .Values.redis.bundled.enabled -}}
+{{- printf "redis://%s-redis:6379/0" (include "renderfarm.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "renderfarm.s3SecretName" -}}
+{{- if .Values.s3.existingSecret -}}
+{{- .Values.s3.existingSecret -}}
+{{- else if .Values.s3.accessKeyId -}}
+{{- printf "%s-s3" (include "renderfarm.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "renderfarm.apiUrl" -}}
+{{- printf "http://%s-api.%s.svc:%d" (include "renderfarm.fullname" .) .Release.Namespace (int .Values.api.service.port) -}}
+{{- end -}}
+
+{{/* envFrom + env shared by the API, the workers and the catalog job. */}}
+{{- define "renderfarm.envFrom" -}}
+- configMapRef:
+    name: {{ include "renderfarm.fullname" . }}-env
+{{- end -}}
+
+{{- define "renderfarm.env" -}}
+{{- if .Values.redis.urlSecret.name }}
+- name: RENDERFARM_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.urlSecret.name }}
+      key: {{ .Values.redis.urlSecret.key }}
+{{- else }}
+{{- $url := include "renderfarm.redisUrl" . -}}
+{{- if not $url -}}{{- fail "set redis.url, redis.urlSecret.name, or redis.bundled.enabled=true" -}}{{- end }}
+- name: RENDERFARM_REDIS_URL
+  value: {{ $url | quote }}
+{{- end }}
+{{- with (include "renderfarm.s3SecretName" .) }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.s3.accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.s3.secretAccessKeyKey }}
+{{- end }}
+{{- end -}}
