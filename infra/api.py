@@ -3,6 +3,14 @@ health, metrics and the dashboard page.
 
 Data flow: producer clients → **POST here** → submission (store + queue); workers → store
 → **GET here** → polling clients and the dashboard. An unknown id is always a 404.
+
+Security (see :mod:`infra.auth`, :mod:`infra.limits`, :mod:`infra.webhooks_policy`): every
+``/v1`` route runs as one tenant, named by the ``X-API-Key`` header (``public`` without one when
+auth is not required). Jobs and batches belong to the tenant that submitted them; another
+tenant's id answers 404 exactly like an unknown one. ``/v1/workers`` and ``/v1/queues`` are
+farm-wide (any authenticated tenant sees every pool). ``/healthz``, ``/metrics``, ``/`` and
+``/openapi.json`` (and the ``/docs`` pages) need no key. Bodies over ``max_body_bytes`` are
+413; a tenant over its rate limit gets 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -10,23 +18,31 @@ from __future__ import annotations
 import argparse
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated
 
 import redis
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from infra import registry
+from infra.auth import KeyStore, TenantMiddleware, current_tenant, redacting_log_config
+from infra.limits import RateLimited, RateLimiter, RateLimitMiddleware
 from infra.queue import make_celery
 from infra.queues import queue_depths
 from infra.schemas import BatchAccepted, BatchStatus, BatchSubmission, JobAccepted, JobStatus, RenderRequest
 from infra.settings import Settings, get_settings
 from infra.storage import Storage
-from infra.store import JobStore
+from infra.store import PUBLIC_TENANT, JobStore
 from infra.submission import Submitter
+from infra.webhooks_policy import WebhookRefused, check_webhook_url
 
 STATIC_DIR = Path(__file__).parent / "static"
+
+#: A route parameter holding the request's tenant (and documenting ``X-API-Key`` in the schema).
+Tenant = Annotated[str, Depends(current_tenant)]
 
 
 class Farm:
@@ -39,6 +55,18 @@ class Farm:
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis)
+        self.keys = KeyStore(self.redis)
+        self.limiter = RateLimiter.from_settings(self.redis, settings)
+
+    def check_webhook(self, url: str | None) -> None:
+        """Refuse a webhook URL that fails the SSRF policy, as a 422 on ``body.webhook_url``."""
+        if url is None:
+            return
+        try:
+            check_webhook_url(url, allow_private=self.settings.webhook_allow_private)
+        except WebhookRefused as exc:
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", "webhook_url"),
+                                           "msg": f"Value error, {exc.reason}", "input": url}]) from None
 
     def with_url(self, status: JobStatus) -> JobStatus:
         """Attach a presigned GET URL to a finished job's result."""
@@ -57,73 +85,89 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         app.state.farm.celery.close()
 
-    app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan,
-                  description="Submit text-to-image render jobs and follow them to their images.")
+    app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,
+                  description="Submit text-to-image render jobs and follow them to their images.\n\n"
+                              "Every `/v1` route acts for the tenant of the `X-API-Key` header (required when the "
+                              "farm requires auth; 401 otherwise). Another tenant's job or batch id is a 404. "
+                              "`/v1/workers` and `/v1/queues` are farm-wide. `/healthz`, `/metrics`, `/` and "
+                              "`/openapi.json` are open. Too large a body is a 413; too many requests or jobs "
+                              "per second a 429 with `Retry-After`.")
+    # Starlette runs the last-added middleware first: auth, then the request rate limit.
+    app.add_middleware(RateLimitMiddleware, limiter_of=lambda scope: scope["app"].state.farm.limiter)
+    app.add_middleware(TenantMiddleware, keys_of=lambda scope: scope["app"].state.farm.keys,
+                       required=settings.auth_required)
+    app.add_exception_handler(RateLimited, lambda request, exc: exc.response())
 
     def farm(request: Request) -> Farm:
         return request.app.state.farm
 
     @app.post("/v1/jobs", status_code=202, response_model=JobAccepted, tags=["jobs"])
-    async def submit_job(body: RenderRequest, request: Request) -> JobAccepted:
+    async def submit_job(body: RenderRequest, request: Request, tenant: Tenant) -> JobAccepted:
         """Submit one render; it becomes a batch of one."""
-        accepted = await run_in_threadpool(farm(request).submitter.submit, [body])
+        await run_in_threadpool(farm(request).limiter.charge_jobs, tenant, 1)
+        accepted = await run_in_threadpool(farm(request).submitter.submit, [body], tenant=tenant)
         return JobAccepted(job_id=accepted.job_ids[0], batch_id=accepted.batch_id)
 
     @app.post("/v1/batches", status_code=202, response_model=BatchAccepted, tags=["batches"])
-    async def submit_batch(body: BatchSubmission, request: Request) -> BatchAccepted:
-        """Submit up to 10,000 renders as one batch. A repeated ``idempotency_key`` returns the first batch."""
+    async def submit_batch(body: BatchSubmission, request: Request, tenant: Tenant) -> BatchAccepted:
+        """Submit up to 10,000 renders as one batch. A repeated ``idempotency_key`` returns the first batch.
+        A ``webhook_url`` must be http(s) on a public address (422 otherwise)."""
+        await run_in_threadpool(farm(request).check_webhook, body.webhook_url)
+        await run_in_threadpool(farm(request).limiter.charge_jobs, tenant, len(body.jobs))
         return await run_in_threadpool(farm(request).submitter.submit, body.jobs, priority=body.priority,
-                                       idempotency_key=body.idempotency_key, webhook_url=body.webhook_url)
+                                       idempotency_key=body.idempotency_key, webhook_url=body.webhook_url,
+                                       tenant=tenant)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"])
-    def get_job(job_id: str, request: Request) -> JobStatus:
+    def get_job(job_id: str, request: Request, tenant: Tenant) -> JobStatus:
         """One job's status, with a presigned URL once it succeeded. 404 for an unknown id."""
-        status = farm(request).store.get_job(job_id)
+        status = farm(request).store.get_job(job_id, tenant)
         if status is None:
             raise HTTPException(404, f"unknown job id {job_id!r}")
         return farm(request).with_url(status)
 
     @app.get("/v1/batches/{batch_id}", response_model=BatchStatus, tags=["batches"])
-    def get_batch(batch_id: str, request: Request, offset: int = Query(0, ge=0),
+    def get_batch(batch_id: str, request: Request, tenant: Tenant, offset: int = Query(0, ge=0),
                   limit: int = Query(100, ge=0, le=1000)) -> BatchStatus:
         """Counts by state, progress 0…1 and one page of jobs (``offset``, ``limit`` ≤ 1,000)."""
-        status = farm(request).store.get_batch(batch_id, offset=offset, limit=limit)
+        status = farm(request).store.get_batch(batch_id, offset=offset, limit=limit, tenant=tenant)
         if status is None:
             raise HTTPException(404, f"unknown batch id {batch_id!r}")
         status.jobs = [farm(request).with_url(j) for j in status.jobs]
         return status
 
     @app.delete("/v1/jobs/{job_id}", tags=["jobs"])
-    def cancel_job(job_id: str, request: Request) -> dict:
+    def cancel_job(job_id: str, request: Request, tenant: Tenant) -> dict:
         """Cancel a job that has not finished. 404 for an unknown id."""
         store = farm(request).store
-        status = store.get_job(job_id)
+        status = store.get_job(job_id, tenant)
         if status is None:
             raise HTTPException(404, f"unknown job id {job_id!r}")
         canceled = store.cancel(job_id)
         return {"job_id": job_id, "canceled": canceled, "state": store.get_job(job_id).state}
 
     @app.delete("/v1/batches/{batch_id}", tags=["batches"])
-    def cancel_batch(batch_id: str, request: Request) -> dict:
+    def cancel_batch(batch_id: str, request: Request, tenant: Tenant) -> dict:
         """Cancel every job of a batch that has not finished. 404 for an unknown id."""
         store = farm(request).store
-        if not store.batch_meta(batch_id):
+        meta = store.batch_meta(batch_id)
+        if not meta or meta.get("tenant", PUBLIC_TENANT) != tenant:
             raise HTTPException(404, f"unknown batch id {batch_id!r}")
         n = sum(store.cancel(j) for j in store.batch_job_ids(batch_id))
         return {"batch_id": batch_id, "canceled": n}
 
-    @app.get("/v1/workers", tags=["farm"])
+    @app.get("/v1/workers", tags=["farm"], dependencies=[Depends(current_tenant)])
     def workers(request: Request) -> list[dict]:
         """Live workers: device, recipe, model, pool, batch size, last heartbeat, current jobs."""
         return registry.live_workers(farm(request).redis, farm(request).settings.heartbeat_ttl_s)
 
-    @app.get("/v1/queues", tags=["farm"])
+    @app.get("/v1/queues", tags=["farm"], dependencies=[Depends(current_tenant)])
     def queues(request: Request) -> list[dict]:
         """Per pool: queued, reserved (prefetched), running, outstanding and live workers."""
         f = farm(request)
         return queue_depths(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s))
 
-    @app.get("/v1/queues/{pool}", tags=["farm"])
+    @app.get("/v1/queues/{pool}", tags=["farm"], dependencies=[Depends(current_tenant)])
     def queue(pool: str, request: Request) -> dict:
         """One pool's row of ``/v1/queues`` (jobs; all zeros for a pool with nothing queued and no
         worker), so that KEDA's metrics-api scaler reads a scalar at ``valueLocation: outstanding``."""
@@ -167,7 +211,7 @@ def run_api(args: argparse.Namespace) -> None:
     """Serve the API with uvicorn until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="info", log_config=redacting_log_config())
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

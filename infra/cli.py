@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "worker.main",        # worker
     "infra.api",          # api
     "producer.cli",       # submit, status, wait
+    "infra.keys_cli",     # keys create|revoke|list
     "infra.plan",         # plan
 )
 

@@ -43,6 +43,17 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
     job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after creation, seconds.")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
+    # security (infra/auth.py, infra/limits.py, infra/webhooks_policy.py)
+    auth_required: bool = Field(False, description="Require a tenant's X-API-Key on /v1 routes; off: keys optional, "
+                                                   "anonymous requests are tenant 'public'.")
+    max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body, bytes; larger → 413. "
+                                                                 "10,000 typical requests are ~3.7 MB of JSON.")
+    rate_limit_requests_per_s: float = Field(50.0, ge=0, description="Per-tenant API requests/s; 0 = no limit.")
+    rate_limit_request_burst: int = Field(200, ge=1, description="Per-tenant request burst (token-bucket size).")
+    rate_limit_jobs_per_s: float = Field(100.0, ge=0, description="Per-tenant submitted jobs/s; 0 = no limit.")
+    rate_limit_job_burst: int = Field(20_000, ge=1, description="Per-tenant job burst; a batch larger than it is a 413.")
+    webhook_allow_private: bool = Field(False, description="Allow webhook hosts on loopback/private/link-local "
+                                                           "addresses (SSRF guard off).")
 
 
 @lru_cache(maxsize=1)

@@ -8,9 +8,9 @@ changes. Each start of a job increments its ``attempts``; a worker's later write
 attempt number it was given, and a write from a stale attempt is discarded (fencing).
 
 Keys (prefix ``rf:``):
-    job:{id}          hash: batch_id, pool, state, progress, attempts, worker, created_at,
+    job:{id}          hash: batch_id, tenant, pool, state, progress, attempts, worker, created_at,
                       started_at, finished_at (epoch seconds), request/result/error (JSON)
-    batch:{id}        hash: created_at, total, priority, pool
+    batch:{id}        hash: created_at, total, priority, pool, tenant
     batch:{id}:jobs   list of job ids in submission order
     batch:{id}:counts hash: one counter per state, and ``done`` = Σ progress (terminal = 1)
 """
@@ -28,6 +28,8 @@ import redis
 from infra.schemas import JOB_STATES, BatchStatus, JobError, JobResult, JobStatus, RenderRequest
 
 PREFIX = "rf:"
+#: The tenant of anonymous requests when auth is off, and of records written before tenants.
+PUBLIC_TENANT = "public"
 
 
 def job_key(job_id: str) -> str:
@@ -154,17 +156,18 @@ class JobStore:
 
     # ---- creation -------------------------------------------------------------------------
     def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
-                     extra: dict[str, str] | None = None) -> None:
-        """Record a batch and all its jobs as ``queued`` in one pipelined round trip."""
+                     extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
+        """Record a batch and all its jobs as ``queued``, owned by ``tenant``, in one pipelined round trip."""
         now = repr(time.time())
         pipe = self.r.pipeline(transaction=False)
         bkey = batch_key(batch_id)
-        pipe.hset(bkey, mapping={"created_at": now, "total": len(jobs), "priority": priority, **(extra or {})})
+        pipe.hset(bkey, mapping={"created_at": now, "total": len(jobs), "priority": priority, "tenant": tenant,
+                                 **(extra or {})})
         pipe.hset(f"{bkey}:counts", mapping={"queued": len(jobs), "done": 0})
         pipe.rpush(f"{bkey}:jobs", *[j.job_id for j in jobs])
         for job in jobs:
             pipe.hset(job_key(job.job_id), mapping={
-                "batch_id": batch_id, "pool": job.pool, "state": "queued", "progress": 0,
+                "batch_id": batch_id, "tenant": tenant, "pool": job.pool, "state": "queued", "progress": 0,
                 "attempts": 0, "created_at": now, "request": job.request.model_dump_json(),
             })
             pipe.expire(job_key(job.job_id), self.job_ttl_s)
@@ -245,9 +248,10 @@ class JobStore:
                                  args=[attempt, state, repr(time.time()), field, payload]))
 
     # ---- reads ----------------------------------------------------------------------------
-    def get_job(self, job_id: str) -> JobStatus | None:
-        """The job's status, or None when the id is unknown (never a made-up ``queued``)."""
-        return self._parse_job(job_id, self.r.hgetall(job_key(job_id)))
+    def get_job(self, job_id: str, tenant: str | None = None) -> JobStatus | None:
+        """The job's status, or None when the id is unknown (never a made-up ``queued``) or,
+        with ``tenant``, belongs to another tenant."""
+        return self._parse_job(job_id, self.r.hgetall(job_key(job_id)), tenant)
 
     def get_jobs(self, job_ids: Sequence[str]) -> list[JobStatus | None]:
         """Statuses for many ids in one round trip, in the given order."""
@@ -257,8 +261,10 @@ class JobStore:
         return [self._parse_job(j, h) for j, h in zip(job_ids, pipe.execute())]
 
     @staticmethod
-    def _parse_job(job_id: str, h: dict[str, str]) -> JobStatus | None:
+    def _parse_job(job_id: str, h: dict[str, str], tenant: str | None = None) -> JobStatus | None:
         if not h or "state" not in h:
+            return None
+        if tenant is not None and h.get("tenant", PUBLIC_TENANT) != tenant:
             return None
         return JobStatus(
             job_id=job_id, batch_id=h["batch_id"], state=h["state"], pool=h.get("pool"),
@@ -275,14 +281,16 @@ class JobStore:
         end = -1 if limit is None else offset + limit - 1
         return self.r.lrange(f"{batch_key(batch_id)}:jobs", offset, end)
 
-    def get_batch(self, batch_id: str, offset: int = 0, limit: int = 100) -> BatchStatus | None:
-        """Counts by state, progress 0…1 and one page of jobs; None when the id is unknown."""
+    def get_batch(self, batch_id: str, offset: int = 0, limit: int = 100,
+                  tenant: str | None = None) -> BatchStatus | None:
+        """Counts by state, progress 0…1 and one page of jobs; None when the id is unknown or,
+        with ``tenant``, belongs to another tenant."""
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(batch_key(batch_id))
         pipe.hgetall(f"{batch_key(batch_id)}:counts")
         pipe.lrange(f"{batch_key(batch_id)}:jobs", offset, offset + limit - 1)
         meta, counts, ids = pipe.execute()
-        if not meta:
+        if not meta or (tenant is not None and meta.get("tenant", PUBLIC_TENANT) != tenant):
             return None
         total = int(meta["total"])
         state_counts = {s: int(counts.get(s, 0)) for s in JOB_STATES}

@@ -18,7 +18,7 @@ from celery import Celery
 from infra.pools import pool_for_model
 from infra.queue import publish_jobs
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
-from infra.store import JobStore, NewJob
+from infra.store import PUBLIC_TENANT, JobStore, NewJob
 
 
 def new_id() -> str:
@@ -54,15 +54,18 @@ class Submitter:
         self.idempotency_ttl_s = idempotency_ttl_s
 
     def submit(self, requests: Sequence[RenderRequest], *, priority: str = "normal",
-               idempotency_key: str | None = None, webhook_url: str | None = None) -> BatchAccepted:
-        """Submit ``requests`` as one batch; returns its id and the job ids in submission order.
+               idempotency_key: str | None = None, webhook_url: str | None = None,
+               tenant: str = PUBLIC_TENANT) -> BatchAccepted:
+        """Submit ``requests`` as one batch owned by ``tenant``; returns its id and the job ids in
+        submission order.
 
-        With an ``idempotency_key`` seen in the last ``idempotency_ttl_s`` seconds, nothing is
-        submitted and the first batch is returned again.
+        With an ``idempotency_key`` this tenant used in the last ``idempotency_ttl_s`` seconds,
+        nothing is submitted and the first batch is returned again (keys are per tenant, so one
+        tenant's key never returns another tenant's batch).
         """
         batch_id = new_id()
         if idempotency_key is not None:
-            key = f"rf:idem:{idempotency_key}"
+            key = f"rf:idem:{tenant}:{idempotency_key}"
             if not self.redis.set(key, batch_id, nx=True, ex=self.idempotency_ttl_s):
                 first = self.redis.get(key)
                 return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))
@@ -71,6 +74,6 @@ class Submitter:
             request = resolve(request, self.default_model)
             jobs.append(NewJob(new_id(), request, pool_for_model(request.model)))
         extra = {"webhook_url": webhook_url} if webhook_url else None
-        self.store.create_batch(batch_id, jobs, priority=priority, extra=extra)
+        self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
         publish_jobs(self.celery_app, ((j.job_id, j.pool) for j in jobs), priority=priority)
         return BatchAccepted(batch_id=batch_id, job_ids=[j.job_id for j in jobs])
