@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # renderfarm status API: python:3.11-slim, the project without torch and diffusers.
-# The API imports only infra/ (DESIGN.md: infra knows nothing of diffusers; a test checks
-# that infra.api imports with torch blocked), so the heavy dependencies are left out.
+# The API imports only infra/ (DESIGN.md: infra knows nothing of diffusers; a test runs this
+# entrypoint with torch blocked), so the heavy dependencies are left out.
 # Build from the repository root:
 #   docker build -f deploy/docker/api.Dockerfile -t renderfarm/api:0.1.0 .
 
@@ -34,5 +34,7 @@ USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"]
-ENTRYPOINT ["tini", "--", "uvicorn", "--factory", "infra.api:create_app"]
-CMD ["--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]
+# `renderfarm api` itself (infra.api's register and run_api: its log config redacts API keys),
+# without the CLI root, which would import the worker side and torch.
+ENTRYPOINT ["tini", "--", "python", "-c", "import argparse, sys; from infra.api import register; p = argparse.ArgumentParser(prog='renderfarm'); register(p.add_subparsers()); a = p.parse_args(['api', *sys.argv[1:]]); a.func(a)"]
+CMD ["--host", "0.0.0.0", "--port", "8000"]
