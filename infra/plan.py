@@ -337,11 +337,19 @@ def _clock(start: float | None, t: float) -> str:
 
 
 def _thin(rows: list[dict], limit: int) -> list[dict]:
+    """At most ``limit`` rows: the first and last, the ones where the backlog empties or the peak
+    is first reached, then evenly spaced others."""
     if len(rows) <= limit:
         return rows
-    step = len(rows) / (limit - 1)
-    keep = sorted({int(i * step) for i in range(limit - 1)} | {len(rows) - 1})
-    return [rows[i] for i in keep]
+    peak = max(r["replicas"] for r in rows)
+    must = {0, len(rows) - 1}
+    must |= {i for i in range(1, len(rows)) if rows[i]["outstanding"] == 0 < rows[i - 1]["outstanding"]}
+    must.add(next(i for i, r in enumerate(rows) if r["replicas"] == peak))
+    must.add(next(i for i, r in enumerate(rows) if r["ready"] == peak))
+    rest = [i for i in range(len(rows)) if i not in must]
+    room = max(0, limit - len(must))
+    picked = {rest[int(k * len(rest) / room)] for k in range(room)} if room and rest else set()
+    return [rows[i] for i in sorted(must | picked)]
 
 
 def print_plan(result: PlanResult, pool: PoolModel, *, name: str, start: float | None, max_rows: int) -> None:

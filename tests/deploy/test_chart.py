@@ -199,7 +199,7 @@ def test_fixed_replicas_without_autoscaling(render):
 def test_pool_names_must_be_dns_labels(helm, bad):
     out = run_helm(helm, "template", "farm", str(CHART), "--set", f"pools[0].name={bad}",
                    "--set", "pools[0].model=tiny", check=False)
-    assert out.returncode != 0 and "pool name" in out.stderr
+    assert out.returncode != 0 and ("pool name" in out.stderr or "/pools/0/name" in out.stderr), out.stderr
 
 
 def test_bundled_redis_has_aof_and_a_volume(render):
@@ -261,3 +261,11 @@ def test_pods_run_as_non_root(render):
         spec = d["spec"]["template"]["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
         assert spec["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("setting", ["pools[0].maxReplica=3", "pools[0].deviceClass=gpu",
+                                     "pools[0].autoscaling.trigger=redis"])
+def test_values_schema_refuses_typos(helm, setting):
+    out = run_helm(helm, "template", "farm", str(CHART), "--set", "pools[0].name=p", "--set", "pools[0].model=tiny",
+                   "--set", setting, check=False)
+    assert out.returncode != 0 and "schema" in out.stderr.lower() + out.stdout.lower()

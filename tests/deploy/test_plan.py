@@ -134,3 +134,14 @@ def test_cli_sweep_table(capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "drain" in out and "GPU-h" in out and out.count("\n") > 6
+
+
+def test_thinned_timeline_keeps_the_milestones():
+    from infra.plan import _thin
+
+    pool = PoolModel(images_per_s=0.5, max_replicas=16, cold_start_s=180)
+    rows = simulate([(0, 20_000)], pool).timeline
+    thin = _thin(rows, 8)
+    assert len(thin) <= 8 and thin[0] == rows[0] and thin[-1] == rows[-1]
+    assert any(r["ready"] == 16 for r in thin)                       # the peak, once warm
+    assert any(r["outstanding"] == 0 for r in thin[:-1])             # the moment the backlog empties
