@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from rich.console import Console
 from rich.table import Table
@@ -555,6 +555,10 @@ class RedisServer(ManagedProcess):
     RDB snapshots are off (``--save ""``). With ``appendonly=True`` every write goes to the AOF
     in ``dir`` (``appendfsync`` every second by default, ``"always"`` for no loss on SIGKILL), so
     a :meth:`restart` on the same port and dir finds the same keys.
+
+    ``password`` turns on ``requirepass`` (through a 0600 config file in ``dir``, so it is in
+    neither the argv nor the log) and goes into :attr:`url`; ``extra_args`` are appended to
+    the command line (e.g. TLS options).
     """
 
     def __init__(
@@ -567,6 +571,8 @@ class RedisServer(ManagedProcess):
         name: str = "redis",
         run_dir: Path | str | None = None,
         executable: str = "redis-server",
+        password: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         super().__init__(name, run_dir=run_dir)
         self.port = port or free_port()
@@ -574,28 +580,42 @@ class RedisServer(ManagedProcess):
         self.appendfsync = appendfsync
         self.dir = Path(dir) if dir is not None else self.run_dir / f"redis-{self.port}"
         self.executable = executable
+        self.password = password
+        self.extra_args = list(extra_args)
 
     def command(self) -> list[str]:
         self.dir.mkdir(parents=True, exist_ok=True)
+        config: list[str] = []
+        if self.password:
+            path = self.dir / "auth.conf"
+            path.touch(mode=0o600)
+            path.write_text(f'requirepass "{self.password}"\n')
+            config = [str(path)]
         return [
             self.executable,
+            *config,
             "--port", str(self.port),
             "--bind", LOCALHOST,
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", self.appendfsync,
             "--dir", str(self.dir),
+            *self.extra_args,
         ]  # fmt: skip
 
     @property
     def url(self) -> str:
-        return f"redis://{LOCALHOST}:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{LOCALHOST}:{self.port}/0"
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace(quote(self.password, safe=""), "***") if self.password else super().__repr__()
 
     def client(self, db: int = 0) -> Any:
         """A ``redis.Redis`` client for this server (``decode_responses=True``)."""
         import redis
 
-        return redis.Redis(host=LOCALHOST, port=self.port, db=db, decode_responses=True)
+        return redis.Redis(host=LOCALHOST, port=self.port, db=db, password=self.password, decode_responses=True)
 
     def is_ready(self) -> bool:
         return redis_answers(self.url)
