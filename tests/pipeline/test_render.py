@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+import torch
+
+from infra.schemas import RenderRequest
+from pipeline import compat_key
+from pipeline.invariance import make_batch_invariant
+from pipeline.schedulers import SCHEDULERS, scheduler_for
+
+PROMPTS = ["a red fox", "a cat on a mat", "blue sky over a city at night", "x",
+           "portrait of an old sailor, oil on canvas", "a", "the quick brown fox jumps", "zebra"]
+NEGATIVES = ["", "blurry", "", "low quality, jpeg", "", "ugly", "text, watermark", ""]
+
+
+def req(prompt="a red fox", **kw):
+    fields = {"model": "tiny", "seed": 1, "width": 64, "height": 64, "num_inference_steps": 2, **kw}
+    return RenderRequest(prompt=prompt, **fields)
+
+
+def pixels(image):
+    return np.asarray(image)
+
+
+def test_compat_key():
+    assert compat_key(req()) == ("tiny", 64, 64, 2, 7.5, "default")
+    assert compat_key(req(prompt="other", seed=9, negative_prompt="n")) == compat_key(req())
+
+
+@pytest.mark.parametrize("size", [(64, 96), (512, 512)])
+def test_sizes(tiny_renderer, size):
+    width, height = size
+    images = tiny_renderer.render([req(width=width, height=height), req(seed=2, width=width, height=height)])
+    assert [im.size for im in images] == [size, size] and all(im.mode == "RGB" for im in images)
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"width": 256, "height": 256},  # the VAE's attention runs at 32x32 >= 1024 positions
+    {"guidance_scale": 0.0},        # no CFG: a lone request is a batch of 1
+    {"scheduler": "euler_ancestral", "num_inference_steps": 3},  # noise drawn every step
+])
+def test_batch_invariance(tiny_renderer, extra):
+    extra = {"num_inference_steps": 2, "width": 64, "height": 64, **extra}
+    group = [RenderRequest(prompt=p, negative_prompt=n, seed=100 + i, model="tiny", **extra)
+             for i, (p, n) in enumerate(zip(PROMPTS, NEGATIVES))]
+    batched = [pixels(im) for im in tiny_renderer.render(group)]
+    for i in (0, 3, 7):
+        alone = pixels(tiny_renderer.render([group[i]])[0])
+        assert alone.std() > 5  # a real picture, not a saturated or flat one
+        assert np.array_equal(alone, batched[i]), f"request {i} differs alone vs in a batch of 8"
+    trio = [pixels(im) for im in tiny_renderer.render(group[2:5])]
+    assert all(np.array_equal(a, b) for a, b in zip(trio, batched[2:5]))
+
+
+def test_seeds(tiny_renderer):
+    a, b, a_again = tiny_renderer.render([req(seed=1), req(seed=2), req(seed=1)])
+    assert not np.array_equal(pixels(a), pixels(b))
+    assert np.array_equal(pixels(a), pixels(a_again))
+
+
+def test_rejects_mixed_or_unseeded(tiny_renderer):
+    with pytest.raises(ValueError, match="compat key"):
+        tiny_renderer.render([req(), req(num_inference_steps=3)])
+    with pytest.raises(ValueError, match="seed"):
+        tiny_renderer.render([req(seed=None)])
+    with pytest.raises(ValueError, match="model"):
+        tiny_renderer.render([RenderRequest(prompt="p", model="sd15-arch", seed=1)])
+    assert tiny_renderer.render([]) == []
+
+
+def test_progress(tiny_renderer):
+    calls = []
+    tiny_renderer.render([req(num_inference_steps=3), req(seed=5, num_inference_steps=3)],
+                         on_step=lambda done, total: calls.append((done, total)))
+    assert calls == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_warmup(tiny_renderer):
+    assert 0 < tiny_renderer.warmup() < 60
+
+
+@pytest.mark.parametrize("name", ["default", *SCHEDULERS])
+def test_schedulers(tiny_renderer, name):
+    if name == "lms":
+        pytest.importorskip("scipy")
+    image = tiny_renderer.render([req(scheduler=name)])[0]
+    assert pixels(image).std() > 1
+    assert type(scheduler_for(tiny_renderer.pipe, "default")).__name__ == "DDIMScheduler"
+
+
+def test_unknown_scheduler(tiny_pipe):
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        scheduler_for(tiny_pipe, "nope")
+
+
+def test_patched_modules_compute_the_same_function():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(4, 32, 3, padding=1), torch.nn.GroupNorm(8, 32),
+                              torch.nn.Flatten(2), torch.nn.Linear(1024, 16))
+    x = torch.randn(3, 4, 32, 32).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        expected = net(x)
+        assert make_batch_invariant(net) == 3 and make_batch_invariant(net) == 0
+        got = net(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
