@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 
 from infra import registry
 from infra.auth import KeyStore, TenantMiddleware, current_tenant, redacting_log_config
+from infra.errors import validation_error_handler
 from infra.limits import RateLimited, RateLimiter, RateLimitMiddleware
 from infra.queue import make_celery
 from infra.queues import queue_depths
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(TenantMiddleware, keys_of=lambda scope: scope["app"].state.farm.keys,
                        required=settings.auth_required)
     app.add_exception_handler(RateLimited, lambda request, exc: exc.response())
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
 
     def farm(request: Request) -> Farm:
         return request.app.state.farm
@@ -127,7 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return farm(request).with_url(status)
 
     @app.get("/v1/batches/{batch_id}", response_model=BatchStatus, tags=["batches"])
-    def get_batch(batch_id: str, request: Request, tenant: Tenant, offset: int = Query(0, ge=0),
+    def get_batch(batch_id: str, request: Request, tenant: Tenant, offset: int = Query(0, ge=0, le=10_000),
                   limit: int = Query(100, ge=0, le=1000)) -> BatchStatus:
         """Counts by state, progress 0…1 and one page of jobs (``offset``, ``limit`` ≤ 1,000)."""
         status = farm(request).store.get_batch(batch_id, offset=offset, limit=limit, tenant=tenant)

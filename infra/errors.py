@@ -1,0 +1,66 @@
+"""Validation-error answers of the status API that are always valid, bounded JSON.
+
+Data flow: HTTP body → FastAPI/pydantic validation → on failure, **this handler** → 422
+``{"detail": [{"type", "loc", "msg", "input", …}]}``, the same shape as FastAPI's own.
+
+FastAPI's default handler echoes each error's ``input`` as given, so hostile input turned a
+422 into a 500: ``1e999``, ``NaN`` and ``Infinity`` cannot be written as strict JSON, a lone
+surrogate (``"\\ud800"``) cannot be encoded as UTF-8, and a 16 MiB prompt or a 1,000-deep
+object came back whole (or overflowed the encoder's recursion). Here the echo is made safe:
+non-finite floats become strings (``"inf"``), strings are cut to :data:`MAX_CHARS` with
+unencodable characters escaped, containers are cut to :data:`MAX_ITEMS` entries and
+:data:`MAX_DEPTH` levels, and exceptions in ``ctx`` become their message.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+MAX_CHARS = 1000
+MAX_ITEMS = 50
+MAX_DEPTH = 12
+
+
+def _text(value: str) -> str:
+    if len(value) > MAX_CHARS:
+        value = f"{value[:MAX_CHARS]}… ({len(value)} characters)"
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def safe_json(value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON data that strict JSON and UTF-8 can carry, bounded in size and depth."""
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, bytes):
+        return _text(value.decode("utf-8", "backslashreplace"))
+    if isinstance(value, BaseException):
+        return _text(str(value))
+    if depth >= MAX_DEPTH:
+        return "…"
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {_text(str(k)): safe_json(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["…"] = f"{len(items) - MAX_ITEMS} more entries"
+        return out
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+        out = [safe_json(v, depth + 1) for v in items[:MAX_ITEMS]]
+        if len(items) > MAX_ITEMS:
+            out.append(f"… {len(items) - MAX_ITEMS} more items")
+        return out
+    return _text(str(value))
+
+
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with FastAPI's error list, made safe by :func:`safe_json`."""
+    return JSONResponse({"detail": safe_json(list(exc.errors()))}, status_code=422)
