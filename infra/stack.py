@@ -318,7 +318,8 @@ class ManagedProcess:
     """One child process in its own process group, with a log file and a readiness check.
 
     Either subclass it (override :meth:`command` and :meth:`is_ready`) or pass ``command`` and
-    ``ready`` directly. ``env`` is laid over ``os.environ`` for the child. The log is appended to
+    ``ready`` directly. ``env`` is laid over ``os.environ`` for the child (a ``None`` value
+    removes that variable). The log is appended to
     ``<run_dir>/<name>.log`` across restarts, each start marked by a header line.
 
     Use it as a context manager (start, wait until ready, stop on exit), or call
@@ -344,7 +345,7 @@ class ManagedProcess:
         command: Sequence[str] | None = None,
         *,
         ready: Callable[[], bool] | None = None,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         run_dir: Path | str | None = None,
         cwd: Path | str | None = None,
         stop_timeout: float | None = None,
@@ -353,7 +354,7 @@ class ManagedProcess:
         self.name = name
         self._command = list(command) if command is not None else None
         self._ready = ready
-        self.env: dict[str, str] = dict(env or {})
+        self.env: dict[str, str | None] = dict(env or {})
         self.run_dir = Path(run_dir) if run_dir is not None else _fallback_run_dir()
         self.cwd = cwd
         if stop_timeout is not None:
@@ -402,7 +403,8 @@ class ManagedProcess:
 
     def child_env(self) -> dict[str, str]:
         """The full environment the child gets: ``os.environ`` overlaid with ``self.env``."""
-        return {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        merged = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        return {key: value for key, value in merged.items() if value is not None}
 
     def start(self) -> "ManagedProcess":
         """Start the child (not waiting for readiness). Raises RuntimeError if it already runs."""
@@ -477,17 +479,18 @@ class ManagedProcess:
             pass
         while group_members(self.pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        return self._reap(kill=True)
+        return self._kill_and_reap()
 
     def kill(self) -> int | None:
         """SIGKILL the whole group at once (a crash, for fault tests) and reap it."""
         if self.proc is None or self.pgid is None:
             return self.returncode
-        return self._reap(kill=True)
+        return self._kill_and_reap()
 
-    def _reap(self, *, kill: bool) -> int | None:
+    def _kill_and_reap(self) -> int | None:
+        """SIGKILL what is left of the group, reap the child, and wait until the group is empty."""
         assert self.proc is not None and self.pgid is not None
-        if kill and (self.proc.poll() is None or group_members(self.pgid)):
+        if self.proc.poll() is None or group_members(self.pgid):
             _signal_group(self.pgid, signal.SIGKILL)
         self.returncode = self.proc.wait()
         deadline = time.monotonic() + 10.0
@@ -734,6 +737,8 @@ def _python_cli(*args: str) -> list[str]:
 class ApiServer(ManagedProcess):
     """The status API (``renderfarm api``) on 127.0.0.1:``port``; ready when /healthz is 200."""
 
+    ready_timeout = 120.0  # imports are slow on a loaded 2-core machine
+
     def __init__(
         self,
         port: int | None = None,
@@ -875,8 +880,7 @@ class LocalStack:
         self.redis_url = redis_url or settings.redis_url
         self.bucket = bucket or settings.s3_bucket
         self.appendonly = appendonly
-        self.redis: RedisServer | None = None
-        self.redis_reused = False
+        self.redis: RedisServer | None = None  # stays None when a Redis already answers
         self.s3 = SeaweedS3(s3_port, dir=self.run_dir / "seaweedfs", access_key=access_key,
                             secret_key=secret_key, run_dir=self.run_dir)  # fmt: skip
         self.api = ApiServer(api_port, run_dir=self.run_dir)
@@ -916,11 +920,9 @@ class LocalStack:
         return self
 
     def _start_storage(self) -> None:
-        if redis_answers(self.redis_url):
-            self.redis_reused = True
-        else:
+        if not redis_answers(self.redis_url):
             parts = urlsplit(self.redis_url)
-            if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            if parts.hostname not in ("127.0.0.1", "localhost"):
                 raise ConnectionError(f"no Redis answers at {self.redis_url}, and it is not local")
             self.redis = RedisServer(parts.port or 6379, appendonly=self.appendonly,
                                      dir=self.run_dir / "redis", run_dir=self.run_dir)  # fmt: skip

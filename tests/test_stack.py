@@ -400,40 +400,32 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "infra.cli", *args]
 
 
-def _private_env(cache_dir: Path) -> dict[str, str]:
-    """os.environ with a Redis URL nobody answers at (so the stack starts its own) and the
-    session's model cache."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RENDERFARM_", "AWS_"))}
-    env.update(RENDERFARM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", RENDERFARM_CACHE_DIR=str(cache_dir))
+def _private_env(cache_dir: Path) -> dict[str, str | None]:
+    """Overrides for a child: no RENDERFARM_*/AWS_* of this session, a Redis URL nobody answers
+    at (so the stack starts its own), and the session's model cache."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
+    env.update(RENDERFARM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", RENDERFARM_CACHE_DIR=str(cache_dir),
+               COLUMNS="200")  # fmt: skip
     return env
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_up_serves_until_signalled_then_leaves_nothing_behind(cache_dir, sig):
-    up = subprocess.Popen(_cli("up", "--workers", "0"), env=_private_env(cache_dir), cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    lines: list[str] = []
-    try:
-        deadline = time.monotonic() + 120
-        while not any("Ctrl-C stops everything" in line for line in lines):
-            line = up.stdout.readline()
-            assert line and time.monotonic() < deadline, "up ended or stalled:\n" + "".join(lines)
-            lines.append(line)
-        output = "".join(lines)
+def test_up_serves_until_signalled_then_leaves_nothing_behind(cache_dir, tmp_path, sig):
+    # A ManagedProcess itself, so that even a killed pytest leaves no `up` behind.
+    up = ManagedProcess("up", _cli("up", "--workers", "0"), env=_private_env(cache_dir), run_dir=tmp_path, cwd=REPO,
+                        ready=lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text(),
+                        ready_timeout=180)  # fmt: skip
+    with up:
+        output = up.log_path.read_text()
         pids = [int(pid) for pid in re.findall(r"^✓ .* pid (\d+)\s*$", output, flags=re.M)]
         assert len(pids) == 3, output  # redis (its own: none answered), seaweedfs, api
         api_url = re.search(r"^export RENDERFARM_API_URL=(\S+)$", output, flags=re.M).group(1)
         assert httpx.get(f"{api_url}/healthz", timeout=10).status_code == 200
 
         up.send_signal(sig)
-        rest, _ = up.communicate(timeout=90)
-    finally:
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait()
-    assert up.returncode == 0, output + rest
-    assert "stopped." in rest
+        assert up.proc.wait(timeout=120) == 0, up.log_tail()
+    assert "stopped." in up.log_path.read_text()
     for pid in pids:
         assert group_members(pid) == [], f"pid {pid} outlived `renderfarm up`"
 
@@ -443,14 +435,21 @@ def test_demo_renders_a_small_batch_end_to_end(cache_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red fox\na lighthouse\na bowl of ramen\n", encoding="utf-8")
     out = tmp_path / "out"
-    demo = subprocess.run(
+    demo = ManagedProcess(
+        "demo",
         _cli("demo", "--prompts", str(prompts), "--count", "4", "--workers", "1", "--steps", "2",
-             "--width", "64", "--height", "64", "--out", str(out)),  # fmt: skip
-        env={**_private_env(cache_dir), "COLUMNS": "200"}, cwd=REPO, capture_output=True, text=True, timeout=900,
+             "--width", "64", "--height", "64", "--timeout", "300", "--out", str(out)),  # fmt: skip
+        env=_private_env(cache_dir), run_dir=tmp_path, cwd=REPO, stop_timeout=90,
     )
-    assert demo.returncode == 0, demo.stdout + demo.stderr
-    assert re.search(r"succeeded\s*│\s*4\b", demo.stdout), demo.stdout
-    assert re.search(r"failed\s*│\s*0\b", demo.stdout), demo.stdout
+    demo.start()
+    try:
+        returncode = demo.proc.wait(timeout=900)
+    finally:
+        demo.stop()
+    output = demo.log_path.read_text()
+    assert returncode == 0, output
+    assert re.search(r"succeeded\s*│\s*4\b", output), output
+    assert re.search(r"failed\s*│\s*0\b", output), output
     images = sorted(out.glob("*.png"))
     assert len(images) == 4
     assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in images)
@@ -466,7 +465,7 @@ def test_local_stack_reuses_an_answering_redis_and_renders(redis_server, cache_d
     stack = LocalStack(workers=1, redis_url=redis_url, bucket="stack-reuse", cache_dir=cache_dir,
                        run_dir=tmp_path, console=Console(file=io.StringIO()))  # fmt: skip
     with stack:
-        assert stack.redis is None and stack.redis_reused
+        assert stack.redis is None, "a Redis answered, so none was started"
         assert stack.env["RENDERFARM_REDIS_URL"] == redis_url
         assert stack.env["RENDERFARM_S3_BUCKET"] == "stack-reuse"
         with patched_environ(stack.env), RenderClient(api_url=stack.api.url) as client:
