@@ -49,6 +49,7 @@ __all__ = [
     "WorkerProcess",
     "add_stack_arguments",
     "apply_env",
+    "cli_command",
     "ensure_bucket",
     "foreground",
     "free_port",
@@ -730,7 +731,8 @@ class SeaweedS3(ManagedProcess):
         return any(rack.get("DataNodes") for rack in racks)
 
 
-def _python_cli(*args: str) -> list[str]:
+def cli_command(*args: str) -> list[str]:
+    """The argv that runs ``renderfarm ARGS…`` with this interpreter (no console script needed)."""
     return [sys.executable, "-m", "infra.cli", *args]
 
 
@@ -751,7 +753,7 @@ class ApiServer(ManagedProcess):
         self.port = port or free_port()
 
     def command(self) -> list[str]:
-        return _python_cli("api", "--host", LOCALHOST, "--port", str(self.port))
+        return cli_command("api", "--host", LOCALHOST, "--port", str(self.port))
 
     @property
     def url(self) -> str:
@@ -795,7 +797,7 @@ class WorkerProcess(ManagedProcess):
         self.extra_args = list(extra_args)
 
     def command(self) -> list[str]:
-        argv = _python_cli("worker", "--model", self.model, "--device", self.device, "--name", self.worker_name)
+        argv = cli_command("worker", "--model", self.model, "--device", self.device, "--name", self.worker_name)
         if self.batch_size:
             argv += ["--batch-size", str(self.batch_size)]
         return argv + self.extra_args

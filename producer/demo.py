@@ -21,7 +21,14 @@ from rich.table import Table
 
 from pydantic import ValidationError
 
-from infra.stack import ProcessExited, add_stack_arguments, foreground, patched_environ, stack_from_args
+from infra.stack import (
+    LocalStack,
+    ProcessExited,
+    add_stack_arguments,
+    foreground,
+    patched_environ,
+    stack_from_args,
+)
 from producer.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
 __all__ = ["demo_command", "register", "select_prompts"]
@@ -94,11 +101,16 @@ def demo_command(args: argparse.Namespace) -> int:
         return 1
 
 
-def _run(console: Console, stack: Any, requests: list[Any], args: argparse.Namespace,
+def _run(console: Console, stack: LocalStack, requests: list[Any], args: argparse.Namespace,
          out: Path, source: str, startup_s: float) -> int:  # fmt: skip
     from producer import RenderClient
 
-    client = RenderClient(api_url=stack.env["RENDERFARM_API_URL"])
+    with RenderClient(api_url=stack.api.url) as client:
+        return _submit_and_report(console, client, stack, requests, args, out, source, startup_s)
+
+
+def _submit_and_report(console: Console, client: Any, stack: LocalStack, requests: list[Any],
+                       args: argparse.Namespace, out: Path, source: str, startup_s: float) -> int:  # fmt: skip
     console.print(f"submitting {len(requests)} jobs ({source}, {args.width}×{args.height}, "
                   f"{args.steps} steps, model {args.model}) …")  # fmt: skip
     t0 = time.monotonic()
@@ -106,7 +118,9 @@ def _run(console: Console, stack: Any, requests: list[Any], args: argparse.Names
     try:
         statuses = client.wait(batch.batch_id, timeout=args.timeout, progress=True)
     except TimeoutError:
-        console.print(f"[red]batch {batch.batch_id} not done after {args.timeout:.0f} s[/]")
+        dead = ", ".join(p.name for p in stack.exited()) or "none"
+        console.print(f"[red]batch {batch.batch_id} not done after {args.timeout:.0f} s[/] "
+                      f"(exited services: {dead}; logs in {stack.run_dir})")  # fmt: skip
         return 1
     wall_s = time.monotonic() - t0
 

@@ -30,6 +30,7 @@ from infra.stack import (
     ProcessExited,
     RedisServer,
     SeaweedS3,
+    cli_command,
     free_port,
     group_members,
     new_run_dir,
@@ -396,10 +397,6 @@ def test_default_prompts_and_demo_selection():
 # -- the composed stack: `renderfarm up`, `renderfarm demo`, LocalStack -------------------------
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "infra.cli", *args]
-
-
 def _private_env(cache_dir: Path) -> dict[str, str | None]:
     """Overrides for a child: no RENDERFARM_*/AWS_* of this session, a Redis URL nobody answers
     at (so the stack starts its own), and the session's model cache."""
@@ -413,8 +410,8 @@ def _private_env(cache_dir: Path) -> dict[str, str | None]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_up_serves_until_signalled_then_leaves_nothing_behind(cache_dir, tmp_path, sig):
     # A ManagedProcess itself, so that even a killed pytest leaves no `up` behind.
-    up = ManagedProcess("up", _cli("up", "--workers", "0"), env=_private_env(cache_dir), run_dir=tmp_path, cwd=REPO,
-                        ready=lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text(),
+    up = ManagedProcess("up", cli_command("up", "--workers", "0"), env=_private_env(cache_dir), run_dir=tmp_path,
+                        cwd=REPO, ready=lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text(),
                         ready_timeout=180)  # fmt: skip
     with up:
         output = up.log_path.read_text()
@@ -437,7 +434,7 @@ def test_demo_renders_a_small_batch_end_to_end(cache_dir, tmp_path):
     out = tmp_path / "out"
     demo = ManagedProcess(
         "demo",
-        _cli("demo", "--prompts", str(prompts), "--count", "4", "--workers", "1", "--steps", "2",
+        cli_command("demo", "--prompts", str(prompts), "--count", "4", "--workers", "1", "--steps", "2",
              "--width", "64", "--height", "64", "--timeout", "300", "--out", str(out)),  # fmt: skip
         env=_private_env(cache_dir), run_dir=tmp_path, cwd=REPO, stop_timeout=90,
     )
