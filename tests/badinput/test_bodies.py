@@ -70,7 +70,7 @@ def _names():
 
 
 @pytest.mark.parametrize("path", ["/v1/jobs", "/v1/batches"])
-@pytest.mark.parametrize("name", _names())
+@pytest.mark.parametrize("name", list(_names()))
 def test_hostile_bodies_get_a_4xx(url, path, name):
     body = BODIES[name]
     if path == "/v1/batches" and body.startswith(b"{"):

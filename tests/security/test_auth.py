@@ -3,14 +3,16 @@ and never written to a log."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
-import subprocess
-import sys
 
 import httpx
 import pytest
 
+from infra import keys_cli
 from infra.auth import KeyStore, RedactKeys, hash_key, redact
+from infra.cli import COMMAND_MODULES
 
 pytestmark = pytest.mark.integration
 
@@ -56,30 +58,35 @@ def test_tenant_names_are_checked(keystore: KeyStore, bad):
         keystore.create(bad)
 
 
-def _cli(farm_env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra.cli", "keys", *args], env=farm_env | {"PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=60)
+def _keys_cli(capsys, *args) -> tuple[int, str, str]:
+    """Run ``renderfarm keys ARGS`` in-process (the full CLI's parser imports the worker, and
+    with it torch, which would cost ~20 s per call); returns exit code, stdout, stderr."""
+    parser = argparse.ArgumentParser(prog="renderfarm")
+    keys_cli.register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args(["keys", *args])
+    code = parsed.func(parsed)
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
-def test_cli_creates_lists_and_revokes(farm_env, keystore):
-    created = _cli(farm_env, "create", "--tenant", "cli-tenant", "--name", "laptop")
-    assert created.returncode == 0, created.stderr
-    key = created.stdout.strip()
-    assert "\n" not in key and keystore.authenticate(key).tenant == "cli-tenant"
+def test_cli_creates_lists_and_revokes(farm_env, keystore, capsys):
+    assert "infra.keys_cli" in COMMAND_MODULES
+    code, key, err = _keys_cli(capsys, "create", "--tenant", "cli-tenant", "--name", "laptop")
+    key = key.strip()
+    assert code == 0 and "\n" not in key and keystore.authenticate(key).tenant == "cli-tenant"
     key_id = keystore.authenticate(key).key_id
-    assert key_id in created.stderr and key not in created.stderr
-    listed = _cli(farm_env, "list", "--tenant", "cli-tenant")
-    assert listed.returncode == 0 and key_id in listed.stdout and "laptop" in listed.stdout
-    assert key.split("_", 2)[2] not in listed.stdout
-    everything = _cli(farm_env, "list", "--json")
-    assert key_id in everything.stdout and key.split("_", 2)[2] not in everything.stdout
-    revoked = _cli(farm_env, "revoke", key_id)
-    assert revoked.returncode == 0 and key_id in revoked.stdout
-    assert keystore.authenticate(key) is None
-    again = _cli(farm_env, "revoke", key_id)
-    assert again.returncode == 1 and "no key" in again.stderr
-    bad = _cli(farm_env, "create", "--tenant", "Not Valid")
-    assert bad.returncode == 2 and "tenant must be" in bad.stderr
+    secret = key.split("_", 2)[2]
+    assert key_id in err and secret not in err
+    code, listed, _ = _keys_cli(capsys, "list", "--tenant", "cli-tenant")
+    assert code == 0 and key_id in listed and "laptop" in listed and secret not in listed
+    code, everything, _ = _keys_cli(capsys, "list", "--json")
+    assert key_id in [json.loads(line)["key_id"] for line in everything.splitlines()] and secret not in everything
+    code, revoked, _ = _keys_cli(capsys, "revoke", key_id)
+    assert code == 0 and key_id in revoked and keystore.authenticate(key) is None
+    code, _, err = _keys_cli(capsys, "revoke", key_id)
+    assert code == 1 and "no key" in err
+    code, _, err = _keys_cli(capsys, "create", "--tenant", "Not Valid")
+    assert code == 2 and "tenant must be" in err
 
 
 @pytest.mark.parametrize("method,path", V1_ROUTES)
