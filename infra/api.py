@@ -38,6 +38,7 @@ from infra.settings import Settings, get_settings
 from infra.storage import Storage
 from infra.store import PUBLIC_TENANT, JobStore
 from infra.submission import Submitter
+from infra.webhooks import WebhookDispatcher
 from infra.webhooks_policy import WebhookRefused, check_webhook_url
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -83,7 +84,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.farm = Farm(settings)
+        # webhooks on batch completion (infra/webhooks.py): once per batch across replicas
+        dispatcher = WebhookDispatcher.from_settings(settings, app.state.farm.redis).start() \
+            if settings.webhooks_enabled else None
         yield
+        if dispatcher is not None:
+            dispatcher.stop()
         app.state.farm.celery.close()
 
     app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,

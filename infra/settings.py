@@ -43,6 +43,22 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
     job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after creation, seconds.")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
+    # recovery and health (infra/reaper.py, worker/runner.py, worker/breaker.py)
+    lease_s: float = Field(20.0, gt=0, description="A running job's lease without renewal, seconds; the worker "
+                                                   "renews it every heartbeat and progress write.")
+    max_attempts: int = Field(3, ge=1, le=100, description="Attempts (lost worker, transient error) before a job "
+                                                           "fails into the dead-letter set.")
+    reaper_enabled: bool = Field(True, description="Run the reaper inside the status API process.")
+    reaper_interval_s: float = Field(5.0, gt=0, description="Seconds between two reaper sweeps.")
+    republish_after_s: float = Field(30.0, gt=0, description="A queued job found in no queue and held by no live "
+                                                             "worker this long after its last publish is republished, seconds.")
+    job_timeout_s: float = Field(600.0, gt=0, description="Longest render of one job (its group), seconds; "
+                                                          "checked between denoising steps.")
+    upload_retry_s: float = Field(60.0, ge=0, description="How long an upload rides out a storage outage, seconds.")
+    breaker_failures: int = Field(5, ge=1, description="Consecutive failed batches after which a worker stops "
+                                                       "consuming and reports itself unhealthy.")
+    breaker_cooldown_s: float = Field(300.0, ge=0, description="Seconds after which a tripped worker tries one "
+                                                               "batch again; 0 = stay stopped until restarted.")
     # security (infra/auth.py, infra/limits.py, infra/webhooks_policy.py)
     auth_required: bool = Field(False, description="Require a tenant's X-API-Key on /v1 routes; off: keys optional, "
                                                    "anonymous requests are tenant 'public'.")

@@ -1,23 +1,35 @@
 """The job-state store: Redis hashes that are the farm's source of truth for every job.
 
 Data flow: the producer side creates jobs here (``queued``) before their Celery messages are
-published; workers move them ``running`` → ``succeeded`` | ``failed``; the status API reads them.
+published; workers move them ``running`` → ``succeeded`` | ``failed``; the reaper
+(``infra.reaper``) moves a dead worker's jobs back to ``queued``; the status API reads them.
 
 Every transition is one Lua script, so it is atomic and monotonic: a terminal state never
-changes. Each start of a job increments its ``attempts``; a worker's later writes carry the
-attempt number it was given, and a write from a stale attempt is discarded (fencing).
+changes (only an operator's dead-letter retry takes ``failed`` back to ``queued``). Each start
+of a job increments its ``attempts``; a worker's later writes carry the attempt number it was
+given, and a write from a stale attempt is discarded (fencing). Per-state counters of the batch
+move in the same script as the state, so they always add up to the batch's total.
+
+A running job holds a lease (``lease_until``, on the Redis server's clock), renewed by progress
+writes and the worker's heartbeat. Three sorted sets index the jobs the reaper must look at, so
+it never scans all jobs; the scripts keep them in step with the states.
 
 Keys (prefix ``rf:``):
-    job:{id}          hash: batch_id, tenant, pool, state, progress, attempts, worker, created_at,
-                      started_at, finished_at (epoch seconds), request/result/error (JSON)
+    job:{id}          hash: batch_id, tenant, pool, priority, state, progress, attempts,
+                      attempt_base (attempts before the last dead-letter retry), worker,
+                      lease_until, created_at, started_at, finished_at, queued_at (epoch
+                      seconds), request/result/error/last_error (JSON)
     batch:{id}        hash: created_at, total, priority, pool, tenant
     batch:{id}:jobs   list of job ids in submission order
     batch:{id}:counts hash: one counter per state, and ``done`` = Σ progress (terminal = 1)
+    leases            sorted set: running job id → lease_until
+    pending           sorted set: queued job id → when its message was last (re)published
+    dead              sorted set: failed job id → when it failed (the dead-letter set)
+    batches:{tenant}  sorted set: the tenant's newest batch ids → created_at (the dashboard's list)
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +40,11 @@ import redis
 from infra.schemas import JOB_STATES, BatchStatus, JobError, JobResult, JobStatus, RenderRequest
 
 PREFIX = "rf:"
+LEASES_KEY = f"{PREFIX}leases"    # running jobs: id → lease_until (server epoch seconds)
+PENDING_KEY = f"{PREFIX}pending"  # queued jobs: id → when their message was last (re)published
+DEAD_KEY = f"{PREFIX}dead"        # failed jobs (the dead-letter set): id → when they failed
+#: Answers of :meth:`JobStore.progress_many` / :meth:`JobStore.renew_leases`, per job.
+STALE, HELD, CANCELED = 0, 1, 2
 #: The tenant of anonymous requests when auth is off, and of records written before tenants.
 PUBLIC_TENANT = "public"
 
@@ -40,69 +57,169 @@ def batch_key(batch_id: str) -> str:
     return f"{PREFIX}batch:{batch_id}"
 
 
-# Shared preamble: KEYS[1] job hash, KEYS[2] batch counts hash. Moves the per-state counters.
-_MOVE = """
+RECENT_BATCHES_MAX = 1000  # batch ids kept per tenant in rf:batches:{tenant}
+
+
+def recent_batches_key(tenant: str) -> str:
+    return f"{PREFIX}batches:{tenant}"
+
+
+# Every transition script gets the same keys, so each one is atomic over everything it touches:
+#   KEYS[1] job hash   KEYS[2] its batch's counts hash
+#   KEYS[3] rf:leases  KEYS[4] rf:pending  KEYS[5] rf:dead      ARGV[1] the job id
+# Times are the Redis server's clock (TIME), so a lease never depends on a worker's clock.
+_PRELUDE = """
+local id = ARGV[1]
 local function move(old, new)
   redis.call('HINCRBY', KEYS[2], old, -1)
   redis.call('HINCRBY', KEYS[2], new, 1)
 end
 local function terminal(s) return s == 'succeeded' or s == 'failed' or s == 'canceled' end
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function fmt(x) return string.format('%.6f', x) end
+local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') or 0 end
+local function used() return num('attempts') - num('attempt_base') end
+local function ours(attempt)
+  return redis.call('HGET', KEYS[1], 'state') == 'running' and redis.call('HGET', KEYS[1], 'attempts') == attempt
+end
+-- back to queued for another attempt; the attempt counter is kept (it fences)
+local function requeue(state, t, err)
+  local share = terminal(state) and 1 or num('progress')
+  move(state, 'queued')
+  redis.call('HINCRBYFLOAT', KEYS[2], 'done', -share)
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'progress', '0', 'lease_until', '0', 'queued_at', fmt(t))
+  if err ~= '' then redis.call('HSET', KEYS[1], 'last_error', err) end
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[4], t, id)
+end
+local function finish(state, new, t, field, payload)
+  local old = num('progress')
+  move(state, new)
+  redis.call('HINCRBYFLOAT', KEYS[2], 'done', 1 - old)
+  redis.call('HSET', KEYS[1], 'state', new, 'finished_at', fmt(t), 'lease_until', '0',
+             'progress', new == 'succeeded' and '1' or tostring(old))
+  if field ~= '' then redis.call('HSET', KEYS[1], field, payload) end
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+  if new == 'failed' then redis.call('ZADD', KEYS[5], t, id) end
+end
 """
 
-# start: queued|running → running, attempts += 1. Returns {attempt, request} or {0, state}.
-# A running job is taken over only when its lease (ARGV[3]) has expired or it is forced (ARGV[4]).
-_START = _MOVE + """
+# start: queued|running → running, attempts += 1. ARGV: id, worker, lease_s, force, max_attempts.
+# Returns {attempt, request} or {0, reason}. A running job is taken over only when its lease has
+# expired and its attempt budget is not spent (else the reaper fails it), or when forced.
+_START = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return {0, 'missing'} end
+if not state then
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+  return {0, 'missing'}
+end
 if terminal(state) then return {0, state} end
-if state == 'running' then
-  local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
-  if ARGV[4] ~= '1' and lease > tonumber(ARGV[2]) then return {0, 'running'} end
+local t = now()
+if state == 'running' and ARGV[4] ~= '1' then
+  if num('lease_until') > t or used() >= tonumber(ARGV[5]) then return {0, 'running'} end
 end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-local old_progress = tonumber(redis.call('HGET', KEYS[1], 'progress') or '0')
+local old = num('progress')
 if state ~= 'running' then move(state, 'running') end
-redis.call('HINCRBYFLOAT', KEYS[2], 'done', -old_progress)
-redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'started_at', ARGV[2],
-           'progress', '0', 'lease_until', ARGV[3])
+redis.call('HINCRBYFLOAT', KEYS[2], 'done', -old)
+local lease = t + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', fmt(t), 'progress', '0',
+           'lease_until', fmt(lease))
+redis.call('ZADD', KEYS[3], lease, id)
+redis.call('ZREM', KEYS[4], id)
 return {attempt, redis.call('HGET', KEYS[1], 'request')}
 """
 
-# progress: only for the current attempt of a running job. ARGV: attempt, progress, lease_until.
-_PROGRESS = _MOVE + """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'running' or redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
-local old = tonumber(redis.call('HGET', KEYS[1], 'progress') or '0')
-local new = tonumber(ARGV[2])
-if new < old then return 0 end
-redis.call('HSET', KEYS[1], 'progress', ARGV[2], 'lease_until', ARGV[3])
-redis.call('HINCRBYFLOAT', KEYS[2], 'done', new - old)
+# progress / renew: only for the current attempt of a running job; both extend its lease.
+# ARGV: id, attempt, lease_s, progress ('' = leave it). Returns 1 (ours), 0 (stale), 2 (canceled).
+_PROGRESS = _PRELUDE + """
+if redis.call('HGET', KEYS[1], 'state') == 'canceled' then return 2 end
+if not ours(ARGV[2]) then return 0 end
+local lease = now() + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'lease_until', fmt(lease))
+redis.call('ZADD', KEYS[3], lease, id)
+if ARGV[4] ~= '' then
+  local new, old = tonumber(ARGV[4]), num('progress')
+  if new > old then
+    redis.call('HSET', KEYS[1], 'progress', ARGV[4])
+    redis.call('HINCRBYFLOAT', KEYS[2], 'done', new - old)
+  end
+end
 return 1
 """
 
-# renew: extend the lease of the current attempt of a running job. ARGV: attempt, lease_until.
-_RENEW = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-if redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
-return 1
-"""
-
-# finish: running (current attempt) → succeeded|failed. ARGV: attempt, state, now, field, json.
-# attempt '*' finishes regardless of attempt (cancel, or an operator's fail).
-_FINISH = _MOVE + """
+# finish: running (this attempt; '*' = any non-terminal state) → succeeded|failed|canceled.
+# ARGV: id, attempt|'*', state, field, json, retry ('1'), max_attempts.
+# Returns 1 (finished), 2 (a retryable failure went back to queued), 0 (stale or already ended).
+_FINISH = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state or terminal(state) then return 0 end
-if ARGV[1] ~= '*' then
-  if state ~= 'running' or redis.call('HGET', KEYS[1], 'attempts') ~= ARGV[1] then return 0 end
+if ARGV[2] ~= '*' and not ours(ARGV[2]) then return 0 end
+local t = now()
+if ARGV[3] == 'failed' and ARGV[6] == '1' and used() < tonumber(ARGV[7]) then
+  requeue(state, t, ARGV[5])
+  return 2
 end
-local old = tonumber(redis.call('HGET', KEYS[1], 'progress') or '0')
-move(state, ARGV[2])
-redis.call('HINCRBYFLOAT', KEYS[2], 'done', 1 - old)
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[3], 'progress',
-           ARGV[2] == 'succeeded' and '1' or tostring(old), 'lease_until', '0')
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], ARGV[4], ARGV[5]) end
+finish(state, ARGV[3], t, ARGV[4], ARGV[5])
+if ARGV[3] == 'failed' then redis.call('HSET', KEYS[1], 'last_error', ARGV[5]) end
 return 1
+"""
+
+# requeue (the reaper): running with an expired lease → queued, or → failed (dead letter) when
+# the attempt budget is spent. ARGV: id, max_attempts. Returns {1, pool} requeued,
+# {2, ''} failed, {0, ''} nothing to do (the index entry is repaired).
+_REQUEUE = _PRELUDE + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'running' then
+  redis.call('ZREM', KEYS[3], id)
+  if not state then redis.call('ZREM', KEYS[4], id) end
+  return {0, ''}
+end
+local t = now()
+local lease = num('lease_until')
+if lease > t then
+  redis.call('ZADD', KEYS[3], lease, id)
+  return {0, ''}
+end
+local err = cjson.encode({type = 'WorkerLost', message = 'lease expired: worker ' ..
+  (redis.call('HGET', KEYS[1], 'worker') or '?') .. ' stopped renewing attempt ' .. num('attempts') ..
+  ' (' .. used() .. ' of ' .. ARGV[2] .. ' attempts used)'})
+if used() >= tonumber(ARGV[2]) then
+  finish(state, 'failed', t, 'error', err)
+  redis.call('HSET', KEYS[1], 'last_error', err)
+  return {2, ''}
+end
+requeue(state, t, err)
+return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
+"""
+
+# release (graceful shutdown): this attempt of a running job → queued, without spending the
+# attempt budget. ARGV: id, attempt. Returns {1, pool} or {0, ''}.
+_RELEASE = _PRELUDE + """
+if not ours(ARGV[2]) then return {0, ''} end
+redis.call('HINCRBY', KEYS[1], 'attempt_base', 1)
+requeue('running', now(), '')
+return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
+"""
+
+# retry (dead letter): failed → queued with a fresh attempt budget. ARGV: id.
+# Returns {1, pool} or {0, state}.
+_RETRY = _PRELUDE + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'failed' then
+  if not state then redis.call('ZREM', KEYS[5], id) end
+  return {0, state or 'missing'}
+end
+redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'))
+requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
+redis.call('HDEL', KEYS[1], 'error', 'finished_at')
+redis.call('ZREM', KEYS[5], id)
+return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 """
 
 
@@ -137,29 +254,44 @@ class JobStore:
     Args:
         client: a ``redis.Redis`` with ``decode_responses=True``.
         job_ttl_s: seconds after creation that job and batch records expire.
-        lease_s: seconds a running job's lease lasts without renewal (progress renews it).
+        lease_s: seconds a running job's lease lasts without renewal (progress and the
+            worker's heartbeat renew it); the reaper requeues a job whose lease ran out.
+        max_attempts: attempts a job may spend (worker lost, or a retryable error) before it
+            fails for good and is listed in the dead-letter set.
     """
 
-    def __init__(self, client: redis.Redis, *, job_ttl_s: int = 7 * 24 * 3600, lease_s: float = 30.0):
+    def __init__(self, client: redis.Redis, *, job_ttl_s: int = 7 * 24 * 3600, lease_s: float = 20.0,
+                 max_attempts: int = 3):
         self.r = client
         self.job_ttl_s = job_ttl_s
         self.lease_s = lease_s
+        self.max_attempts = max_attempts
         self._start = client.register_script(_START)
         self._progress = client.register_script(_PROGRESS)
         self._finish = client.register_script(_FINISH)
-        self._renew = client.register_script(_RENEW)
+        self._requeue = client.register_script(_REQUEUE)
+        self._release = client.register_script(_RELEASE)
+        self._retry = client.register_script(_RETRY)
 
     @classmethod
     def from_url(cls, url: str, **kwargs) -> "JobStore":
         """A store on the Redis at ``url`` (``redis://`` or ``rediss://``, password allowed)."""
         return cls(redis.Redis.from_url(url, decode_responses=True), **kwargs)
 
+    def server_time(self) -> float:
+        """The Redis server's clock, epoch seconds (the clock every lease is measured on)."""
+        seconds, micros = self.r.time()
+        return seconds + micros / 1e6
+
     # ---- creation -------------------------------------------------------------------------
     def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
                      extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
-        """Record a batch and all its jobs as ``queued``, owned by ``tenant``, in one pipelined round trip."""
+        """Record a batch and all its jobs as ``queued``, owned by ``tenant``, in one MULTI/EXEC
+        round trip (all or nothing), and index the jobs in ``rf:pending`` (their messages are
+        about to be published; the reaper republishes any that never arrive)."""
+        published = self.server_time()
         now = repr(time.time())
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.r.pipeline(transaction=True)
         bkey = batch_key(batch_id)
         pipe.hset(bkey, mapping={"created_at": now, "total": len(jobs), "priority": priority, "tenant": tenant,
                                  **(extra or {})})
@@ -168,18 +300,22 @@ class JobStore:
         for job in jobs:
             pipe.hset(job_key(job.job_id), mapping={
                 "batch_id": batch_id, "tenant": tenant, "pool": job.pool, "state": "queued", "progress": 0,
-                "attempts": 0, "created_at": now, "request": job.request.model_dump_json(),
+                "attempts": 0, "created_at": now, "request": job.request.model_dump_json(), "priority": priority,
             })
             pipe.expire(job_key(job.job_id), self.job_ttl_s)
         for key in (bkey, f"{bkey}:counts", f"{bkey}:jobs"):
             pipe.expire(key, self.job_ttl_s)
+        pipe.zadd(PENDING_KEY, {j.job_id: published for j in jobs})
+        pipe.zadd(recent_batches_key(tenant), {batch_id: float(now)})
+        pipe.zremrangebyrank(recent_batches_key(tenant), 0, -RECENT_BATCHES_MAX - 1)
+        pipe.expire(recent_batches_key(tenant), self.job_ttl_s)
         pipe.execute()
 
     # ---- worker transitions (pipelined over a batch) --------------------------------------
     def _keys(self, job_id: str, batch_id: str | None = None) -> list[str]:
         if batch_id is None:
             batch_id = self.r.hget(job_key(job_id), "batch_id") or "_"
-        return [job_key(job_id), f"{batch_key(batch_id)}:counts"]
+        return [job_key(job_id), f"{batch_key(batch_id)}:counts", LEASES_KEY, PENDING_KEY, DEAD_KEY]
 
     def _batch_ids(self, job_ids: Sequence[str]) -> list[str]:
         pipe = self.r.pipeline(transaction=False)
@@ -188,17 +324,19 @@ class JobStore:
         return [b or "_" for b in pipe.execute()]
 
     def start_many(self, job_ids: Sequence[str], worker: str, *, force: bool = False) -> dict[str, StartedJob | str]:
-        """Move each job to ``running`` for ``worker``; one round trip per call, plus one lookup.
+        """Move each job to ``running`` for ``worker`` with a fresh lease; two round trips.
 
-        Returns, per job id, a :class:`StartedJob`, or the reason it must not run:
-        ``missing``, a terminal state, or ``running`` (another live attempt holds the lease).
+        A repeated id is started once. Returns, per job id, a :class:`StartedJob`, or the reason
+        it must not run: ``missing``, a terminal state, or ``running`` (another attempt holds a
+        live lease). ``force`` takes over a running job whatever its lease (operators only).
         """
-        now = time.time()
+        job_ids = list(dict.fromkeys(job_ids))
         batch_ids = self._batch_ids(job_ids)
         pipe = self.r.pipeline(transaction=False)
         for job_id, batch_id in zip(job_ids, batch_ids):
             self._start(keys=self._keys(job_id, batch_id),
-                        args=[worker, repr(now), repr(now + self.lease_s), "1" if force else "0"], client=pipe)
+                        args=[job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts],
+                        client=pipe)
         out: dict[str, StartedJob | str] = {}
         for job_id, batch_id, (attempt, payload) in zip(job_ids, batch_ids, pipe.execute()):
             if int(attempt) == 0:
@@ -207,45 +345,141 @@ class JobStore:
                 out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload))
         return out
 
-    def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> None:
-        """Record progress 0…1 for running jobs and renew their leases, in one round trip."""
-        lease_until = repr(time.time() + self.lease_s)
-        pipe = self.r.pipeline(transaction=False)
-        n = 0
-        for job, progress in updates:
-            self._progress(keys=self._keys(job.job_id, job.batch_id), args=[job.attempt, repr(progress), lease_until],
-                           client=pipe)
-            n += 1
-        if n:
-            pipe.execute()
+    def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> dict[str, int]:
+        """Record progress 0…1 for running jobs and renew their leases, in one round trip.
 
-    def renew_leases(self, jobs: Iterable[StartedJob]) -> None:
-        """Extend the leases of running jobs by ``lease_s`` from now, in one round trip."""
-        lease_until = repr(time.time() + self.lease_s)
+        Returns, per job id, :data:`HELD` (this attempt still holds the job), :data:`CANCELED`
+        (canceled meanwhile: stop working on it) or :data:`STALE` (another attempt or a
+        terminal state owns it: discard this attempt's work).
+        """
+        return self._touch((job, repr(progress)) for job, progress in updates)
+
+    def renew_leases(self, jobs: Iterable[StartedJob]) -> dict[str, int]:
+        """Extend the leases of running jobs by ``lease_s`` from now, in one round trip; answers
+        as :meth:`progress_many` does, so it also tells whether each job is still held."""
+        return self._touch((job, "") for job in jobs)
+
+    def _touch(self, updates: Iterable[tuple[StartedJob, str]]) -> dict[str, int]:
         pipe = self.r.pipeline(transaction=False)
-        for job in jobs:
-            self._renew(keys=[job_key(job.job_id)], args=[job.attempt, lease_until], client=pipe)
-        if pipe.command_stack:
-            pipe.execute()
+        ids = []
+        for job, progress in updates:
+            self._progress(keys=self._keys(job.job_id, job.batch_id),
+                           args=[job.job_id, job.attempt, repr(self.lease_s), progress], client=pipe)
+            ids.append(job.job_id)
+        return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
 
     def succeed(self, job: StartedJob, result: JobResult) -> bool:
         """``running`` → ``succeeded`` for this attempt. False when the attempt is stale."""
-        return self._finish_one(job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(),
-                                batch_id=job.batch_id)
+        return bool(self._finish_one(job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(),
+                                     batch_id=job.batch_id))
 
-    def fail(self, job: StartedJob, error: JobError) -> bool:
-        """``running`` → ``failed`` for this attempt. False when the attempt is stale."""
-        return self._finish_one(job.job_id, str(job.attempt), "failed", "error", error.model_dump_json(),
-                                batch_id=job.batch_id)
+    def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
+        """``running`` → ``failed`` for this attempt, listed in the dead-letter set.
+
+        With ``retry`` (a transient error: storage or broker away, out of memory) and attempts
+        left, the job goes back to ``queued`` instead, its error kept as ``last_error``; the
+        caller republishes it. Returns ``"failed"``, ``"queued"``, or None when the attempt is stale.
+        """
+        code = self._finish_one(job.job_id, str(job.attempt), "failed", "error", error.model_dump_json(),
+                                batch_id=job.batch_id, retry=retry)
+        return {1: "failed", 2: "queued"}.get(code)
 
     def cancel(self, job_id: str) -> bool:
-        """Any non-terminal state → ``canceled``. False when the job is unknown or already ended."""
-        return self._finish_one(job_id, "*", "canceled", "", "")
+        """Any non-terminal state → ``canceled``. False when the job is unknown or already ended.
+
+        A running job's worker learns it at its next progress write and drops the job."""
+        return bool(self._finish_one(job_id, "*", "canceled", "", ""))
 
     def _finish_one(self, job_id: str, attempt: str, state: str, field: str, payload: str,
-                    batch_id: str | None = None) -> bool:
-        return bool(self._finish(keys=self._keys(job_id, batch_id),
-                                 args=[attempt, state, repr(time.time()), field, payload]))
+                    batch_id: str | None = None, retry: bool = False) -> int:
+        return int(self._finish(keys=self._keys(job_id, batch_id),
+                                args=[job_id, attempt, state, field, payload, "1" if retry else "0",
+                                      self.max_attempts]))
+
+    def release(self, jobs: Iterable[StartedJob]) -> list[tuple[str, str]]:
+        """Give running jobs back (worker shutting down): this attempt → ``queued``, without
+        spending the attempt budget. Returns ``(job_id, pool)`` of those released, to republish."""
+        jobs = list(jobs)
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            self._release(keys=self._keys(job.job_id, job.batch_id), args=[job.job_id, job.attempt], client=pipe)
+        return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
+
+    # ---- recovery (the reaper) ------------------------------------------------------------
+    def expired_leases(self, limit: int = 1000) -> list[str]:
+        """Ids of running jobs whose lease ran out by the Redis server's clock (oldest first)."""
+        return self.r.zrangebyscore(LEASES_KEY, "-inf", repr(self.server_time()), start=0, num=limit)
+
+    def requeue_expired(self, job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """For each job, atomically: if it is still running with an expired lease, move it back
+        to ``queued`` (attempt kept) or, with its attempt budget spent, to ``failed`` with a
+        ``WorkerLost`` error and into the dead-letter set.
+
+        Returns, per job that moved, ``("queued", pool)`` (to republish) or ``("failed", "")``.
+        Safe with several reapers at once: a job moves at most once per expiry.
+        """
+        batch_ids = self._batch_ids(job_ids)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, batch_id in zip(job_ids, batch_ids):
+            self._requeue(keys=self._keys(job_id, batch_id), args=[job_id, self.max_attempts], client=pipe)
+        out = {}
+        for job_id, (code, pool) in zip(job_ids, pipe.execute() if job_ids else []):
+            if int(code) == 1:
+                out[job_id] = ("queued", pool)
+            elif int(code) == 2:
+                out[job_id] = ("failed", "")
+        return out
+
+    def stale_pending(self, older_than_s: float, limit: int = 1000) -> list[str]:
+        """Ids of ``queued`` jobs last (re)published more than ``older_than_s`` seconds ago."""
+        cutoff = self.server_time() - older_than_s
+        return self.r.zrangebyscore(PENDING_KEY, "-inf", repr(cutoff), start=0, num=limit)
+
+    def mark_published(self, job_ids: Sequence[str]) -> None:
+        """Note that the messages of these still-``queued`` jobs were (re)published, or seen in a
+        queue, just now (jobs no longer pending are left alone)."""
+        if job_ids:
+            self.r.zadd(PENDING_KEY, dict.fromkeys(job_ids, self.server_time()), xx=True)
+
+    def routes(self, job_ids: Sequence[str]) -> list[tuple[str, str, str, str]]:
+        """``(job_id, state, pool, priority)`` per known job, to republish its message."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(job_key(job_id), "state", "pool", "priority")
+        return [(j, state, pool, priority or "normal")
+                for j, (state, pool, priority) in zip(job_ids, pipe.execute()) if state and pool]
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job id from every index (its record has expired)."""
+        pipe = self.r.pipeline(transaction=False)
+        for key in (LEASES_KEY, PENDING_KEY, DEAD_KEY):
+            pipe.zrem(key, job_id)
+        pipe.execute()
+
+    # ---- dead letters ---------------------------------------------------------------------
+    def dead_letters(self, offset: int = 0, limit: int = 100,
+                     tenant: str | None = None) -> tuple[bool, list[JobStatus]]:
+        """One page of the dead-letter set (failed jobs, newest first): ``(more pages follow,
+        statuses)``; with ``tenant``, only that tenant's jobs of the page. Expired ids are dropped."""
+        ids = self.r.zrevrange(DEAD_KEY, offset, offset + limit)
+        more, ids = len(ids) > limit, ids[:limit]
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(job_key(job_id))
+        jobs = []
+        for job_id, h in zip(ids, pipe.execute() if ids else []):
+            if not h:
+                self.forget(job_id)
+            elif (job := self._parse_job(job_id, h, tenant)) is not None:
+                jobs.append(job)
+        return more, jobs
+
+    def retry(self, job_id: str) -> str | None:
+        """A failed job → ``queued`` with a fresh attempt budget (the attempt counter, which
+        fences, keeps counting). Returns its pool, to republish its message; None when the job
+        is unknown or not failed."""
+        code, pool = self._retry(keys=self._keys(job_id), args=[job_id])
+        return pool if int(code) else None
 
     # ---- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str, tenant: str | None = None) -> JobStatus | None:
@@ -288,8 +522,10 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(batch_key(batch_id))
         pipe.hgetall(f"{batch_key(batch_id)}:counts")
-        pipe.lrange(f"{batch_key(batch_id)}:jobs", offset, offset + limit - 1)
-        meta, counts, ids = pipe.execute()
+        if limit:  # LRANGE 0 -1 would be every job
+            pipe.lrange(f"{batch_key(batch_id)}:jobs", offset, offset + limit - 1)
+        meta, counts, *page = pipe.execute()
+        ids = page[0] if page else []
         if not meta or (tenant is not None and meta.get("tenant", PUBLIC_TENANT) != tenant):
             return None
         total = int(meta["total"])
@@ -306,3 +542,15 @@ class JobStore:
     def batch_meta(self, batch_id: str) -> dict[str, str]:
         """The batch's own hash (created_at, total, priority, …); empty when unknown."""
         return self.r.hgetall(batch_key(batch_id))
+
+    def recent_batches(self, tenant: str, limit: int = 20) -> list[BatchStatus]:
+        """The tenant's newest batches first (at most ``limit``), as :meth:`get_batch` answers
+        without jobs; ids whose records expired are dropped from the index."""
+        out = []
+        for batch_id in self.r.zrevrange(recent_batches_key(tenant), 0, limit - 1):
+            status = self.get_batch(batch_id, limit=0, tenant=tenant)
+            if status is None:
+                self.r.zrem(recent_batches_key(tenant), batch_id)
+            else:
+                out.append(status)
+        return out

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import redis
 from celery import Celery
 
+from infra import webhooks
 from infra.pools import pool_for_model
 from infra.queue import publish_jobs
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
@@ -75,5 +76,7 @@ class Submitter:
             jobs.append(NewJob(new_id(), request, pool_for_model(request.model)))
         extra = {"webhook_url": webhook_url} if webhook_url else None
         self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
+        if webhook_url:
+            webhooks.enroll(self.redis, batch_id)
         publish_jobs(self.celery_app, ((j.job_id, j.pool) for j in jobs), priority=priority)
         return BatchAccepted(batch_id=batch_id, job_ids=[j.job_id for j in jobs])
