@@ -70,6 +70,14 @@ class Settings(BaseSettings):
     rate_limit_job_burst: int = Field(20_000, ge=1, description="Per-tenant job burst; a batch larger than it is a 413.")
     webhook_allow_private: bool = Field(False, description="Allow webhook hosts on loopback/private/link-local "
                                                            "addresses (SSRF guard off).")
+    # webhooks on batch completion (infra/webhooks.py)
+    webhooks_enabled: bool = Field(True, description="Run the webhook dispatcher inside the status API process.")
+    webhook_secret: str = Field("", description="HMAC-SHA256 key signing webhook bodies; empty = unsigned.")
+    webhook_max_attempts: int = Field(5, ge=1, le=20, description="Delivery attempts per batch before giving up.")
+    webhook_backoff_s: float = Field(2.0, gt=0, description="Wait before the 2nd attempt, seconds; doubles each "
+                                                            "attempt, capped at 300 s.")
+    webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="Per-attempt HTTP timeout, seconds.")
+    webhook_poll_s: float = Field(1.0, gt=0, description="Seconds between two looks for finished batches.")
 
 
 @lru_cache(maxsize=1)
