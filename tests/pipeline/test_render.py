@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,17 @@ def test_patched_modules_compute_the_same_function():
         assert make_batch_invariant(net) == 3 and make_batch_invariant(net) == 0
         got = net(x)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not os.environ.get("RENDERFARM_TEST_ARCH"),
+                    reason="set RENDERFARM_TEST_ARCH=1: builds sd15-arch (4 GB) into the settings cache dir")
+def test_batch_invariance_sd15_arch():
+    from infra.settings import get_settings
+    from pipeline import Renderer, load_pipeline
+
+    renderer = Renderer(load_pipeline("sd15-arch", cache_dir=get_settings().cache_dir), model="sd15-arch")
+    group = [RenderRequest(prompt=p, negative_prompt=n, seed=100 + i, model="sd15-arch", width=64, height=64,
+                           num_inference_steps=2) for i, (p, n) in enumerate(zip(PROMPTS, NEGATIVES))]
+    batched = [pixels(im) for im in renderer.render(group)]
+    for i in (0, 5):
+        assert np.array_equal(pixels(renderer.render([group[i]])[0]), batched[i])
