@@ -33,6 +33,7 @@ from infra.errors import validation_error_handler
 from infra.limits import RateLimited, RateLimiter, RateLimitMiddleware
 from infra.queue import make_celery
 from infra.queues import queue_depths
+from infra.reaper import Reaper, republish
 from infra.schemas import BatchAccepted, BatchStatus, BatchSubmission, JobAccepted, JobStatus, RenderRequest
 from infra.settings import Settings, get_settings
 from infra.storage import Storage
@@ -53,7 +54,8 @@ class Farm:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-        self.store = JobStore(self.redis, job_ttl_s=settings.job_ttl_s)
+        self.store = JobStore(self.redis, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
+                              max_attempts=settings.max_attempts)
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis)
@@ -83,14 +85,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.farm = Farm(settings)
+        app.state.farm = farm_ = Farm(settings)
+        # the reaper recovers dead workers' jobs and lost messages (infra/reaper.py); safe to run
+        # in every API replica
+        reaper = Reaper(farm_.store, farm_.celery, interval_s=settings.reaper_interval_s,
+                        republish_after_s=settings.republish_after_s,
+                        heartbeat_ttl_s=settings.heartbeat_ttl_s).start() if settings.reaper_enabled else None
         # webhooks on batch completion (infra/webhooks.py): once per batch across replicas
-        dispatcher = WebhookDispatcher.from_settings(settings, app.state.farm.redis).start() \
+        dispatcher = WebhookDispatcher.from_settings(settings, farm_.redis).start() \
             if settings.webhooks_enabled else None
         yield
         if dispatcher is not None:
             dispatcher.stop()
-        app.state.farm.celery.close()
+        if reaper is not None:
+            reaper.stop()
+        farm_.celery.close()
 
     app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,
                   description="Submit text-to-image render jobs and follow them to their images.\n\n"
@@ -164,6 +173,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         n = sum(store.cancel(j) for j in store.batch_job_ids(batch_id))
         return {"batch_id": batch_id, "canceled": n}
 
+    @app.get("/v1/dead-letter", tags=["jobs"])
+    def dead_letter(request: Request, tenant: Tenant, offset: int = Query(0, ge=0, le=10**9),
+                    limit: int = Query(100, ge=1, le=1000)) -> dict:
+        """Failed jobs of this tenant, newest first, with their last error; page on with ``next_offset``."""
+        more, jobs = farm(request).store.dead_letters(offset=offset, limit=limit, tenant=tenant)
+        return {"jobs": [j.model_dump(mode="json") for j in jobs], "offset": offset, "limit": limit,
+                "next_offset": offset + limit if more else None}
+
+    @app.post("/v1/dead-letter/{job_id}/retry", status_code=202, tags=["jobs"])
+    def retry_dead_letter(job_id: str, request: Request, tenant: Tenant) -> dict:
+        """Put a failed job back in its queue with a fresh attempt budget. 404 for an unknown id,
+        409 when the job is not failed."""
+        f = farm(request)
+        status = f.store.get_job(job_id, tenant)
+        if status is None:
+            raise HTTPException(404, f"unknown job id {job_id!r}")
+        if f.store.retry(job_id) is None:
+            raise HTTPException(409, f"job {job_id!r} is {f.store.get_job(job_id).state}, not failed")
+        republish(f.store, f.celery, [job_id])
+        return {"job_id": job_id, "state": "queued"}
+
     @app.get("/v1/workers", tags=["farm"], dependencies=[Depends(current_tenant)])
     def workers(request: Request) -> list[dict]:
         """Live workers: device, recipe, model, pool, batch size, last heartbeat, current jobs."""
@@ -185,7 +215,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["farm"])
     def healthz(request: Request) -> JSONResponse:
-        """200 when Redis and S3 answer, else 503 with the failing check."""
+        """200 when Redis and S3 answer, else 503 with the failing check. Workers whose circuit
+        breaker is open are listed in ``unhealthy_workers`` (present only when there are some):
+        they do not make the API itself unhealthy, since it still serves."""
         checks = {}
         for name, probe in (("redis", farm(request).redis.ping), ("s3", farm(request).storage.ping)):
             try:
@@ -194,7 +226,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except Exception as exc:
                 checks[name] = f"{type(exc).__name__}: {exc}"[:300]
         ok = all(v == "ok" for v in checks.values())
-        return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+        body = {"status": "ok" if ok else "unavailable", "checks": checks}
+        if checks["redis"] == "ok":
+            unhealthy = [w["name"] for w in registry.live_workers(farm(request).redis, settings.heartbeat_ttl_s)
+                         if w.get("healthy") is False]
+            if unhealthy:
+                body["unhealthy_workers"] = unhealthy
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", tags=["farm"])
     def metrics(request: Request) -> Response:

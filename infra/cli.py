@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "producer.demo",      # demo
     "worker.main",        # worker
     "infra.api",          # api
+    "infra.reaper",       # reaper
     "producer.cli",       # submit, status, wait
     "infra.keys_cli",     # keys create|revoke|list
     "infra.plan",         # plan

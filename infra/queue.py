@@ -10,8 +10,22 @@ Settings that matter for batching and safety:
   jobs are redelivered rather than lost.
 - ``worker_prefetch_multiplier`` is set by each worker to 2 × its batch size so a full batch
   forms while the previous one renders (DESIGN.md §3.10).
-- ``visibility_timeout`` is far longer than any batch, so a live worker's batch is never
-  redelivered to another (§3.2); a dead worker's jobs are recovered by lease expiry instead.
+- ``visibility_timeout`` (12 h) is far longer than any batch. Kombu's Redis transport
+  redelivers an unacknowledged message once it is older than this, whether or not its worker
+  is alive; with the default one hour, a long GPU batch, or one waiting behind it in the
+  prefetch buffer, would be rendered a second time by another worker (§3.2). Recovery of a
+  *dead* worker's jobs does not wait for it: their leases expire in the job-state store and
+  the reaper (``infra.reaper``) republishes them within seconds. The redelivery that still
+  comes 12 h later is harmless: the start script skips a job that is running or finished.
+- Each message's task id is its job id, so the reaper can tell which jobs have a message
+  waiting in a queue (and a duplicate message is recognisable as one).
+- A worker's SIGTERM is Celery's warm shutdown: the current batch finishes and is acked, and
+  kombu puts the prefetched, unstarted messages back in the queue when the channel closes.
+
+Production Redis runs with the append-only file on (``appendonly yes``, ``appendfsync
+everysec``; ``renderfarm up --appendonly`` does so for the Redis it starts): queues, job
+states and leases then survive a restart of redis-server, and workers, reaper and API reconnect
+on their own.
 """
 
 from __future__ import annotations
@@ -24,8 +38,20 @@ from infra.pools import queue_name
 from infra.settings import Settings
 
 TASK_NAME = "renderfarm.render"
-PRIORITY_VALUES = {"high": 0, "normal": 5, "low": 9}  # kombu redis: lower number = served first
+#: Broker priorities (kombu redis: lower number = served first, one list per level). The order
+#: between priorities and tenants is decided before publishing, by ``infra.dispatch``, which
+#: publishes every job ``normal``; only recovered jobs (``infra.reaper``) are published ``high``,
+#: to go ahead of the few messages the dispatcher keeps in a queue.
+PRIORITY_VALUES = {"high": 0, "normal": 5, "low": 9}
+PRIORITY_SEP = ":"
 VISIBILITY_TIMEOUT_S = 12 * 3600
+
+
+def broker_keys(pool: str) -> list[str]:
+    """The Redis lists holding a pool's queued messages, one per broker priority, most urgent
+    first: ``renderfarm.{pool}`` (priority 0), then ``renderfarm.{pool}:{n}``."""
+    queue = queue_name(pool)
+    return [queue if n == 0 else f"{queue}{PRIORITY_SEP}{n}" for n in sorted(set(PRIORITY_VALUES.values()))]
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -37,7 +63,7 @@ def make_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True, worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True, broker_connection_max_retries=None,
         broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S, "priority_steps": list(range(10)),
-                                  "sep": ":", "queue_order_strategy": "priority"},
+                                  "sep": PRIORITY_SEP, "queue_order_strategy": "priority"},
         task_default_priority=PRIORITY_VALUES["normal"], worker_send_task_events=False,
         task_send_sent_event=False, worker_enable_remote_control=False,
     )
@@ -57,7 +83,7 @@ def publish_jobs(app: Celery, jobs: Iterable[tuple[str, str]], priority: str = "
     with app.producer_or_acquire() as producer:
         with producer.batch():
             for job_id, pool in jobs:
-                app.send_task(TASK_NAME, kwargs={"job_id": job_id}, queue=queue_name(pool),
+                app.send_task(TASK_NAME, kwargs={"job_id": job_id}, task_id=job_id, queue=queue_name(pool),
                               routing_key=queue_name(pool), priority=PRIORITY_VALUES[priority],
                               producer=producer)
                 n += 1
