@@ -6,11 +6,15 @@ environment. See README "Configuration" for the table of variables.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from infra.pools import PoolSpec, check_unique
 
 
 def _default_cache_dir() -> Path:
@@ -43,6 +47,10 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
     job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after creation, seconds.")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
+    # pools and priorities (infra/pools.py, infra/dispatch.py)
+    pools: Annotated[list[PoolSpec], NoDecode] = Field(
+        default_factory=list, description="Declared worker pools, a JSON list of {name, model, device_class, "
+                                          "max_pixels, max_batch, queue}; empty = one pool per model.")
     # recovery and health (infra/reaper.py, worker/runner.py, worker/breaker.py)
     lease_s: float = Field(20.0, gt=0, description="A running job's lease without renewal, seconds; the worker "
                                                    "renews it every heartbeat and progress write.")
@@ -78,6 +86,18 @@ class Settings(BaseSettings):
                                                             "attempt, capped at 300 s.")
     webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="Per-attempt HTTP timeout, seconds.")
     webhook_poll_s: float = Field(1.0, gt=0, description="Seconds between two looks for finished batches.")
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _pools_json(cls, v: Any) -> Any:
+        if isinstance(v, str):  # RENDERFARM_POOLS: a JSON list; empty means none declared
+            return json.loads(v) if v.strip() else []
+        return v
+
+    @field_validator("pools", mode="after")
+    @classmethod
+    def _unique_pools(cls, v: list[PoolSpec]) -> list[PoolSpec]:
+        return check_unique(v)
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,134 @@
+"""Declared pools (``RENDERFARM_POOLS`` as the Helm chart writes it), routing a request to a pool,
+and the worker's start-up check of ``--pool``/``--model``. No Redis needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from infra.pools import NoPoolError, PoolConfigError, PoolSpec, Router, pool_for_model, queue_name, worker_pool
+from infra.schemas import RenderRequest
+from infra.settings import Settings
+
+#: Exactly what deploy/helm/renderfarm/templates/configmap-env.yaml renders (keys and types).
+CHART_POOLS = [
+    {"name": "h100-sdxl", "model": "sdxl", "device_class": "cuda", "max_pixels": 1048576, "max_batch": 16,
+     "queue": "renderfarm.h100-sdxl"},
+    {"name": "l4-sdxl", "model": "sdxl", "device_class": "cuda", "max_pixels": 262144, "max_batch": 8,
+     "queue": "renderfarm.l4-sdxl"},
+    {"name": "l4-sdxl-b", "model": "sdxl", "device_class": "cuda", "max_pixels": 262144, "max_batch": 8,
+     "queue": "renderfarm.l4-sdxl-b"},
+    {"name": "cpu-tiny", "model": "tiny", "device_class": "cpu", "max_pixels": 65536, "max_batch": 8,
+     "queue": "renderfarm.cpu-tiny"},
+]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _req(model: str, width: int = 512, height: int = 512) -> RenderRequest:
+    return RenderRequest(prompt="p", model=model, width=width, height=height)
+
+
+def test_settings_read_the_charts_json(monkeypatch):
+    monkeypatch.setenv("RENDERFARM_POOLS", json.dumps(CHART_POOLS))
+    pools = Settings().pools
+    assert [p.name for p in pools] == [p["name"] for p in CHART_POOLS]
+    assert pools[0] == PoolSpec(**CHART_POOLS[0]) and pools[0].queue == queue_name("h100-sdxl")
+    monkeypatch.setenv("RENDERFARM_POOLS", "")
+    assert Settings().pools == []
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ({"name": "a", "model": "m", "queue": "renderfarm.b"}, "queue must be 'renderfarm.a'"),
+    ({"name": "A:b", "model": "m"}, "pool name"),
+    ({"name": "a", "model": "m", "max_pixels": 0}, "max_pixels"),
+    ({"name": "a", "model": "m", "max_batch": 0}, "max_batch"),
+    ({"name": "a", "model": "m", "max_pixel": 5}, "max_pixel"),  # a typo is an error, not ignored
+])
+def test_invalid_pool_declarations_are_refused(bad, needle):
+    with pytest.raises(ValidationError) as info:
+        Settings(pools=[bad])
+    assert needle in str(info.value)
+
+
+def test_a_pool_declared_twice_is_refused():
+    with pytest.raises(ValidationError, match="declared twice"):
+        Settings(pools=[{"name": "a", "model": "m"}, {"name": "a", "model": "n"}])
+
+
+def test_routing_picks_the_smallest_pool_that_fits_then_the_first_declared():
+    router = Router([PoolSpec(**p) for p in CHART_POOLS])
+    assert router.pool_for("sdxl", 512, 512) == "l4-sdxl"       # fits both: the smaller; ties: first declared
+    assert router.pool_for("sdxl", 1024, 1024) == "h100-sdxl"   # only the large pool fits
+    assert router.pool_for("tiny", 256, 256) == "cpu-tiny"
+
+
+def test_unroutable_requests_name_the_model_or_the_size_and_the_job_index():
+    router = Router([PoolSpec(**p) for p in CHART_POOLS])
+    with pytest.raises(NoPoolError) as info:
+        router.route_all([_req("sdxl"), _req("nope"), _req("tiny", 512, 512), _req("sdxl", 2048, 1024)])
+    errors = info.value.errors
+    assert [e["index"] for e in errors] == [1, 2, 3]
+    assert errors[0]["type"] == "no_pool_for_model" and errors[0]["field"] == "model" and "'nope'" in errors[0]["msg"]
+    assert errors[1]["type"] == "over_max_pixels" and errors[1]["field"] is None
+    assert "262,144 pixels is over max_pixels 65,536 of pool 'cpu-tiny'" in errors[1]["msg"]
+    assert "max_pixels 1,048,576 of pool 'h100-sdxl'" in errors[2]["msg"]
+
+
+def test_without_declared_pools_each_model_is_its_own_pool_of_any_size():
+    router = Router([])
+    assert router.route_all([_req("stabilityai/sd-turbo", 2048, 2048), _req("tiny")]) == [
+        pool_for_model("stabilityai/sd-turbo"), "tiny"]
+
+
+def test_worker_pool_check():
+    pools = [PoolSpec(**p) for p in CHART_POOLS]
+    assert worker_pool([], "anything", "tiny") is None
+    assert worker_pool(pools, "l4-sdxl", "sdxl").max_batch == 8
+    assert worker_pool(pools, None, "tiny").name == "cpu-tiny"
+    with pytest.raises(PoolConfigError, match="declared with model 'sdxl'.*--model 'tiny'"):
+        worker_pool(pools, "l4-sdxl", "tiny")
+    with pytest.raises(PoolConfigError, match="not declared"):
+        worker_pool(pools, "a100", "sdxl")
+    with pytest.raises(PoolConfigError, match="--pool is required"):
+        worker_pool(pools, None, "sdxl")
+
+
+def test_worker_refuses_to_start_on_a_pool_declared_with_another_model(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "RENDERFARM_POOLS": json.dumps(CHART_POOLS),
+           "RENDERFARM_REDIS_URL": "redis://127.0.0.1:9/0", "RENDERFARM_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "infra.cli", "worker", "--model", "null", "--pool", "cpu-tiny"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "pool 'cpu-tiny' is declared with model 'tiny'" in run.stderr and "--model 'null'" in run.stderr
+
+
+def test_the_charts_rendered_pools_are_what_settings_and_workers_read():
+    """The chart's RENDERFARM_POOLS parses into Settings, and every worker Deployment it renders
+    (``--model``, ``--pool``) passes the worker's start-up check and consumes its pool's queue."""
+    helm = Path(sys.executable).parent / "helm"
+    if not helm.exists():
+        pytest.skip("helm is not installed (make helm-tools)")
+    out = subprocess.run([str(helm), "template", "farm", str(ROOT / "deploy/helm/renderfarm"), "-f",
+                          str(ROOT / "deploy/helm/values-three-pools.yaml")], capture_output=True, text=True,
+                         check=True, timeout=120, env={**os.environ, "HELM_CACHE_HOME": "/tmp/rf-helm/cache",
+                                                       "HELM_CONFIG_HOME": "/tmp/rf-helm/config",
+                                                       "HELM_DATA_HOME": "/tmp/rf-helm/data"}).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    env = next(d["data"] for d in docs if d["kind"] == "ConfigMap" and "RENDERFARM_POOLS" in d.get("data", {}))
+    pools = Settings(pools=env["RENDERFARM_POOLS"]).pools
+    deployments = [d for d in docs if d["kind"] == "Deployment" and "renderfarm.io/queue" in d["metadata"]
+                   .get("annotations", {})]
+    assert len(pools) == len(deployments) == 3
+    for deployment in deployments:
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        spec = worker_pool(pools, args[args.index("--pool") + 1], args[args.index("--model") + 1])
+        assert spec.queue == deployment["metadata"]["annotations"]["renderfarm.io/queue"]
