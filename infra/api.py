@@ -27,12 +27,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from infra import registry
+from infra import dispatch, registry
 from infra.auth import KeyStore, TenantMiddleware, current_tenant, redacting_log_config
 from infra.errors import validation_error_handler
 from infra.limits import RateLimited, RateLimiter, RateLimitMiddleware
 from infra.queue import make_celery
-from infra.queues import queue_depths
+from infra.pools import NoPoolError
+from infra.queues import idle_row, queue_depths
 from infra.reaper import Reaper, republish
 from infra.schemas import BatchAccepted, BatchStatus, BatchSubmission, JobAccepted, JobStatus, RenderRequest
 from infra.settings import Settings, get_settings
@@ -58,7 +59,7 @@ class Farm:
                               max_attempts=settings.max_attempts)
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
-        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis)
+        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools)
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
 
@@ -71,6 +72,26 @@ class Farm:
         except WebhookRefused as exc:
             raise RequestValidationError([{"type": "value_error", "loc": ("body", "webhook_url"),
                                            "msg": f"Value error, {exc.reason}", "input": url}]) from None
+
+    def submit(self, requests: list[RenderRequest], *, batch: bool, **kwargs) -> BatchAccepted:
+        """``Submitter.submit``; requests no declared pool can serve are a 422 whose ``loc`` names
+        the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size."""
+        try:
+            return self.submitter.submit(requests, **kwargs)
+        except NoPoolError as exc:
+            raise RequestValidationError([
+                {"type": e["type"], "msg": e["msg"], "input": e["input"],
+                 "loc": ("body", *(("jobs", e["index"]) if batch else ()), *((e["field"],) if e["field"] else ()))}
+                for e in exc.errors]) from None
+
+    def waiting_for(self, statuses: list[JobStatus]) -> None:
+        """Set ``waiting_for`` on each queued job whose pool has no live worker (scale from zero)."""
+        queued = [s for s in statuses if s.state == "queued" and s.pool]
+        if queued:
+            live = {w.get("pool") for w in registry.live_workers(self.redis, self.settings.heartbeat_ttl_s)}
+            for status in queued:
+                if status.pool not in live:
+                    status.waiting_for = f"a worker of pool {status.pool}"
 
     def with_url(self, status: JobStatus) -> JobStatus:
         """Attach a presigned GET URL to a finished job's result."""
@@ -94,7 +115,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # webhooks on batch completion (infra/webhooks.py): once per batch across replicas
         dispatcher = WebhookDispatcher.from_settings(settings, farm_.redis).start() \
             if settings.webhooks_enabled else None
+        # jobs go from their wait lanes to the pool queues in fair order (infra/dispatch.py); safe
+        # to run in every API replica
+        job_dispatcher = dispatch.from_settings(settings, app.state.farm.redis, app.state.farm.celery).start()
+        app.state.farm.submitter.on_enqueued = job_dispatcher.kick
         yield
+        job_dispatcher.stop()
         if dispatcher is not None:
             dispatcher.stop()
         if reaper is not None:
@@ -122,7 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def submit_job(body: RenderRequest, request: Request, tenant: Tenant) -> JobAccepted:
         """Submit one render; it becomes a batch of one."""
         await run_in_threadpool(farm(request).limiter.charge_jobs, tenant, 1)
-        accepted = await run_in_threadpool(farm(request).submitter.submit, [body], tenant=tenant)
+        accepted = await run_in_threadpool(farm(request).submit, [body], batch=False, tenant=tenant)
         return JobAccepted(job_id=accepted.job_ids[0], batch_id=accepted.batch_id)
 
     @app.post("/v1/batches", status_code=202, response_model=BatchAccepted, tags=["batches"])
@@ -131,7 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         A ``webhook_url`` must be http(s) on a public address (422 otherwise)."""
         await run_in_threadpool(farm(request).check_webhook, body.webhook_url)
         await run_in_threadpool(farm(request).limiter.charge_jobs, tenant, len(body.jobs))
-        return await run_in_threadpool(farm(request).submitter.submit, body.jobs, priority=body.priority,
+        return await run_in_threadpool(farm(request).submit, body.jobs, batch=True, priority=body.priority,
                                        idempotency_key=body.idempotency_key, webhook_url=body.webhook_url,
                                        tenant=tenant)
 
@@ -141,6 +167,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         status = farm(request).store.get_job(job_id, tenant)
         if status is None:
             raise HTTPException(404, f"unknown job id {job_id!r}")
+        farm(request).waiting_for([status])
         return farm(request).with_url(status)
 
     @app.get("/v1/batches/{batch_id}", response_model=BatchStatus, tags=["batches"])
@@ -151,6 +178,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if status is None:
             raise HTTPException(404, f"unknown batch id {batch_id!r}")
         status.jobs = [farm(request).with_url(j) for j in status.jobs]
+        farm(request).waiting_for(status.jobs)
         return status
 
     @app.delete("/v1/jobs/{job_id}", tags=["jobs"])
@@ -201,17 +229,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/queues", tags=["farm"], dependencies=[Depends(current_tenant)])
     def queues(request: Request) -> list[dict]:
-        """Per pool: queued, reserved (prefetched), running, outstanding and live workers."""
+        """Per pool (every declared one, and any with jobs or workers): queued (waiting for dispatch
+        or in the broker), reserved (prefetched), running, outstanding (the autoscaling signal),
+        live workers and ``oldest_wait_s`` (seconds the longest-waiting unstarted job has waited)."""
         f = farm(request)
-        return queue_depths(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s))
+        return queue_depths(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s),
+                            pools=[p.name for p in f.settings.pools])
 
     @app.get("/v1/queues/{pool}", tags=["farm"], dependencies=[Depends(current_tenant)])
     def queue(pool: str, request: Request) -> dict:
         """One pool's row of ``/v1/queues`` (jobs; all zeros for a pool with nothing queued and no
         worker), so that KEDA's metrics-api scaler reads a scalar at ``valueLocation: outstanding``."""
         rows = queues(request)
-        return next((r for r in rows if r["pool"] == pool),
-                    {"pool": pool, "queued": 0, "reserved": 0, "running": 0, "outstanding": 0, "workers": 0})
+        return next((r for r in rows if r["pool"] == pool), idle_row(pool))
 
     @app.get("/healthz", tags=["farm"])
     def healthz(request: Request) -> JSONResponse:

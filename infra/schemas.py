@@ -139,6 +139,8 @@ class JobStatus(BaseModel):
     attempts: int = 0
     worker: str | None = None
     pool: str | None = None
+    waiting_for: str | None = Field(None, description="Set while the job is queued for a pool with no live worker: "
+                                                      "'a worker of pool <name>' (an autoscaler starts one).")
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None

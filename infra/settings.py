@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     pools: Annotated[list[PoolSpec], NoDecode] = Field(
         default_factory=list, description="Declared worker pools, a JSON list of {name, model, device_class, "
                                           "max_pixels, max_batch, queue}; empty = one pool per model.")
+    dispatch_interval_s: float = Field(0.2, gt=0, le=10, description="Seconds between two dispatcher passes "
+                                                                      "(a submission wakes it at once).")
+    dispatch_depth: float = Field(2.0, gt=0, le=100, description="A pool's Celery queue is kept at most this many "
+                                                                  "× its live workers' total batch size deep.")
+    priority_aging_s: float = Field(300.0, ge=0, description="Seconds of waiting that raise a job one priority level "
+                                                              "(low → normal → high); 0 = no aging.")
     # recovery and health (infra/reaper.py, worker/runner.py, worker/breaker.py)
     lease_s: float = Field(20.0, gt=0, description="A running job's lease without renewal, seconds; the worker "
                                                    "renews it every heartbeat and progress write.")

@@ -1,23 +1,24 @@
-"""Batch submission: validated requests → job records (``queued``) → Celery messages.
+"""Batch submission: validated requests → a pool each → job records (``queued``) → wait lanes.
 
 Data flow: producer (HTTP ``POST /v1/jobs`` / ``POST /v1/batches``) → **here** → job-state store
-and the pool queues. Records are written before messages are published, so a worker never
-receives a job the store does not know. Both steps are pipelined: the whole batch costs a few
-round trips, never one per job.
+and the pools' wait lanes → dispatcher (``infra.dispatch``) → the pool queues. Routing comes
+first, so a request no pool can serve refuses the submission before anything is written.
+Records are written before jobs enter a lane, so a worker never receives a job the store does
+not know. Every step is pipelined: the whole batch costs a few round trips, never one per job.
 """
 
 from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 from celery import Celery
 
 from infra import webhooks
-from infra.pools import pool_for_model
-from infra.queue import publish_jobs
+from infra.dispatch import enqueue
+from infra.pools import PoolSpec, Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.store import PUBLIC_TENANT, JobStore, NewJob
 
@@ -38,21 +39,27 @@ def resolve(request: RenderRequest, default_model: str) -> RenderRequest:
 
 
 class Submitter:
-    """Creates batches: records every job, then publishes every message.
+    """Creates batches: routes every request to a pool, records every job, then puts the jobs in
+    their wait lanes, from which the dispatcher (``infra.dispatch``) publishes them in fair order.
 
     Args:
         store: the job-state store.
-        celery_app: the app whose broker receives the messages.
+        celery_app: the app whose broker receives the messages (the dispatcher's).
         default_model: model for requests that name none.
+        pools: the declared pools (``infra.pools``); empty = one pool per model.
+        on_enqueued: called with the pools that received jobs (the API wakes its dispatcher).
     """
 
     def __init__(self, store: JobStore, celery_app: Celery, default_model: str, client: redis.Redis,
-                 idempotency_ttl_s: int = 24 * 3600):
+                 idempotency_ttl_s: int = 24 * 3600, pools: Sequence[PoolSpec] = (),
+                 on_enqueued: Callable[[set[str]], None] | None = None):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
         self.redis = client
         self.idempotency_ttl_s = idempotency_ttl_s
+        self.router = Router(pools)
+        self.on_enqueued = on_enqueued
 
     def submit(self, requests: Sequence[RenderRequest], *, priority: str = "normal",
                idempotency_key: str | None = None, webhook_url: str | None = None,
@@ -63,20 +70,29 @@ class Submitter:
         With an ``idempotency_key`` this tenant used in the last ``idempotency_ttl_s`` seconds,
         nothing is submitted and the first batch is returned again (keys are per tenant, so one
         tenant's key never returns another tenant's batch).
+
+        ``priority`` is ``high``, ``normal`` or ``low``; the dispatcher ages it and shares each
+        pool fairly between tenants.
+
+        Raises:
+            NoPoolError: some request no declared pool can serve (its model, or its size over
+                the pool's ``max_pixels``); nothing is recorded or enqueued.
         """
+        resolved = [resolve(request, self.default_model) for request in requests]
+        pools = self.router.route_all(resolved)
         batch_id = new_id()
         if idempotency_key is not None:
             key = f"rf:idem:{tenant}:{idempotency_key}"
             if not self.redis.set(key, batch_id, nx=True, ex=self.idempotency_ttl_s):
                 first = self.redis.get(key)
                 return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))
-        jobs = []
-        for request in requests:
-            request = resolve(request, self.default_model)
-            jobs.append(NewJob(new_id(), request, pool_for_model(request.model)))
+        jobs = [NewJob(new_id(), request, pool) for request, pool in zip(resolved, pools)]
         extra = {"webhook_url": webhook_url} if webhook_url else None
         self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
         if webhook_url:
             webhooks.enroll(self.redis, batch_id)
-        publish_jobs(self.celery_app, ((j.job_id, j.pool) for j in jobs), priority=priority)
+        enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,
+                ttl_s=self.store.job_ttl_s)
+        if self.on_enqueued is not None:
+            self.on_enqueued({j.pool for j in jobs})
         return BatchAccepted(batch_id=batch_id, job_ids=[j.job_id for j in jobs])
