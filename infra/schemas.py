@@ -75,6 +75,11 @@ class RenderRequest(BaseModel):
         if len(v) > 32:
             raise ValueError(f"metadata may hold at most 32 entries, got {len(v)}")
         for key, value in v.items():
+            for text in (key, value):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"metadata key {key[:64]!r} or its value is not valid UTF-8 (lone surrogate)") from None
             if not 1 <= len(key) <= 64:
                 raise ValueError(f"metadata key {key[:64]!r} must be 1…64 characters")
             if len(value) > 1024:
