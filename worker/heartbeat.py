@@ -34,12 +34,16 @@ class Heartbeat(threading.Thread):
         registry.heartbeat(self.client, self.worker_name, self.describe(), self.ttl_s)
         self.on_beat()
 
+    def beat_quietly(self) -> None:
+        """One heartbeat now; a failure is logged, never raised (Redis briefly away)."""
+        try:
+            self.beat()
+        except Exception as exc:
+            log.warning("heartbeat failed: %s", exc)
+
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
-            try:
-                self.beat()
-            except Exception as exc:  # Redis briefly away: keep beating, never kill the worker
-                log.warning("heartbeat failed: %s", exc)
+            self.beat_quietly()  # keep beating through a Redis outage, never kill the worker
 
     def stop(self) -> None:
         """Stop beating and remove the worker from the registry."""

@@ -1,11 +1,15 @@
 """``renderfarm worker``: one process, one accelerator, one warm pipeline, one pool's queue.
 
 Data flow: **worker** pulls batches from its pool's queue → pipeline → storage → job-state
-store. Start-up: check ``--pool``/``--model`` against the declared pools (``RENDERFARM_POOLS``;
-a declared pool's model must match, its ``max_batch`` caps the batch size), probe the device,
-load the pipeline once, warm it up with one render,
+store. Start-up: probe the device, load the pipeline once, warm it up with one render,
 register with a heartbeat, then consume. SIGTERM is Celery's warm shutdown: no new batch is
-taken, the current one finishes, and unstarted prefetched messages go back to the queue.
+taken, the current one finishes, unstarted prefetched messages go back to the queue (kombu
+restores unacknowledged messages when the channel closes), the worker leaves the registry and
+exits 0. Should a batch still be held at exit (a second signal: cold shutdown), its jobs are
+released to ``queued`` and republished instead of waiting for their leases to expire.
+
+Health: a circuit breaker (``worker.breaker``) stops consumption after
+``breaker_failures`` consecutive failed batches and reports ``healthy: false`` in the registry.
 """
 
 from __future__ import annotations
@@ -15,18 +19,25 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 
 import redis
+from celery import signals
 
-from infra.pools import PoolConfigError, pool_for_model, queue_name, worker_pool
+from infra.pools import pool_for_model, queue_name
 from infra.queue import make_celery
+from infra.reaper import republish
 from infra.settings import get_settings
 from infra.storage import Storage
 from infra.store import JobStore
+from worker import faults
+from worker.breaker import CircuitBreaker
+from worker.faults import wrap_renderer
+from worker.guards import install_malformed_message_guard
 from worker.heartbeat import Heartbeat
 from worker.renderers import NULL_MODEL, NullRenderer
-from worker.runner import BatchRunner
+from worker.runner import BatchRunner, job_ids_from_messages
 from worker.tasks import install_render_task, set_batch_size
 
 log = logging.getLogger("renderfarm.worker")
@@ -47,59 +58,133 @@ def _load_renderer(args: argparse.Namespace, settings) -> tuple[object, dict, in
     return renderer, profile, batch_size
 
 
+class ReservedJobs:
+    """Job ids this worker has received but not yet started (celery-batches' buffer), reported in
+    its heartbeat so the reaper knows their messages are not lost."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, job_id: str) -> None:
+        with self._lock:
+            self._ids.add(job_id)
+
+    def discard(self, job_ids) -> None:
+        with self._lock:
+            self._ids.difference_update(job_ids)
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return sorted(self._ids)
+
+
 def run_worker(args: argparse.Namespace) -> int:
-    """Run one worker until SIGTERM/SIGINT. Returns the process exit status."""
+    """Run one worker until SIGTERM/SIGINT. Returns the process exit status (0 after a warm shutdown)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()
-    try:  # a worker whose --pool/--model contradict RENDERFARM_POOLS would take the wrong jobs
-        spec = worker_pool(settings.pools, args.pool, args.model)
-    except PoolConfigError as exc:
-        raise SystemExit(f"renderfarm worker: {exc}") from None
-    pool = spec.name if spec else (args.pool or pool_for_model(args.model))
+    pool = args.pool or pool_for_model(args.model)
+    queue = queue_name(pool)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
     renderer, device_info, batch_size = _load_renderer(args, settings)
-    if spec is not None and batch_size > spec.max_batch:
-        log.info("batch size %d capped to pool %s's max_batch %d", batch_size, pool, spec.max_batch)
-        batch_size = spec.max_batch
+    renderer = wrap_renderer(renderer)
     log.info("worker %s: model %s ready in %.1fs, batch size %d, queue %s",
-             name, args.model, time.perf_counter() - t0, batch_size, queue_name(pool))
+             name, args.model, time.perf_counter() - t0, batch_size, queue)
 
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    store = JobStore(client, job_ttl_s=settings.job_ttl_s)
-    storage = Storage(settings)
+    store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
+                     max_attempts=settings.max_attempts)
+    storage = Storage(settings, max_attempts=3)  # worker.upload retries outages for upload_retry_s
     app = make_celery(settings)
     state = {"batch_size": batch_size}
+    consumer: dict = {}
+    reserved = ReservedJobs()
 
     def on_oom(group_size: int) -> None:
-        state["batch_size"] = max(1, min(state["batch_size"], group_size) // 2)
+        # a group of n ran out of memory: n // 2 is the largest size known not to be too big
+        state["batch_size"] = max(1, min(state["batch_size"], group_size // 2))
         set_batch_size(task, state["batch_size"])
         log.warning("batch size lowered to %d after an out-of-memory error", state["batch_size"])
 
-    runner = BatchRunner(store, storage, renderer, name, on_oom=on_oom)
-    task = install_render_task(app, runner, batch_size=batch_size, flush_interval_s=settings.flush_interval_s)
+    def reopen() -> None:
+        breaker.half_open()
+        if "c" in consumer:
+            consumer["c"].add_task_queue(queue)
+        heartbeat.beat_quietly()
+
+    def on_trip() -> None:
+        if "c" in consumer:  # we run inside the consumer's event loop (solo pool): safe to call
+            consumer["c"].cancel_task_queue(queue)
+            if settings.breaker_cooldown_s > 0:
+                consumer["c"].timer.call_after(settings.breaker_cooldown_s, reopen)
+        heartbeat.beat_quietly()
+
+    breaker = CircuitBreaker(settings.breaker_failures, on_trip=on_trip)
+    test_counters = faults.counters(client)
+    runner = BatchRunner(store, storage, renderer, name, on_oom=on_oom, job_timeout_s=settings.job_timeout_s,
+                         upload_retry_s=settings.upload_retry_s,
+                         on_requeued=lambda ids: republish(store, app, ids),
+                         on_rendered=test_counters[0] if test_counters else None,
+                         on_written=test_counters[1] if test_counters else None)
+
+    def handle(requests) -> None:
+        job_ids = job_ids_from_messages(requests, log_rejects=False)  # the runner logs them
+        reserved.discard(job_ids)
+        if breaker.open:  # still buffered when the breaker tripped: hand them to other workers
+            republish(store, app, job_ids)
+            return
+        outcome = runner.run(requests)
+        breaker.record(outcome.failed_batch)
+
+    def on_received(sender=None, request=None, **_kw) -> None:
+        kwargs = getattr(request, "kwargs", None)
+        if isinstance(kwargs, dict) and isinstance(kwargs.get("job_id"), str):
+            reserved.add(kwargs["job_id"])
+
+    signals.task_received.connect(on_received, weak=False)
+    signals.worker_ready.connect(lambda sender=None, **_kw: consumer.update(c=sender), weak=False)
+    task = install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s)
     started_at = time.time()
 
     def describe() -> dict:
-        return {"model": args.model, "pool": pool, "queue": queue_name(pool), "device": device_info,
+        return {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
                 "recipe": getattr(renderer, "recipe", None), "batch_size": state["batch_size"],
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,
                 "images_done": runner.images_done, "jobs_failed": runner.jobs_failed,
-                "current_jobs": [j.job_id for j in runner.current_jobs()], "healthy": True}
+                "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),
+                "healthy": not breaker.open, "breaker": breaker.state()}
 
     heartbeat = Heartbeat(client, name, describe, interval_s=settings.heartbeat_interval_s,
                           ttl_s=settings.heartbeat_ttl_s, on_beat=lambda: store.renew_leases(runner.current_jobs()))
     heartbeat.beat()
     heartbeat.start()
+    install_malformed_message_guard()
     try:
         app.worker_main([
-            "worker", "--pool", "solo", "--concurrency", "1", "--queues", queue_name(pool),
+            "worker", "--pool", "solo", "--concurrency", "1", "--queues", queue,
             "--hostname", name, "--prefetch-multiplier", str(2 * batch_size), "--without-gossip",
             "--without-mingle", "--without-heartbeat", "--loglevel", args.loglevel,
         ])
     finally:
         heartbeat.stop()
+        _release(store, app, runner)
+    log.info("worker %s stopped", name)
     return 0
+
+
+def _release(store: JobStore, app, runner: BatchRunner) -> None:
+    """Give back the jobs still held at exit (a cold shutdown interrupted a batch), so they run
+    again at once instead of after their lease; a warm shutdown holds none."""
+    held = runner.current_jobs()
+    if not held:
+        return
+    try:
+        released = store.release(held)
+        republish(store, app, [job_id for job_id, _ in released])
+        log.warning("released %d running job(s) on shutdown", len(released))
+    except Exception as exc:  # Redis away: their leases expire and the reaper requeues them
+        log.warning("could not release %d job(s): %s", len(held), exc)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -109,10 +194,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, xpu or npu")
     p.add_argument("--recipe", default=None,
                    help="exact (default: RENDERFARM_RECIPE), fast (allows approximations: half precision, tiny VAE…), baseline, or a named recipe")
-    p.add_argument("--pool", default=None, help="pool to serve: a declared pool of RENDERFARM_POOLS whose model must be "
-                                                "--model (default: the one declared pool of the model, or, with "
-                                                "none declared, derived from the model)")
+    p.add_argument("--pool", default=None, help="pool to serve (default: derived from the model)")
     p.add_argument("--batch-size", type=int, default=0, help="jobs per batch (default: measured from device memory, capped by the recipe)")
     p.add_argument("--name", default=None, help="worker name (default: pool@host-pid)")
     p.add_argument("--loglevel", default="INFO")
-    p.set_defaults(func=lambda args: sys.exit(run_worker(args)))
+    p.set_defaults(func=lambda args: _exit(run_worker(args)))
+
+
+def _exit(code: int) -> None:
+    """Exit with ``code`` once the worker has shut down cleanly, skipping the interpreter's
+    final garbage collection of torch and diffusers (seconds, on a busy host), so that a
+    SIGTERM'd worker is gone as soon as its batch is done. Logs and streams are flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -8,7 +8,21 @@ Guarantees:
   the failing job is left, and that job alone is marked failed with its error (type, message).
 - An out-of-memory error splits the group the same way and tells the worker to lower its
   batch size (``on_oom``).
-- Every write after start carries the attempt number, so a stale attempt changes nothing.
+- Every write after start carries the attempt number, so a stale attempt changes nothing; a
+  job this attempt no longer holds (canceled, or taken over after its lease ran out) is
+  discarded before upload, and the upload itself is write-once (``worker.upload``).
+- Cancellation reaches a running job between denoising steps: each progress write answers,
+  per job, whether this attempt still holds it. When no job of the group is held any more,
+  the step callback raises :class:`GroupAbandoned` and the group stops at once. When only
+  some are canceled, the group renders on (the others share the same denoising loop, and
+  stopping it would cost them their work) and the canceled jobs' images are dropped: their
+  state stays ``canceled`` and no object is written.
+- A render taking longer than ``job_timeout_s`` stops at its next step with ``TimeoutError``;
+  every job of the group fails with it, without bisection (halves of a group that is too slow
+  would only spend the time again).
+- Transient errors (storage or Redis away, out of memory on a single job) fail the attempt,
+  not the job: it goes back to the queue until its attempts are spent. Job-state writes ride
+  out a Redis restart by retrying for ``redis_retry_s`` seconds.
 """
 
 from __future__ import annotations
@@ -18,16 +32,20 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import redis
 from PIL import Image
 
+from infra import farm_metrics
 from infra.imagefile import encode_image, format_parameters
 from infra.schemas import JobError, JobResult, RenderRequest
 from infra.storage import Storage, object_key, object_metadata
-from infra.store import JobStore, StartedJob
+from infra.store import HELD, JobStore, StartedJob
 from pipeline.memory import is_oom_error
 from pipeline.render import compat_key
+from worker.upload import is_transient, object_size, put_once
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -41,17 +59,47 @@ class Renderer(Protocol):
                on_step: Callable[[int, int], None] | None = None) -> list[Image.Image]: ...
 
 
-def job_ids_from_messages(messages: Sequence[Any]) -> list[str]:
-    """The job ids carried by celery-batches requests; malformed messages are logged and dropped."""
+class GroupAbandoned(Exception):
+    """Raised from the step callback when no job of the group is held by this attempt any more
+    (all canceled, or taken over): the render stops between two denoising steps."""
+
+
+@dataclass
+class BatchOutcome:
+    """What became of one pulled batch's jobs (counts of jobs)."""
+
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dropped: int = 0  # canceled or taken over while this attempt ran: result discarded
+    requeued: list[str] = field(default_factory=list)  # transient failure: back to queued
+    renders: list[tuple[int, float]] = field(default_factory=list)  # (images, seconds) per pipeline call
+
+    @property
+    def failed_batch(self) -> bool:
+        """True when jobs ran and every one of them ended in an error (the circuit breaker's input)."""
+        return self.succeeded == 0 and (self.failed + len(self.requeued)) > 0
+
+
+def job_ids_from_messages(messages: Sequence[Any], *, log_rejects: bool = True) -> list[str]:
+    """The job ids carried by celery-batches requests; malformed messages are dropped (and
+    logged, unless ``log_rejects`` is false)."""
     ids = []
     for message in messages:
-        job_id = (getattr(message, "kwargs", None) or {}).get("job_id")
-        if isinstance(job_id, str) and 0 < len(job_id) <= 64 and job_id.isalnum():
+        kwargs = getattr(message, "kwargs", None)
+        job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
+        if isinstance(job_id, str) and 0 < len(job_id) <= 64 and job_id.isascii() and job_id.isalnum():
             ids.append(job_id)
-        else:
-            log.error("rejected malformed message %s: kwargs=%r args=%r", getattr(message, "id", "?"),
-                      getattr(message, "kwargs", None), getattr(message, "args", None))
+        elif log_rejects:
+            log.error("rejected malformed message %s: kwargs=%.200r args=%.200r", getattr(message, "id", "?"),
+                      kwargs, getattr(message, "args", None))
     return ids
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a job's error is the infrastructure's, not the request's: storage or Redis
+    unreachable, or out of memory. Such an error spends an attempt, not the job."""
+    return is_oom_error(exc) or is_transient(exc) or isinstance(exc, redis.ConnectionError)
 
 
 class BatchRunner:
@@ -62,31 +110,52 @@ class BatchRunner:
         worker_name: recorded on each job it runs.
         on_oom: called with the size of a group that ran out of memory.
         progress_interval_s: least seconds between progress writes of one group.
+        job_timeout_s: longest a group's render may take, seconds.
+        upload_retry_s: how long an upload rides out a storage outage, seconds.
+        redis_retry_s: how long a job-state write rides out a Redis outage, seconds.
+        on_requeued: called with the ids of jobs put back to ``queued`` (to republish them).
+        on_rendered / on_written: test counters (``worker.faults``): job ids rendered, and each
+            job whose object this attempt really wrote.
     """
 
     def __init__(self, store: JobStore, storage: Storage, renderer: Renderer, worker_name: str, *,
-                 on_oom: Callable[[int], None] | None = None, progress_interval_s: float = 0.2):
+                 on_oom: Callable[[int], None] | None = None, progress_interval_s: float = 0.2,
+                 job_timeout_s: float = 600.0, upload_retry_s: float = 60.0, redis_retry_s: float = 30.0,
+                 on_requeued: Callable[[list[str]], None] | None = None,
+                 on_rendered: Callable[[list[str]], None] | None = None,
+                 on_written: Callable[[str], None] | None = None):
         self.store = store
         self.storage = storage
         self.renderer = renderer
         self.worker_name = worker_name
         self.on_oom = on_oom or (lambda size: None)
         self.progress_interval_s = progress_interval_s
+        self.job_timeout_s = job_timeout_s
+        self.upload_retry_s = upload_retry_s
+        self.redis_retry_s = redis_retry_s
+        self.on_requeued = on_requeued or (lambda ids: None)
+        self.on_rendered = on_rendered or (lambda ids: None)
+        self.on_written = on_written or (lambda job_id: None)
         self._lock = threading.Lock()
         self.current: dict[str, StartedJob] = {}
         self.images_done = 0
         self.jobs_failed = 0
+        self.timing = {"batches": 0, "jobs": 0, "total_s": 0.0, "render_s": 0.0}  # see _account
 
-    def run(self, messages: Sequence[Any]) -> None:
-        """Handle one pulled batch of celery-batches requests. Never raises for a job's failure."""
+    def run(self, messages: Sequence[Any]) -> BatchOutcome:
+        """Handle one pulled batch of celery-batches requests. Never raises for a job's failure;
+        returns what became of its jobs."""
+        outcome = BatchOutcome()
+        batch_started = time.perf_counter()
         job_ids = job_ids_from_messages(messages)
         if not job_ids:
-            return
-        started = self.store.start_many(job_ids, self.worker_name)
+            return outcome
+        started = self._redis(self.store.start_many, job_ids, self.worker_name)
         jobs = [s for s in started.values() if isinstance(s, StartedJob)]
         for job_id, reason in started.items():
             if not isinstance(reason, StartedJob):
                 log.info("skipping job %s: %s", job_id, reason)
+        outcome.started = len(jobs)
         groups: dict[tuple, list[StartedJob]] = defaultdict(list)
         for job in jobs:
             groups[compat_key(job.request)].append(job)
@@ -95,55 +164,100 @@ class BatchRunner:
         try:
             for group in groups.values():
                 t0 = time.perf_counter()
-                self._render_group(group)
+                self._render_group(group, outcome)
                 log.info("rendered %d job(s) %s in %.2fs", len(group), compat_key(group[0].request)[1:4],
                          time.perf_counter() - t0)
         finally:
             with self._lock:
                 for job in jobs:
                     self.current.pop(job.job_id, None)
+            if outcome.requeued:
+                self._republish(outcome.requeued)
+            farm_metrics.record_batch(self.store.r, [j.job_id for j in jobs], worker=self.worker_name,
+                                      renders=outcome.renders, succeeded=outcome.succeeded, failed=outcome.failed)
+            self._account(len(job_ids), time.perf_counter() - batch_started, outcome)
+        return outcome
+
+    def _account(self, jobs: int, total_s: float, outcome: BatchOutcome) -> None:
+        """Worker time of one batch, in seconds: whole (start, render, encode, upload, state writes,
+        metrics) vs. inside the pipeline calls. Summed in ``self.timing`` and logged as a
+        ``batch timing:`` line, which ``renderfarm bench farm`` reads for the per-job overhead."""
+        render_s = sum(seconds for _, seconds in outcome.renders)
+        for key, value in (("batches", 1), ("jobs", jobs), ("total_s", total_s), ("render_s", render_s)):
+            self.timing[key] += value
+        log.info("batch timing: %d job(s) in %.4fs, render %.4fs, overhead %.3f ms/job", jobs, total_s, render_s,
+                 1000 * (total_s - render_s) / max(jobs, 1))
 
     def current_jobs(self) -> list[StartedJob]:
         """Jobs this worker holds right now (for heartbeats and lease renewal)."""
         with self._lock:
             return list(self.current.values())
 
-    def _render_group(self, jobs: list[StartedJob]) -> None:
+    # ---- rendering ------------------------------------------------------------------------
+    def _render_group(self, jobs: list[StartedJob], outcome: BatchOutcome) -> None:
+        deadline = time.monotonic() + self.job_timeout_s
+        t0 = time.perf_counter()
         try:
-            images = self.renderer.render([j.request for j in jobs], on_step=self._progress_reporter(jobs))
+            images = self.renderer.render([j.request for j in jobs], on_step=self._step_callback(jobs, deadline))
+        except GroupAbandoned as exc:
+            log.info("stopped a group of %d: %s", len(jobs), exc)
+            outcome.dropped += len(jobs)
+            return
+        except TimeoutError as exc:
+            for job in jobs:
+                self._fail(job, exc, outcome, retry=False)
+            return
         except Exception as exc:  # bisect: only the job that fails may fail
             if is_oom_error(exc):
                 log.warning("out of memory on a group of %d; splitting", len(jobs))
                 self.on_oom(len(jobs))
             if len(jobs) == 1:
-                self._fail(jobs[0], exc)
+                self._fail(jobs[0], exc, outcome)
                 return
             mid = len(jobs) // 2
             log.warning("group of %d failed (%s: %s); bisecting", len(jobs), type(exc).__name__, exc)
-            self._render_group(jobs[:mid])
-            self._render_group(jobs[mid:])
+            self._render_group(jobs[:mid], outcome)
+            self._render_group(jobs[mid:], outcome)
             return
+        outcome.renders.append((len(jobs), time.perf_counter() - t0))
+        self._redis(self.on_rendered, [j.job_id for j in jobs])
+        held = self._redis(self.store.renew_leases, jobs)  # who is still ours, just before upload
         for job, image in zip(jobs, images, strict=True):
+            if held.get(job.job_id) != HELD:
+                log.info("job %s attempt %d was canceled or taken over; its image is discarded",
+                         job.job_id, job.attempt)
+                outcome.dropped += 1
+                continue
             try:
-                self._store_image(job, image)
+                self._store_image(job, image, outcome)
             except Exception as exc:
-                self._fail(job, exc)
+                self._fail(job, exc, outcome)
 
-    def _progress_reporter(self, jobs: list[StartedJob]) -> Callable[[int, int], None]:
+    def _step_callback(self, jobs: list[StartedJob], deadline: float) -> Callable[[int, int], None]:
         last = [0.0]
 
         def on_step(step: int, total: int) -> None:
             now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"render exceeded the job timeout of {self.job_timeout_s:g}s "
+                                   f"(stopped after step {step} of {total})")
             if step < total and now - last[0] < self.progress_interval_s:
                 return
             last[0] = now
             # the last step still has decoding and upload ahead: report < 1 until succeeded
             fraction = min(step / max(total, 1), 0.99)
-            self.store.progress_many((job, fraction) for job in jobs)
+            try:
+                codes = self.store.progress_many((job, fraction) for job in jobs)
+            except redis.RedisError as exc:  # Redis away: keep rendering; the heartbeat renews leases
+                log.warning("progress not recorded: %s", exc)
+                return
+            if codes and all(code != HELD for code in codes.values()):
+                raise GroupAbandoned(f"all {len(jobs)} job(s) canceled or taken over at step {step} of {total}")
 
         return on_step
 
-    def _store_image(self, job: StartedJob, image: Image.Image) -> None:
+    # ---- results --------------------------------------------------------------------------
+    def _store_image(self, job: StartedJob, image: Image.Image, outcome: BatchOutcome) -> None:
         request = job.request
         parameters = format_parameters(request, model=self.renderer.model, job_id=job.job_id)
         body, content_type = encode_image(image, request.output_format, parameters)
@@ -152,15 +266,57 @@ class BatchRunner:
                                     "model": self.renderer.model, "steps": str(request.num_inference_steps),
                                     "cfg-scale": f"{request.guidance_scale:g}",
                                     "size": f"{request.width}x{request.height}"}, parameters)
-        self.storage.put(key, body, content_type, metadata)
+        written = put_once(self.storage, key, body, content_type, metadata, retry_s=self.upload_retry_s)
+        if written:
+            self._redis(self.on_written, job.job_id)
+        size = len(body) if written else object_size(self.storage, key)
         result = JobResult(key=key, width=image.width, height=image.height, seed=request.seed,
-                           content_type=content_type, bytes=len(body))
-        if self.store.succeed(job, result):
+                           content_type=content_type, bytes=size)
+        if self._redis(self.store.succeed, job, result):
             self.images_done += 1
+            outcome.succeeded += 1
+            return
+        outcome.dropped += 1
+        status = self._redis(self.store.get_job, job.job_id)
+        if written and status is not None and status.state == "canceled":
+            # canceled between the pre-upload check and now: a canceled job keeps no object
+            self.storage.client.delete_object(Bucket=self.storage.bucket, Key=key)
+            log.info("job %s was canceled during its upload; object removed", job.job_id)
         else:
             log.warning("job %s attempt %d is stale; its result was not recorded", job.job_id, job.attempt)
 
-    def _fail(self, job: StartedJob, exc: BaseException) -> None:
-        log.error("job %s failed: %s: %s", job.job_id, type(exc).__name__, exc)
-        self.jobs_failed += 1
-        self.store.fail(job, JobError(type=type(exc).__name__, message=str(exc)[:2000]))
+    def _fail(self, job: StartedJob, exc: BaseException, outcome: BatchOutcome, *, retry: bool | None = None) -> None:
+        retry = is_retryable(exc) if retry is None else retry
+        error = JobError(type=type(exc).__name__, message=str(exc)[:2000])
+        state = self._redis(self.store.fail, job, error, retry=retry)
+        if state == "queued":
+            log.warning("job %s attempt %d failed (%s: %s); requeued", job.job_id, job.attempt, error.type, exc)
+            outcome.requeued.append(job.job_id)
+        elif state == "failed":
+            log.error("job %s failed: %s: %s", job.job_id, error.type, exc)
+            self.jobs_failed += 1
+            outcome.failed += 1
+        else:
+            log.warning("job %s attempt %d is stale; its failure was not recorded", job.job_id, job.attempt)
+            outcome.dropped += 1
+
+    def _republish(self, job_ids: list[str]) -> None:
+        try:
+            self.on_requeued(job_ids)
+        except Exception as exc:  # the reaper republishes what stays queued without a message
+            log.warning("could not republish %d requeued job(s): %s", len(job_ids), exc)
+
+    def _redis(self, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)``, retried with backoff while Redis is unreachable or loading,
+        for up to ``redis_retry_s`` seconds; then the last error is raised."""
+        deadline = time.monotonic() + self.redis_retry_s
+        delay = 0.2
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("Redis unavailable (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
