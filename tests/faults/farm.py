@@ -1,0 +1,209 @@
+"""The fault farm: one scenario's real processes, and the fault table its rows go to.
+
+Used by ``tests/faults/conftest.py`` (the fixtures) and the scenarios. See the conftest for why
+every scenario gets its own farm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from infra.schemas import JobStatus, RenderRequest
+from infra.stack import (
+    ApiServer,
+    RedisServer,
+    SeaweedS3,
+    WorkerProcess,
+    ensure_bucket,
+    free_port,
+    stack_env,
+)
+from infra.store import JobStore
+from producer import RenderClient
+from worker.faults import RENDERS_KEY, WRITES_KEY
+
+ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "faults.json"
+TERMINAL = ("succeeded", "failed", "canceled")
+LEASE_S = 5.0
+
+#: Settings of every process of a fault farm: short leases, fast heartbeats and sweeps.
+FAULT_SETTINGS = {
+    "RENDERFARM_LEASE_S": str(LEASE_S),
+    "RENDERFARM_HEARTBEAT_INTERVAL_S": "0.5",
+    "RENDERFARM_HEARTBEAT_TTL_S": "3",
+    "RENDERFARM_REAPER_INTERVAL_S": "0.5",
+    "RENDERFARM_REPUBLISH_AFTER_S": "3",
+    "RENDERFARM_TEST_COUNTERS": "1",
+    "RENDERFARM_UPLOAD_RETRY_S": "60",
+}
+
+_rows: list[dict] = []
+_databases = itertools.cycle(range(1, 15))  # Redis databases of fault farms (15 is the store tests')
+
+
+def request(i: int, *, prompt: str = "fault test", steps: int = 4) -> RenderRequest:
+    """A small request for the null model; ``steps`` × the step delay is its render time."""
+    return RenderRequest(prompt=f"{prompt} {i}", model="null", width=64, height=64, num_inference_steps=steps,
+                         seed=i)
+
+
+class FaultFarm:
+    """One scenario's farm: flushed Redis, a fresh bucket, an API with the reaper, and workers.
+
+    ``env`` holds every variable its processes get; ``store`` reads the job states directly.
+    """
+
+    def __init__(self, name: str, redis_server: RedisServer, s3_server: SeaweedS3, run_dir: Path, cache_dir: Path,
+                 **settings: str):
+        self.name = name
+        self.redis_server, self.s3_server, self.run_dir = redis_server, s3_server, run_dir
+        self.bucket = f"faults-{name}-{secrets.token_hex(3)}"
+        self.db = next(_databases)  # farms alive at once (a module's and a test's) must not share queues
+        self.env = stack_env(redis_url=f"{redis_server.url.rsplit('/', 1)[0]}/{self.db}",
+                             s3_endpoint_url=s3_server.url, access_key=s3_server.access_key, secret_key=s3_server.secret_key, bucket=self.bucket,
+                             api_url=f"http://127.0.0.1:{free_port()}", cache_dir=cache_dir)
+        self.env.update(FAULT_SETTINGS)
+        self.env.update(settings)
+        self.redis = redis_server.client(db=self.db)
+        self.store = JobStore(self.redis, lease_s=LEASE_S)
+        self.s3 = s3_server.client()
+        self.api = ApiServer(int(self.env["RENDERFARM_API_URL"].rsplit(":", 1)[1]), self.env,
+                             name=f"api-{name}", run_dir=run_dir)
+        self.workers: list[WorkerProcess] = []
+        self.client: RenderClient | None = None
+
+    def start(self) -> "FaultFarm":
+        self.redis.flushdb()
+        ensure_bucket(self.env)
+        self.api.start().wait_ready()
+        self.client = RenderClient(api_url=self.api.url)
+        return self
+
+    def add_workers(self, count: int, *, batch_size: int = 8, step_delay_s: float = 0.1,
+                    **env: str) -> list[WorkerProcess]:
+        """Start ``count`` null-model workers and wait until they are registered."""
+        base = len(self.workers)
+        worker_env = {**self.env, "RENDERFARM_TEST_STEP_DELAY_S": str(step_delay_s), **env}
+        new = [WorkerProcess("null", worker_env, f"{self.name}-w{base + i + 1}", batch_size, run_dir=self.run_dir)
+               for i in range(count)]
+        self.workers += new
+        for worker in new:  # the null model builds nothing: all start at once
+            worker.start()
+        for worker in new:
+            worker.wait_ready()
+        return new
+
+    def stop(self) -> None:
+        """Stop the workers and the API, all at once."""
+        if self.client is not None:
+            self.client.close()
+        threads = [threading.Thread(target=p.stop) for p in (*self.workers, self.api)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    # ---- observing --------------------------------------------------------------------------
+    def submit(self, requests: Sequence[RenderRequest], **kwargs) -> list[str]:
+        """Submit one batch through the API; returns its job ids."""
+        return self.client.submit_batch(list(requests), **kwargs).job_ids
+
+    def statuses(self, job_ids: Sequence[str]) -> list[JobStatus | None]:
+        return self.store.get_jobs(job_ids)
+
+    def states(self, job_ids: Sequence[str]) -> list[tuple[str | None, str | None, float]]:
+        """``(state, worker, progress)`` per job, read cheaply (for polling loops)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(f"rf:job:{job_id}", "state", "worker", "progress")
+        return [(state, worker, float(progress or 0)) for state, worker, progress in pipe.execute()]
+
+    def wait(self, job_ids: Sequence[str], timeout: float = 120.0) -> list[JobStatus | None]:
+        """Poll until every job is terminal or ``timeout`` seconds pass; returns the statuses."""
+        deadline = time.monotonic() + timeout
+        while not all(state in TERMINAL for state, _, _ in self.states(job_ids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return self.statuses(job_ids)
+
+    def wait_for(self, predicate, timeout: float = 60.0, interval: float = 0.1):
+        """Poll ``predicate()`` until it returns something truthy; returns it (TimeoutError after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval)
+        raise TimeoutError(f"condition not met within {timeout}s")
+
+    def registry_entry(self, worker_name: str) -> dict:
+        """The worker's registry entry (heartbeat), or {} when it is not registered."""
+        from infra.registry import live_workers
+
+        return next((w for w in live_workers(self.redis, 3.0) if w["name"] == worker_name), {})
+
+    def objects(self) -> set[str]:
+        """Keys in this farm's bucket."""
+        keys: set[str] = set()
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            keys.update(o["Key"] for o in page.get("Contents", []))
+        return keys
+
+    def counters(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Per job id: completed renders, and object writes that really wrote."""
+        renders = {k: int(v) for k, v in self.redis.hgetall(RENDERS_KEY).items()}
+        writes = {k: int(v) for k, v in self.redis.hgetall(WRITES_KEY).items()}
+        return renders, writes
+
+    def account(self, scenario: str, job_ids: Sequence[str], recovery_s: float | None, **extra) -> dict:
+        """Every job accounted for: one row of the fault table (also recorded, see :func:`record_row`)."""
+        statuses = self.statuses(job_ids)
+        objects = self.objects()
+        renders, writes = self.counters()
+        counts = {state: sum(1 for s in statuses if s is not None and s.state == state) for state in TERMINAL}
+        missing_object = sum(1 for s in statuses if s is not None and s.state == "succeeded"
+                             and (s.result is None or s.result.key not in objects))
+        unfinished = sum(1 for s in statuses if s is None or s.state not in TERMINAL)
+        run_twice = sum(1 for j in job_ids if renders.get(j, 0) > 1 or writes.get(j, 0) > 1)
+        row = {"scenario": scenario, "submitted": len(job_ids), **counts, "lost": unfinished + missing_object,
+               "run_twice": run_twice, "recovery_s": None if recovery_s is None else round(recovery_s, 1),
+               "objects": len(objects), **extra}
+        record_row(row)
+        return row
+
+
+def record_row(row: dict) -> None:
+    """Print the row, keep it for the summary, and merge it into ``test-artifacts/faults.json``."""
+    print("\n" + format_row(row))
+    _rows.append(row)
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = {r["scenario"]: r for r in json.loads(ARTIFACT.read_text())["rows"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        rows = {}
+    rows[row["scenario"]] = row
+    ARTIFACT.write_text(json.dumps({"rows": sorted(rows.values(), key=lambda r: r["scenario"])}, indent=2) + "\n")
+
+
+COLUMNS = ("submitted", "succeeded", "failed", "canceled", "lost", "run_twice", "recovery_s")
+
+
+def format_row(row: dict) -> str:
+    cells = [str(row["scenario"])] + ["–" if row.get(c) is None else str(row[c]) for c in COLUMNS]
+    return "| " + " | ".join(cells) + " |"
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    header = "| scenario | " + " | ".join(c.replace("_", " ") for c in COLUMNS) + " |"
+    rule = "|" + "---|" * (len(COLUMNS) + 1)
+    return "\n".join([header, rule, *(format_row(r) for r in sorted(rows, key=lambda r: r["scenario"]))])
+
+
+def rows() -> list[dict]:
+    """The rows recorded in this session."""
+    return list(_rows)

@@ -1,0 +1,177 @@
+"""The fault-injection scenarios of issue 4, on real processes, each accounting for every job.
+
+Each test prints and records one row of the fault table (``test-artifacts/faults.json``):
+jobs submitted, succeeded, failed, canceled, lost (not terminal at the end, or succeeded
+without its object), run twice (a job rendered to completion, or its object written, more than
+once: counted by the workers in Redis, see ``worker/faults.py``), and recovery seconds:
+
+- a: from the ``kill -9`` until every job the dead worker held had succeeded elsewhere;
+- b, c: from the service being back until the farm completed a job again;
+- f: from SIGTERM until the worker had exited;
+- d, e, g: no outage to recover from (–).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from .farm import LEASE_S, request
+from worker.faults import OOM_ENV, POISON_ENV
+
+pytestmark = pytest.mark.faults
+
+
+def _running_on(farm, worker_name: str, job_ids, below: float = 1.0) -> list[str]:
+    return [j for j, (state, worker, progress) in zip(job_ids, farm.states(job_ids))
+            if state == "running" and worker == worker_name and progress < below]
+
+
+def _succeeded(farm, job_ids) -> int:
+    return sum(1 for state, _, _ in farm.states(job_ids) if state == "succeeded")
+
+
+def _assert_clean(row: dict, **expected) -> None:
+    assert row["lost"] == 0 and row["run_twice"] == 0, row
+    for key, value in expected.items():
+        assert row[key] == value, row
+
+
+def test_a_kill_one_of_two_workers_mid_batch(fault_farm):
+    farm = fault_farm
+    victim, survivor = farm.add_workers(2, batch_size=8, step_delay_s=0.1)
+    job_ids = farm.submit([request(i, steps=5) for i in range(200)])
+    farm.wait_for(lambda: _running_on(farm, victim.worker_name, job_ids, below=0.5), timeout=60)
+    reserved = farm.registry_entry(victim.worker_name).get("reserved_jobs", [])
+    victim.kill()
+    killed_at = time.monotonic()
+    held = _running_on(farm, victim.worker_name, job_ids)
+    affected = held + [j for j in reserved if j not in held]
+    farm.wait_for(lambda: _succeeded(farm, affected) == len(affected), timeout=LEASE_S + 30, interval=0.05)
+    recovery = time.monotonic() - killed_at
+    farm.wait(job_ids, timeout=120)
+    row = farm.account("a. kill -9 one of two workers mid-batch", job_ids, recovery, running_on_killed=len(held),
+                       prefetched_by_killed=len(affected) - len(held))
+    _assert_clean(row, succeeded=200, objects=200)
+    assert held and recovery <= LEASE_S + 10, row
+    retried = farm.statuses(held)
+    assert all(s.attempts == 2 and s.worker == survivor.worker_name for s in retried), retried
+    assert survivor.running
+
+
+def test_b_restart_redis_mid_run(fault_farm, fault_redis):
+    farm = fault_farm
+    farm.add_workers(2, batch_size=8, step_delay_s=0.05)
+    job_ids = farm.submit([request(i, steps=4) for i in range(120)])
+    farm.wait_for(lambda: _succeeded(farm, job_ids) >= 24, timeout=60)
+    fault_redis.stop()
+    fault_redis.start().wait_ready()
+    back = time.monotonic()
+    done_at_restart = _succeeded(farm, job_ids)
+    farm.wait_for(lambda: _succeeded(farm, job_ids) > done_at_restart, timeout=60)
+    recovery = time.monotonic() - back
+    farm.wait(job_ids, timeout=180)
+    row = farm.account("b. restart redis-server (AOF on) mid-run", job_ids, recovery,
+                       succeeded_before_restart=done_at_restart)
+    _assert_clean(row, succeeded=120, objects=120, failed=0)
+    assert all(w.running for w in farm.workers) and farm.api.running
+
+
+def test_c_stop_seaweedfs_for_10s_mid_run(fault_farm, fault_s3):
+    farm = fault_farm
+    farm.add_workers(2, batch_size=8, step_delay_s=0.05)
+    job_ids = farm.submit([request(i, steps=4) for i in range(80)])
+    farm.wait_for(lambda: _succeeded(farm, job_ids) >= 16, timeout=60)
+    fault_s3.stop()
+    stopped = time.monotonic()
+    time.sleep(max(0.0, 10.0 - (time.monotonic() - stopped)))
+    during = farm.states(job_ids)
+    fault_s3.start().wait_ready()
+    restarted = time.monotonic()
+    # SeaweedFS answers before it accepts writes again (its volumes re-register with the master):
+    # recovery is measured from the first write it accepts
+    farm.s3.put_object(Bucket=farm.bucket, Key="probe/after-restart", Body=b"")
+    back = time.monotonic()
+    farm.s3.delete_object(Bucket=farm.bucket, Key="probe/after-restart")
+    done_at_return = _succeeded(farm, job_ids)
+    farm.wait_for(lambda: _succeeded(farm, job_ids) > done_at_return, timeout=90)
+    recovery = time.monotonic() - back
+    farm.wait(job_ids, timeout=180)
+    row = farm.account("c. stop SeaweedFS for 10 s mid-run", job_ids, recovery, outage_s=round(restarted - stopped, 1),
+                       writable_after_restart_s=round(back - restarted, 1),
+                       failed_during_outage=sum(1 for state, _, _ in during if state == "failed"))
+    _assert_clean(row, succeeded=80, objects=80, failed=0, failed_during_outage=0)
+    assert all(s.attempts == 1 for s in farm.statuses(job_ids))  # no job even lost an attempt
+
+
+def test_d_one_poison_request_in_a_batch_of_8(fault_farm):
+    farm = fault_farm
+    requests = [request(i) for i in range(8)]
+    requests[5] = request(5, prompt="POISON pill")
+    job_ids = farm.submit(requests)  # queued before the worker starts: it pulls all 8 as one batch
+    (worker,) = farm.add_workers(1, batch_size=8, step_delay_s=0.05, **{POISON_ENV: "POISON"})
+    statuses = farm.wait(job_ids, timeout=60)
+    row = farm.account("d. one poison request in a batch of 8", job_ids, None)
+    _assert_clean(row, succeeded=7, failed=1, objects=7)
+    poisoned = statuses[5]
+    assert poisoned.state == "failed" and poisoned.attempts == 1
+    assert poisoned.error.type == "RuntimeError" and "POISON" in poisoned.error.message
+    assert "group of 8 failed (RuntimeError" in worker.log_tail(200)
+    assert worker.running and farm.registry_entry(worker.worker_name)["healthy"] is True
+    after = farm.submit([request(100)])
+    assert farm.wait(after, timeout=30)[0].state == "succeeded"
+
+
+def test_e_injected_out_of_memory_splits_the_batch(fault_farm):
+    farm = fault_farm
+    job_ids = farm.submit([request(i) for i in range(16)])
+    (worker,) = farm.add_workers(1, batch_size=8, step_delay_s=0.05, **{OOM_ENV: "2"})
+    farm.wait(job_ids, timeout=60)
+    row = farm.account("e. injected out-of-memory error", job_ids, None)
+    _assert_clean(row, succeeded=16, failed=0, objects=16)
+    log_text = worker.log_tail(300)
+    assert "out of memory on a group of 8; splitting" in log_text and "batch size lowered to 2" in log_text
+    farm.wait_for(lambda: farm.registry_entry(worker.worker_name).get("batch_size") == 2, timeout=5)
+    assert worker.running
+
+
+def test_f_sigterm_during_a_batch(fault_farm):
+    farm = fault_farm
+    victim, other = farm.add_workers(2, batch_size=8, step_delay_s=0.2)
+    job_ids = farm.submit([request(i, steps=5) for i in range(64)])
+    farm.wait_for(lambda: _running_on(farm, victim.worker_name, job_ids, below=0.5), timeout=60)
+    held = _running_on(farm, victim.worker_name, job_ids)
+    victim.send_signal(signal.SIGTERM)
+    signaled = time.monotonic()
+    code = victim.proc.wait(timeout=60)
+    exit_s = time.monotonic() - signaled
+    farm.wait(job_ids, timeout=120)
+    row = farm.account("f. SIGTERM during a batch", job_ids, exit_s, exit_code=code, batch_on_signal=len(held))
+    _assert_clean(row, succeeded=64, objects=64)
+    assert code == 0
+    finished = farm.statuses(held)
+    assert all(s.state == "succeeded" and s.worker == victim.worker_name for s in finished), finished
+    assert all(s.attempts == 1 for s in farm.statuses(job_ids))  # nothing was retried, nothing ran twice
+    assert farm.registry_entry(victim.worker_name) == {}
+    assert "stopped" in victim.log_tail(20)
+
+
+def test_g_cancel_50_of_200_queued_jobs(fault_farm):
+    farm = fault_farm
+    farm.add_workers(2, batch_size=8, step_delay_s=0.1)
+    job_ids = farm.submit([request(i, steps=4) for i in range(200)])
+    doomed = job_ids[-50:]
+    answers = []
+    for job_id in doomed:
+        assert farm.store.get_job(job_id).state == "queued"
+        answers.append(farm.client.cancel(job_id))
+    farm.wait(job_ids, timeout=120)
+    row = farm.account("g. cancel 50 of 200 queued jobs", job_ids, None)
+    _assert_clean(row, succeeded=150, canceled=50, failed=0, objects=150)
+    assert all(a["canceled"] and a["state"] == "canceled" for a in answers)
+    assert {s.job_id for s in farm.statuses(job_ids) if s.state == "canceled"} == set(doomed)
+    renders, writes = farm.counters()
+    assert not any(renders.get(j) or writes.get(j) for j in doomed)
+    assert all(s.started_at is None and s.attempts == 0 for s in farm.statuses(doomed))

@@ -1,0 +1,227 @@
+"""The job-state store's transitions and the reaper, on a real redis-server (no workers).
+
+Fencing, monotonic terminal states, consistent counters, attempt budget and dead letters,
+lease expiry, lost messages, orphaned unacked messages, and several reapers at once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import pytest
+
+from infra.queue import make_celery, publish_jobs
+from infra.reaper import UNACKED_INDEX_KEY, UNACKED_KEY, Reaper, queued_job_ids
+from infra.schemas import JOB_STATES, JobError, JobResult
+from infra.settings import Settings
+from infra.store import CANCELED, DEAD_KEY, HELD, LEASES_KEY, PENDING_KEY, STALE, JobStore, NewJob, StartedJob
+
+from .farm import request
+
+pytestmark = pytest.mark.faults
+RESULT = JobResult(key="k", width=64, height=64, seed=1, content_type="image/png", bytes=3)
+ERROR = JobError(type="RuntimeError", message="boom")
+
+
+DB = 15  # the fault farms use databases 1…14
+
+
+@pytest.fixture
+def r(fault_redis):
+    client = fault_redis.client(db=DB)
+    client.flushdb()
+    return client
+
+
+@pytest.fixture
+def app(fault_redis):
+    celery = make_celery(Settings(redis_url=f"{fault_redis.url.rsplit('/', 1)[0]}/{DB}"))
+    yield celery
+    celery.close()
+
+
+def _store(r, **kw) -> JobStore:
+    return JobStore(r, **{"lease_s": 5.0, **kw})
+
+
+def _batch(store: JobStore, n: int, batch_id: str = "b1") -> list[str]:
+    ids = [f"{batch_id}j{i}" for i in range(n)]
+    store.create_batch(batch_id, [NewJob(j, request(i), "null") for i, j in enumerate(ids)])
+    return ids
+
+
+def _counts_add_up(store: JobStore, batch_id: str = "b1") -> None:
+    counts = store.r.hgetall(f"rf:batch:{batch_id}:counts")
+    total = int(store.batch_meta(batch_id)["total"])
+    states = [s.state for s in store.get_jobs(store.batch_job_ids(batch_id))]
+    assert {s: int(counts.get(s, 0)) for s in JOB_STATES} == {s: states.count(s) for s in JOB_STATES}
+    assert sum(int(counts.get(s, 0)) for s in JOB_STATES) == total
+    progress = sum(1.0 if s.state in ("succeeded", "failed", "canceled") else s.progress
+                   for s in store.get_jobs(store.batch_job_ids(batch_id)))
+    assert float(counts["done"]) == pytest.approx(progress, abs=1e-6)
+
+
+def _expire(store: JobStore, job_id: str) -> None:
+    """Make a running job's lease run out now (as if its worker died long ago)."""
+    store.r.hset(f"rf:job:{job_id}", "lease_until", "1")
+    store.r.zadd(LEASES_KEY, {job_id: 1})
+
+
+def test_fencing_and_monotonic_terminal_states(r):
+    store = _store(r)
+    (a,) = _batch(store, 1)
+    first = store.start_many([a], "w1")[a]
+    assert store.start_many([a], "w2")[a] == "running"  # a live lease is never taken over
+    _expire(store, a)
+    second = store.start_many([a], "w2")[a]  # an expired one is
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert store.progress_many([(first, 0.5)]) == {a: STALE}
+    assert not store.succeed(first, RESULT) and store.fail(first, ERROR) is None
+    assert store.progress_many([(second, 0.5)]) == {a: HELD}
+    assert store.succeed(second, RESULT)
+    assert not store.cancel(a) and not store.succeed(second, RESULT) and store.fail(second, ERROR) is None
+    assert store.start_many([a], "w3")[a] == "succeeded"
+    assert store.get_job(a).state == "succeeded" and store.get_job(a).worker == "w2"
+    assert r.zscore(LEASES_KEY, a) is None and r.zscore(PENDING_KEY, a) is None
+    _counts_add_up(store)
+
+
+def test_cancel_is_signalled_to_the_running_attempt(r):
+    store = _store(r)
+    a, b = _batch(store, 2)
+    started = store.start_many([a, b], "w1")
+    assert store.cancel(a)
+    assert store.progress_many([(started[a], 0.3), (started[b], 0.3)]) == {a: CANCELED, b: HELD}
+    assert store.renew_leases([started[a], started[b]]) == {a: CANCELED, b: HELD}
+    assert not store.succeed(started[a], RESULT) and store.get_job(a).state == "canceled"
+    _counts_add_up(store)
+
+
+def test_counters_stay_consistent_under_random_transitions(r):
+    store = _store(r, max_attempts=2)
+    ids = _batch(store, 30)
+    rng = random.Random(4)
+    held: dict[str, StartedJob] = {}
+    for _ in range(400):
+        job_id = rng.choice(ids)
+        op = rng.choice(["start", "progress", "succeed", "fail", "retryfail", "cancel", "expire", "release", "retry"])
+        if op == "start":
+            got = store.start_many([job_id], "w")[job_id]
+            if isinstance(got, StartedJob):
+                held[job_id] = got
+        elif op == "expire" and job_id in held:
+            _expire(store, job_id)
+            store.requeue_expired([job_id])
+        elif op == "retry":
+            store.retry(job_id)
+        elif op == "cancel":
+            store.cancel(job_id)
+        elif job_id in held:
+            job = held[job_id]
+            {"progress": lambda: store.progress_many([(job, rng.random())]),
+             "succeed": lambda: store.succeed(job, RESULT),
+             "fail": lambda: store.fail(job, ERROR),
+             "retryfail": lambda: store.fail(job, ERROR, retry=True),
+             "release": lambda: store.release([job])}[op]()
+        _counts_add_up(store)
+    states = {j: store.get_job(j).state for j in ids}
+    assert set(r.zrange(LEASES_KEY, 0, -1)) == {j for j, s in states.items() if s == "running"}
+    assert set(r.zrange(PENDING_KEY, 0, -1)) == {j for j, s in states.items() if s == "queued"}
+    assert set(r.zrange(DEAD_KEY, 0, -1)) == {j for j, s in states.items() if s == "failed"}
+
+
+def test_attempt_budget_dead_letter_and_retry(r):
+    store = _store(r, max_attempts=3)
+    (a,) = _batch(store, 1)
+    for attempt in (1, 2, 3):
+        job = store.start_many([a], f"w{attempt}")[a]
+        assert job.attempt == attempt
+        _expire(store, a)
+        moved = store.requeue_expired([a])
+        assert moved == ({a: ("queued", "null")} if attempt < 3 else {a: ("failed", "")})
+    status = store.get_job(a)
+    assert status.state == "failed" and status.error.type == "WorkerLost" and "w3" in status.error.message
+    more, dead = store.dead_letters()
+    assert not more and [j.job_id for j in dead] == [a]
+    assert store.dead_letters(tenant="someone-else")[1] == []
+    assert store.retry(a) == "null" and store.retry(a) is None
+    status = store.get_job(a)
+    assert status.state == "queued" and status.error is None and r.zscore(DEAD_KEY, a) is None
+    job = store.start_many([a], "w4")[a]
+    assert job.attempt == 4  # the fencing counter keeps counting; the budget starts again
+    assert store.fail(job, ERROR, retry=True) == "queued"  # a transient error spends an attempt only
+    job = store.start_many([a], "w5")[a]
+    assert store.fail(job, ERROR) == "failed"  # a request's own error fails at once
+    assert store.get_job(a).error == ERROR
+    _counts_add_up(store)
+
+
+def test_release_does_not_spend_an_attempt(r):
+    store = _store(r, max_attempts=1)
+    (a,) = _batch(store, 1)
+    job = store.start_many([a], "w1")[a]
+    assert store.release([job]) == [(a, "null")]
+    assert store.get_job(a).state == "queued"
+    job = store.start_many([a], "w2")[a]
+    _expire(store, a)
+    assert store.requeue_expired([a]) == {a: ("failed", "")}  # the budget of 1 was not spent by the release
+
+
+def test_reaper_requeues_expired_leases_once_with_several_reapers(r, app):
+    store = _store(r)
+    ids = _batch(store, 60)
+    started = store.start_many(ids, "dead-worker")
+    for job_id in ids:
+        _expire(store, job_id)
+    reapers = [Reaper(_store(r), app, interval_s=0.05, republish_after_s=3600) for _ in range(4)]
+    barrier = threading.Barrier(len(reapers))
+    reports = []
+
+    def run(reaper: Reaper) -> None:
+        barrier.wait()
+        for _ in range(20):
+            reports.append(reaper.sweep())
+
+    threads = [threading.Thread(target=run, args=(rp,)) for rp in reapers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    requeued = [j for rep in reports for j in rep.requeued]
+    assert sorted(requeued) == sorted(ids)  # each job exactly once
+    assert sum(r.llen(k) for k in r.scan_iter("renderfarm.null*")) == 60  # one message per job
+    assert queued_job_ids(r) == set(ids)
+    assert all(s.state == "queued" and s.attempts == 1 for s in store.get_jobs(ids))
+    assert any(rep.skipped for rep in reports)  # the lock kept the sweeps apart
+    assert all(store.progress_many([(started[j], 0.5)])[j] == STALE for j in ids[:3])
+    _counts_add_up(store)
+
+
+def test_reaper_republishes_a_lost_message_once(r, app):
+    store = _store(r)
+    ids = _batch(store, 5)  # recorded, but the publish "failed": no message anywhere
+    publish_jobs(app, [(ids[0], "null")])  # except for this one
+    reaper = Reaper(store, app, interval_s=0.05, republish_after_s=0.5)
+    assert reaper.sweep().republished == []  # too young to be called lost
+    time.sleep(0.6)
+    assert sorted(reaper.sweep().republished) == sorted(ids[1:])
+    time.sleep(0.6)
+    assert reaper.sweep().republished == []  # now in the queue: never twice
+    assert sum(r.llen(k) for k in r.scan_iter("renderfarm.null*")) == 5
+
+
+def test_reaper_removes_orphaned_unacked_messages(r, app):
+    store = _store(r)
+    done, waiting, fresh = _batch(store, 3)
+    store.succeed(store.start_many([done], "w")[done], RESULT)
+    for tag, job_id, delivered in (("t1", done, time.time()), ("t2", waiting, 1.0), ("t3", fresh, time.time()),
+                                   ("t4", "not-ours", 1.0)):
+        message = {"headers": {"id": job_id}, "body": ""} if job_id != "not-ours" else {"x": 1}
+        r.hset(UNACKED_KEY, tag, json.dumps([message, "", "renderfarm.null"]))
+        r.zadd(UNACKED_INDEX_KEY, {tag: delivered})
+    report = Reaper(store, app, republish_after_s=3600).sweep()
+    assert report.orphans_removed == 2
+    assert sorted(r.hkeys(UNACKED_KEY)) == ["t3", "t4"]  # a fresh delivery and a foreign message stay
