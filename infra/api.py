@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 
 from infra import dispatch, registry
 from infra.auth import KeyStore, TenantMiddleware, current_tenant, redacting_log_config
+from infra.catalog_index import CatalogIndex, CatalogLookup, CatalogLookupResult
 from infra.errors import validation_error_handler
 from infra.limits import RateLimited, RateLimiter, RateLimitMiddleware
 from infra.queue import make_celery
@@ -62,6 +63,7 @@ class Farm:
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools)
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
+        self.catalog = CatalogIndex(self.store, self.storage)
 
     def check_webhook(self, url: str | None) -> None:
         """Refuse a webhook URL that fails the SSRF policy, as a 422 on ``body.webhook_url``."""
@@ -160,6 +162,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return await run_in_threadpool(farm(request).submit, body.jobs, batch=True, priority=body.priority,
                                        idempotency_key=body.idempotency_key, webhook_url=body.webhook_url,
                                        tenant=tenant)
+
+    @app.post("/v1/catalog/lookup", response_model=CatalogLookupResult, tags=["catalog"])
+    def catalog_lookup(body: CatalogLookup, request: Request, tenant: Tenant) -> CatalogLookupResult:
+        """Per catalog key (``metadata.catalog_key`` of a submitted job), this tenant's job for it
+        and its state, or null when no image exists and no job renders it (infra/catalog_index.py)."""
+        return CatalogLookupResult(entries=farm(request).catalog.lookup(tenant, body.keys))
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"])
     def get_job(job_id: str, request: Request, tenant: Tenant) -> JobStatus:

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "infra.api",          # api
     "infra.reaper",       # reaper
     "producer.cli",       # submit, status, wait
+    "producer.catalog",   # catalog
     "infra.keys_cli",     # keys create|revoke|list
     "infra.plan",         # plan
 )

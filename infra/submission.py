@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import redis
 from celery import Celery
 
-from infra import webhooks
+from infra import catalog_index, webhooks
 from infra.dispatch import enqueue
 from infra.pools import PoolSpec, Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
@@ -71,6 +71,10 @@ class Submitter:
         nothing is submitted and the first batch is returned again (keys are per tenant, so one
         tenant's key never returns another tenant's batch).
 
+        Jobs whose metadata carries a ``catalog_key`` are entered in the tenant's catalog index
+        (:mod:`infra.catalog_index`); a batch with a ``webhook_url`` is enrolled with the webhook
+        dispatcher (:mod:`infra.webhooks`).
+
         ``priority`` is ``high``, ``normal`` or ``low``; the dispatcher ages it and shares each
         pool fairly between tenants.
 
@@ -88,6 +92,7 @@ class Submitter:
                 return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))
         jobs = [NewJob(new_id(), request, pool) for request, pool in zip(resolved, pools)]
         extra = {"webhook_url": webhook_url} if webhook_url else None
+        catalog_index.record(self.redis, tenant, batch_id, jobs)  # before the records: see catalog_index
         self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
         if webhook_url:
             webhooks.enroll(self.redis, batch_id)

@@ -29,9 +29,11 @@ class NotFoundError(LookupError):
 class RenderFarmError(RuntimeError):
     """The API refused a request; ``status_code`` and ``detail`` say why."""
 
-    def __init__(self, status_code: int, detail):
+    def __init__(self, status_code: int, detail, retry_after: float | None = None):
         super().__init__(f"HTTP {status_code}: {detail}")
         self.status_code, self.detail = status_code, detail
+        #: seconds to wait before trying again (a 429's ``Retry-After``), else None
+        self.retry_after = retry_after
 
 
 class RenderClient:
@@ -67,7 +69,11 @@ class RenderClient:
                 detail = response.json().get("detail")
             except ValueError:
                 detail = response.text
-            raise RenderFarmError(response.status_code, detail)
+            try:
+                retry_after = float(response.headers["Retry-After"])
+            except (KeyError, ValueError):
+                retry_after = None
+            raise RenderFarmError(response.status_code, detail, retry_after)
         return response.json()
 
     # ---- submission -----------------------------------------------------------------------
@@ -89,6 +95,12 @@ class RenderClient:
         return BatchAccepted.model_validate(self._call(
             "POST", "/v1/batches", content=body.model_dump_json(exclude_none=True),
             headers={"Content-Type": "application/json"}))
+
+    def catalog_lookup(self, keys: Sequence[str]) -> dict[str, dict | None]:
+        """Per catalog key (up to 10,000), this tenant's job for it as a dict (``job_id``,
+        ``batch_id``, ``state``, ``result_key``, ``error``), or None when no image exists and no
+        job renders it. See ``POST /v1/catalog/lookup``."""
+        return self._call("POST", "/v1/catalog/lookup", json={"keys": list(keys)})["entries"]
 
     # ---- status ---------------------------------------------------------------------------
     def job(self, job_id: str) -> JobStatus:

@@ -1,0 +1,171 @@
+"""``renderfarm catalog`` against the session farm (tests/conftest.py): real API, workers on the
+tiny model, SeaweedFS. Images are 64×64 with 2 steps. Every test writes its own catalog with a
+fresh word in the template, so its content keys are its own.
+
+The interruption test uses a model no worker serves and finishes jobs through the store, as a
+worker would, so that jobs are surely still in flight when the run is interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from infra.schemas import JobResult
+from infra.store import JobStore
+from producer import RenderClient
+from producer.catalog import run_catalog
+
+pytestmark = pytest.mark.integration
+SMALL = {"width": 64, "height": 64, "num_inference_steps": 2}
+SMALL_ARGS = ["--width", "64", "--height", "64", "--steps", "2", "--poll-interval", "0.3"]
+UNSERVED = "catalog-unserved"
+
+
+@pytest.fixture(scope="module")
+def client(api_server, workers):
+    with RenderClient() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def store(redis_server) -> JobStore:
+    return JobStore(redis_server.client())
+
+
+def _nonce() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _csv(path, rows):
+    path.write_text("id,name,color\n" + "".join(f"{i},{n},{c}\n" for i, n, c in rows), encoding="utf-8")
+    return path
+
+
+def _cli(*args: str, env_extra: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infra.cli", "catalog", *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env_extra or {})}, **kw)
+
+
+def test_csv_run_rerun_and_one_changed_item(client, tmp_path):
+    template = f"a photo of a {{color}} {{name}} {_nonce()}"
+    rows = [("a", "mug", "red"), ("b", "lamp", "blue"), ("c", "chair", "green"), ("d", "kettle", "white")]
+    path = _csv(tmp_path / "c.csv", rows)
+
+    first = run_catalog(path, template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+    assert (first["rendered"], first["skipped"], first["failed"]) == (4, 0, 0), first["failures"]
+    assert first["format"] == "csv" and first["items"] == 4 and first["failures"] == []
+    assert first["wall_seconds"] > 0 and first["images_per_second"] > 0 and len(first["batches"]) == 1
+
+    again = run_catalog(path, template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+    assert (again["rendered"], again["skipped"], again["failed"]) == (0, 4, 0)
+    assert again["batches"] == [] and again["images_per_second"] == 0
+
+    _csv(path, rows[:2] + [("c", "chair", "yellow")] + rows[3:])
+    changed = run_catalog(path, template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+    assert (changed["rendered"], changed["skipped"], changed["failed"]) == (1, 3, 0)
+    job = client.job(client.batch_jobs(changed["batches"][0])[0].job_id)
+    assert "yellow chair" in job.request.prompt and job.result.width == 64
+
+
+def test_jsonl_with_item_parameters_duplicates_and_a_failing_item_via_cli(client, tmp_path):
+    word = _nonce()
+    lines = [
+        {"id": "fox", "name": "fox", "seed": 5},
+        {"id": "tall", "name": "tower", "height": 128},
+        {"id": "bad", "name": "owl", "width": "100"},       # not a multiple of 8: fails validation
+        {"id": "fox-again", "name": "fox", "seed": 5},     # same content as "fox": one image
+        {"id": "nameless", "colour": "red"},               # lacks the template's field
+    ]
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    report_path = tmp_path / "out" / "report.json"
+    proc = _cli(str(path), "--template", f"a {{name}} {word}", "--model", "tiny", "--report", str(report_path),
+                *SMALL_ARGS)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(report_path.read_text())
+    assert (report["items"], report["distinct_images"]) == (5, 2)
+    assert (report["rendered"], report["skipped"], report["failed"]) == (3, 0, 2)
+    failures = {f["id"]: f for f in report["failures"]}
+    assert set(failures) == {"bad", "nameless"}
+    assert failures["bad"]["index"] == 2 and failures["bad"]["line"] == 3
+    assert failures["bad"]["error"] == {"type": "ValidationError",
+                                        "message": "width: Value error, width must be a multiple of 8, got 100"}
+    assert failures["nameless"]["error"]["type"] == "TemplateError"
+    assert "'name'" in failures["nameless"]["error"]["message"] and "line 5" in failures["nameless"]["error"]["message"]
+    assert "failed: item 'bad' (line 3): ValidationError" in proc.stderr
+    jobs = client.batch_jobs(report["batches"][0])
+    assert sorted((j.result.width, j.result.height) for j in jobs) == [(64, 64), (64, 128)]
+    assert [j.result.seed for j in jobs if "fox" in j.request.prompt] == [5]
+
+    again = _cli(str(path), "--template", f"a {{name}} {word}", "--model", "tiny", "--report", str(report_path),
+                 *SMALL_ARGS)
+    report = json.loads(report_path.read_text())
+    assert again.returncode == 1 and (report["rendered"], report["skipped"], report["failed"]) == (0, 3, 2)
+
+
+def test_template_errors_exit_2_before_anything_is_sent(api_server, tmp_path):
+    path = _csv(tmp_path / "c.csv", [("a", "mug", "red")])
+    report_path = tmp_path / "report.json"
+    proc = _cli(str(path), "--template", "a {name} in {colour}", "--report", str(report_path))
+    assert proc.returncode == 2 and "no item has a field 'colour'" in proc.stderr
+    assert "colour" in json.loads(report_path.read_text())["error"]
+    proc = _cli(str(path), "--template", "a {name.__class__}")
+    assert proc.returncode == 2 and "attribute or index access" in proc.stderr
+
+
+def _finish(store: JobStore, job_ids) -> None:
+    """Succeed queued jobs as a worker would (their model has no worker)."""
+    for job_id, started in store.start_many(list(job_ids), "pytest-catalog").items():
+        assert not isinstance(started, str), (job_id, started)
+        assert store.succeed(started, JobResult(key=f"{started.batch_id}/{job_id}.png", width=64, height=64,
+                                                seed=started.request.seed, content_type="image/png", bytes=8))
+
+
+def test_interrupted_run_resumes_without_rendering_anything_twice(api_server, store, tmp_path):
+    rows = [(str(i), f"thing{i}", "grey") for i in range(8)]
+    path = _csv(tmp_path / "c.csv", rows)
+    template = f"a {{name}} {_nonce()}"
+    report_path = tmp_path / "report.json"
+    args = [str(path), "--template", template, "--model", UNSERVED, "--report", str(report_path), *SMALL_ARGS]
+
+    proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "catalog", *args], stderr=subprocess.PIPE,
+                            text=True)
+    with RenderClient() as client:
+        from producer.catalog import prepare_catalog
+
+        plans, _ = prepare_catalog(path, template, model=UNSERVED, params=SMALL)
+        keys = [p.key for p in plans]
+        deadline = time.monotonic() + 60
+        while not all((entries := client.catalog_lookup(keys)).values()):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.2)
+        first_jobs = {k: e["job_id"] for k, e in entries.items()}
+        proc.send_signal(signal.SIGINT)  # Ctrl-C while every job is queued
+        assert proc.wait(timeout=60) == 130
+        assert "a re-run resumes" in proc.stderr.read()
+        interrupted = json.loads(report_path.read_text())
+        assert interrupted["interrupted"] and interrupted["pending"] == 8 and interrupted["rendered"] == 0
+
+        _finish(store, [first_jobs[k] for k in keys[:3]])  # the farm works on while no run watches
+        rerun = subprocess.Popen([sys.executable, "-m", "infra.cli", "catalog", *args], stderr=subprocess.PIPE,
+                                 text=True)
+        line = ""
+        while not line.startswith("catalog:"):  # it has looked the keys up, and waits for the 5 still queued
+            line = rerun.stderr.readline()
+            assert line or rerun.poll() is None, rerun.stderr.read()
+        assert "3 already rendered, 5 in flight from an earlier run, 0 to submit" in line, line
+        _finish(store, [first_jobs[k] for k in keys[3:]])
+        assert rerun.wait(timeout=120) == 0, rerun.stderr.read()
+        report = json.loads(report_path.read_text())
+        assert (report["rendered"], report["skipped"], report["failed"], report["resumed"]) == (5, 3, 0, 5)
+        assert not report["interrupted"]
+        # the same jobs throughout: nothing was submitted twice
+        assert {k: e["job_id"] for k, e in client.catalog_lookup(keys).items()} == first_jobs
+        assert all(store.get_job(j).attempts == 1 for j in first_jobs.values())

@@ -1,0 +1,111 @@
+"""Catalog planning without a farm (producer/catalog.py): reading CSV and JSON Lines, templates,
+content keys and derived seeds, per-item parameters and the errors that name the item."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from producer.catalog import (
+    CatalogError, Template, content_key, derive_seed, plan_item, plan_items, prepare_catalog, read_catalog,
+)
+
+DEFAULTS = {"model": "tiny", "width": 64, "height": 64, "num_inference_steps": 2}
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_csv_items_with_lines_and_ids(tmp_path):
+    path = _write(tmp_path, "c.csv", "id,name,color\nsku-1,mug,red\nsku-2,\"tea, pot\",blue\n\nsku-3,cup,\n")
+    fmt, items = read_catalog(path)
+    assert fmt == "csv" and [i.id for i in items] == ["sku-1", "sku-2", "sku-3"]
+    assert [i.line for i in items] == [2, 3, 5]
+    assert items[1].fields["name"] == "tea, pot" and "color" not in items[2].fields  # empty cell = absent
+
+
+def test_jsonl_is_sniffed_without_extension_and_bad_lines_fail_alone(tmp_path):
+    path = _write(tmp_path, "catalog.txt", '{"name": "fox", "seed": 7}\n\nnot json\n[1, 2]\n{"name": "owl"}\n')
+    fmt, items = read_catalog(path)
+    assert fmt == "jsonl" and len(items) == 4
+    assert items[0].fields == {"name": "fox", "seed": 7} and items[0].id == "line 1"
+    assert "not valid JSON" in items[1].problem and items[1].line == 3
+    assert "not an object" in items[2].problem
+    plans = plan_items(items, Template("a {name}"), DEFAULTS)
+    assert [p.error["type"] if p.error else None for p in plans] == [None, "InvalidItem", "InvalidItem", None]
+
+
+def test_unusable_catalogs_are_fatal(tmp_path):
+    with pytest.raises(CatalogError, match="does not exist"):
+        read_catalog(tmp_path / "missing.csv")
+    with pytest.raises(CatalogError, match="duplicate columns"):
+        read_catalog(_write(tmp_path, "d.csv", "name,name\na,b\n"))
+    with pytest.raises(CatalogError, match="holds no items"):
+        read_catalog(_write(tmp_path, "e.jsonl", "\n\n"))
+
+
+@pytest.mark.parametrize("template, needle", [
+    ("a {}", "positional"), ("a {0}", "positional"), ("a {name.upper}", "attribute or index"),
+    ("a {name[0]}", "attribute or index"), ("a {name:{width}}", "nested"), ("a {name", "expected '}'"),
+])
+def test_template_rejects_unsafe_or_broken_placeholders(template, needle):
+    with pytest.raises(CatalogError, match=needle):
+        Template(template)
+
+
+def test_item_missing_a_template_field_names_the_item_line_and_field(tmp_path):
+    path = _write(tmp_path, "m.jsonl", '{"id": "a", "name": "fox", "color": "red"}\n{"id": "b", "name": "owl"}\n')
+    _, items = read_catalog(path)
+    ok, missing = plan_items(items, Template("a {name}, {color}"), DEFAULTS)
+    assert ok.error is None and ok.request.prompt == "a fox, red"
+    assert missing.error["type"] == "TemplateError"
+    assert "'b'" in missing.error["message"] and "line 2" in missing.error["message"]
+    assert "'color'" in missing.error["message"]
+
+
+def test_a_field_no_item_has_is_fatal(tmp_path):
+    path = _write(tmp_path, "c.csv", "name\nfox\n")
+    with pytest.raises(CatalogError, match="no item has a field 'colour'"):
+        prepare_catalog(path, "a {name}, {colour}", model="tiny")
+
+
+def test_keys_and_seeds_are_stable_and_content_addressed(tmp_path):
+    path = _write(tmp_path, "c.csv", "name,color\nfox,red\nowl,grey\n")
+    plans1, _ = prepare_catalog(path, "a {name}, {color}", model="tiny", params=DEFAULTS)
+    plans2, _ = prepare_catalog(path, "a {name}, {color}", model="tiny", params=DEFAULTS)
+    assert [p.key for p in plans1] == [p.key for p in plans2] and len({p.key for p in plans1}) == 2
+    assert [p.request.seed for p in plans1] == [derive_seed(p.request) for p in plans1]
+    # a change to one item changes only its key
+    _write(tmp_path, "c.csv", "name,color\nfox,red\nowl,white\n")
+    plans3, _ = prepare_catalog(path, "a {name}, {color}", model="tiny", params=DEFAULTS)
+    assert plans3[0].key == plans1[0].key and plans3[1].key != plans1[1].key
+    # every parameter and the model are part of the key; metadata is not
+    base = plans1[0].request
+    for change in ({"width": 128}, {"num_inference_steps": 3}, {"guidance_scale": 1.0}, {"model": "other"},
+                   {"seed": base.seed + 1}, {"negative_prompt": "blur"}, {"output_format": "webp"}):
+        assert content_key(base.model_copy(update=change)) != plans1[0].key, change
+    assert content_key(base.model_copy(update={"metadata": {}})) == plans1[0].key
+    assert plans1[0].request.metadata["catalog_key"] == plans1[0].key
+
+
+def test_item_fields_set_parameters_and_invalid_ones_fail_with_the_rule(tmp_path):
+    lines = [{"name": "fox", "seed": 11, "width": 128, "steps": 3}, {"name": "owl", "width": "100"},
+             {"name": "cat", "negative_prompt": "dogs"}, {"name": "bat", "seed": "x"}]
+    path = _write(tmp_path, "p.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n")
+    fox, owl, cat, bat = prepare_catalog(path, "a {name}", model="tiny", params=DEFAULTS,
+                                         negative_template="not {name}")[0]
+    assert (fox.request.seed, fox.request.width, fox.request.num_inference_steps) == (11, 128, 3)
+    assert owl.error == {"type": "ValidationError", "message": "width: Value error, width must be a multiple of 8, "
+                                                               "got 100"}
+    assert cat.request.negative_prompt == "dogs" and fox.request.negative_prompt == "not fox"
+    assert bat.error["type"] == "ValidationError" and bat.error["message"].startswith("seed:")
+
+
+def test_format_spec_errors_fail_the_item_not_the_run(tmp_path):
+    _, items = read_catalog(_write(tmp_path, "f.csv", "name,price\nfox,3\n"))
+    plan = plan_item(items[0], Template("a {name} for {price:.2f}"), DEFAULTS)
+    assert plan.error["type"] == "TemplateError" and "line 2" in plan.error["message"]
