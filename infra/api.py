@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import argparse
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated
 
 import redis
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from infra import dispatch, registry
+from infra import dispatch, farm_metrics, registry
 from infra.auth import KeyStore, TenantMiddleware, current_tenant, redacting_log_config
 from infra.catalog_index import CatalogIndex, CatalogLookup, CatalogLookupResult
+from infra.dashboard import router as dashboard_router
 from infra.errors import validation_error_handler
 from infra.limits import RateLimited, RateLimiter, RateLimitMiddleware
 from infra.queue import make_celery
@@ -43,8 +42,6 @@ from infra.store import PUBLIC_TENANT, JobStore
 from infra.submission import Submitter
 from infra.webhooks import WebhookDispatcher
 from infra.webhooks_policy import WebhookRefused, check_webhook_url
-
-STATIC_DIR = Path(__file__).parent / "static"
 
 #: A route parameter holding the request's tenant (and documenting ``X-API-Key`` in the schema).
 Tenant = Annotated[str, Depends(current_tenant)]
@@ -197,6 +194,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if status is None:
             raise HTTPException(404, f"unknown job id {job_id!r}")
         canceled = store.cancel(job_id)
+        if canceled:
+            farm_metrics.count_images(farm(request).redis, [status.pool], "canceled")
         return {"job_id": job_id, "canceled": canceled, "state": store.get_job(job_id).state}
 
     @app.delete("/v1/batches/{batch_id}", tags=["batches"])
@@ -206,8 +205,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         meta = store.batch_meta(batch_id)
         if not meta or meta.get("tenant", PUBLIC_TENANT) != tenant:
             raise HTTPException(404, f"unknown batch id {batch_id!r}")
-        n = sum(store.cancel(j) for j in store.batch_job_ids(batch_id))
-        return {"batch_id": batch_id, "canceled": n}
+        canceled = [j for j in store.batch_job_ids(batch_id) if store.cancel(j)]
+        farm_metrics.count_images(farm(request).redis, [pool for _, _, pool, _ in store.routes(canceled)], "canceled")
+        return {"batch_id": batch_id, "canceled": len(canceled)}
 
     @app.get("/v1/dead-letter", tags=["jobs"])
     def dead_letter(request: Request, tenant: Tenant, offset: int = Query(0, ge=0, le=10**9),
@@ -232,8 +232,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/workers", tags=["farm"], dependencies=[Depends(current_tenant)])
     def workers(request: Request) -> list[dict]:
-        """Live workers: device, recipe, model, pool, batch size, last heartbeat, current jobs."""
-        return registry.live_workers(farm(request).redis, farm(request).settings.heartbeat_ttl_s)
+        """Live workers: device, recipe, model, pool, batch size, last heartbeat, current jobs, and
+        ``images_per_s`` over the last few minutes."""
+        f = farm(request)
+        return farm_metrics.with_rates(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s))
 
     @app.get("/v1/queues", tags=["farm"], dependencies=[Depends(current_tenant)])
     def queues(request: Request) -> list[dict]:
@@ -274,19 +276,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", tags=["farm"])
     def metrics(request: Request) -> Response:
-        """Prometheus text format."""
+        """Prometheus text format: queue wait, render seconds per image and batch size
+        (histograms), images by pool and state, outstanding jobs and live workers per pool
+        (see :mod:`infra.farm_metrics`)."""
         f = farm(request)
-        reg = CollectorRegistry()
-        outstanding = Gauge("renderfarm_outstanding_jobs", "Queued + reserved + running jobs", ["pool"], registry=reg)
-        live = Gauge("renderfarm_live_workers", "Workers with a fresh heartbeat", ["pool"], registry=reg)
-        for row in queue_depths(f.redis, registry.live_workers(f.redis, f.settings.heartbeat_ttl_s)):
-            outstanding.labels(row["pool"]).set(row["outstanding"])
-            live.labels(row["pool"]).set(row["workers"])
-        return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = farm_metrics.exposition(f.redis, f.settings.heartbeat_ttl_s)
+        return Response(body, media_type=content_type)
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def dashboard() -> HTMLResponse:
-        return HTMLResponse((STATIC_DIR / "dashboard.html").read_text(encoding="utf-8"))
+    app.include_router(dashboard_router)  # GET / (the dashboard page), /v1/batches, /v1/throughput
 
     return app
 
