@@ -84,10 +84,12 @@ class Farm:
                 for e in exc.errors]) from None
 
     def waiting_for(self, statuses: list[JobStatus]) -> None:
-        """Set ``waiting_for`` on each queued job whose pool has no live worker (scale from zero)."""
+        """Set ``waiting_for`` on each queued job whose pool has no live, healthy worker (scale from
+        zero; a worker whose circuit breaker is open takes no jobs)."""
         queued = [s for s in statuses if s.state == "queued" and s.pool]
         if queued:
-            live = {w.get("pool") for w in registry.live_workers(self.redis, self.settings.heartbeat_ttl_s)}
+            live = {w.get("pool") for w in registry.live_workers(self.redis, self.settings.heartbeat_ttl_s)
+                    if w.get("healthy") is not False}
             for status in queued:
                 if status.pool not in live:
                     status.waiting_for = f"a worker of pool {status.pool}"
