@@ -109,3 +109,89 @@ def test_format_spec_errors_fail_the_item_not_the_run(tmp_path):
     _, items = read_catalog(_write(tmp_path, "f.csv", "name,price\nfox,3\n"))
     plan = plan_item(items[0], Template("a {name} for {price:.2f}"), DEFAULTS)
     assert plan.error["type"] == "TemplateError" and "line 2" in plan.error["message"]
+
+
+# ---- the run loop against a fake client (no farm) -------------------------------------------
+class _FakeClient:
+    """Answers lookups from ``known``; refuses the first submission with ``refuse_first`` (status,
+    detail, retry_after), splits nothing itself; every batch is done at once, all succeeded."""
+
+    def __init__(self, known=None, refuse=()):
+        from producer.client import RenderFarmError
+
+        self.known, self.refuse, self.submitted, self.error = known or {}, list(refuse), [], RenderFarmError
+        self.jobs = {}
+
+    def catalog_lookup(self, keys):
+        return {k: self.known.get(k) for k in keys}
+
+    def submit_batch(self, requests, *, priority, idempotency_key):
+        from infra.schemas import BatchAccepted
+
+        if self.refuse:
+            status, detail, retry_after = self.refuse.pop(0)
+            if status != 413 or len(requests) > 1:
+                raise self.error(status, detail, retry_after)
+        batch_id = f"b{len(self.submitted)}"
+        self.submitted.append((batch_id, [r.metadata["catalog_key"] for r in requests], idempotency_key))
+        ids = [f"{batch_id}-j{i}" for i in range(len(requests))]
+        self.jobs[batch_id] = [(j, r) for j, r in zip(ids, requests)]
+        return BatchAccepted(batch_id=batch_id, job_ids=ids)
+
+    def batch(self, batch_id, limit=0):
+        from types import SimpleNamespace
+
+        n = len(self.jobs[batch_id])
+        return SimpleNamespace(done=True, counts={"succeeded": n})
+
+    def batch_jobs(self, batch_id):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(job_id=j, state="succeeded", error=None) for j, _ in self.jobs[batch_id]]
+
+
+def _plans(tmp_path, n=4):
+    path = _write(tmp_path, "c.csv", "name\n" + "".join(f"thing{i}\n" for i in range(n)))
+    return prepare_catalog(path, "a {name}", model="tiny", params=DEFAULTS)[0]
+
+
+def test_state_dir_skips_without_asking_the_farm(tmp_path):
+    from producer.catalog import CatalogRun, StateDir
+
+    plans = _plans(tmp_path)
+    state = StateDir(tmp_path / "state")
+    state.add([(p.key, f"job-{i}") for i, p in enumerate(plans)])
+    with state.file.open("a") as f:
+        f.write('{"key": "torn')  # an interrupted write
+    run = CatalogRun(object(), plans, state=state, poll_s=0.01).run()  # any farm call would raise
+    assert run.report()["skipped"] == 4 and run.report()["rendered"] == 0
+
+
+def test_run_skips_succeeded_resubmits_failed_and_rides_out_429_and_413(tmp_path, monkeypatch):
+    from producer import catalog
+
+    monkeypatch.setattr(catalog.time, "sleep", lambda s: None)
+    plans = _plans(tmp_path, 6)
+    k = [p.key for p in plans]
+    known = {k[0]: {"job_id": "old", "batch_id": "x", "state": "succeeded"},
+             k[1]: {"job_id": "dead", "batch_id": "x", "state": "failed"}}
+    client = _FakeClient(known, refuse=[(429, "slow down", 2.0), (413, "too big", None)])
+    run = catalog.CatalogRun(client, plans, poll_s=0.01, chunk_size=10).run()
+    report = run.report()
+    assert (report["rendered"], report["skipped"], report["failed"]) == (5, 1, 0)
+    # the 429 was retried, the 413 split the 5 keys into 2 + 3
+    assert sorted(len(keys) for _, keys, _ in client.submitted) == [2, 3]
+    assert {key for _, keys, _ in client.submitted for key in keys} == set(k[1:])
+
+
+def test_a_422_fails_the_items_it_names(tmp_path):
+    from producer import catalog
+
+    plans = _plans(tmp_path, 2)
+    detail = [{"loc": ["body", "jobs", 1, "model"], "msg": "no declared pool serves model 'tiny'"}]
+    client = _FakeClient(refuse=[(422, detail, None)])
+    report = catalog.CatalogRun(client, plans, poll_s=0.01).run().report()
+    assert report["failed"] == 2
+    errors = [f["error"] for f in report["failures"]]
+    assert errors[1] == {"type": "Refused", "message": "model: no declared pool serves model 'tiny'"}
+    assert errors[0]["message"].startswith("HTTP 422")
