@@ -484,9 +484,10 @@ class CatalogRun:
         pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="catalog")
         try:
             pending = self._lookup([k for k in keys if k not in self.outcomes], pool)
-            print(f"catalog: {len(self.plans)} items, {len(keys)} distinct images: {len(self.outcomes)} already "
-                  f"rendered, {self.resumed} in flight from an earlier run, {len(pending)} to submit",
-                  file=sys.stderr, flush=True)
+            tqdm.write(f"catalog: {len(self.plans)} items, {len(keys)} distinct images: {len(self.outcomes)} already "
+                       f"rendered, {self.resumed} in flight from an earlier run, {len(pending)} to submit",
+                       file=sys.stderr)
+            sys.stderr.flush()
             futures: set[Future] = set()
             round_robin: list[str] = []
             last_log = time.monotonic()
