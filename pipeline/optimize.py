@@ -24,6 +24,11 @@ from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProc
 from pipeline.recipes import Recipe
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: Offline tiny autoencoders: AutoencoderTiny configs with random weights (seed 0), the compute of
+#: the real checkpoint without its download, for benchmarks of the offline ``*-arch`` models.
+#: ``taesd-arch`` is madebyollin/taesd's config.json (= diffusers' AutoencoderTiny defaults:
+#: 64-channel blocks, 1/3/3/3 encoder and 3/3/3/1 decoder blocks, 4 latent channels, 2.4M params).
+OFFLINE_TINY_VAES: dict[str, dict] = {"taesd-arch": {"latent_channels": 4}}
 
 
 def apply_recipe(pipe, recipe: Recipe, device: str | None = None) -> dict:
@@ -66,6 +71,8 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None) -> dict:
         step("vae_tiling", lambda: _vae_memory(pipe.vae, "tiling"))
     if recipe.vae_slicing:
         step("vae_slicing", lambda: _vae_memory(pipe.vae, "slicing"))
+    if recipe.scheduler_precompute:
+        step("scheduler_precompute", lambda: _precompute_scheduler(pipe))
     step("placement", lambda: _place(pipe, device, recipe.cpu_offload))
     if recipe.compile_unet or recipe.compile_vae:
         step("compile", lambda: _compile(pipe, recipe, device))
@@ -99,15 +106,32 @@ def _tiny_vae(pipe, source: str):
     """Seed 003: swap in a tiny autoencoder, only from local files (cache or directory)."""
     from diffusers import AutoencoderTiny
 
-    try:
-        tiny = AutoencoderTiny.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError) as e:
-        return _Skip(f"{source} not available locally ({type(e).__name__}); pre-download it to enable")
+    if source in OFFLINE_TINY_VAES:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # random weights, reproducible: for the offline *-arch models only
+            tiny = AutoencoderTiny(**OFFLINE_TINY_VAES[source])
+    else:
+        try:
+            tiny = AutoencoderTiny.from_pretrained(source, local_files_only=True)
+        except (OSError, ValueError) as e:
+            return _Skip(f"{source} not available locally ({type(e).__name__}); pre-download it to enable")
     want, got = pipe.vae.config.latent_channels, tiny.config.latent_channels
     if want != got:
         return _Skip(f"{source} has {got} latent channels, the model's VAE has {want}")
     pipe.vae = tiny.to(device=pipe.vae.device, dtype=pipe.vae.dtype)
     return source
+
+
+def _precompute_scheduler(pipe):
+    """Seed 000: the scheduler's per-step constants on the device before the loop (exact; see
+    :mod:`pipeline.scheduling`). Returns the twin's class name."""
+    from pipeline.scheduling import precompute_scheduler, unsupported_reason
+
+    reason = unsupported_reason(pipe.scheduler)
+    if reason:
+        return _Skip(reason)
+    pipe.scheduler = precompute_scheduler(pipe.scheduler)
+    return type(pipe.scheduler).__name__
 
 
 def _cast(pipe, dtype: str) -> str:

@@ -65,11 +65,11 @@ OPTIMIZATIONS: dict[str, Optimization] = {
     "max_batch_size": Optimization(_EXACT, "batching (same math per image, up to kernel rounding)"),
     "num_threads": Optimization(_EXACT, "torch.set_num_threads"),
     "memory_fraction": Optimization(_EXACT, "sizes batches only (pipeline.memory)"),
+    "scheduler_precompute": Optimization(_EXACT, "seed 000: precomputed scheduler parameters, no host-device "
+                                                 "sync in the loop; pipeline/scheduling.py"),
     # Techniques that are not recipe knobs:
     "norm_fusion": Optimization(_EXACT, "seed 000: LayerNorm/GroupNorm fusion; Inductor does it under "
                                         "compile_unet", knob=False),
-    "scheduler_precompute": Optimization(_EXACT, "seed 000: precomputed scheduler parameters; "
-                                                 "pipeline/schedulers.py", knob=False),
     "feature_cache": Optimization(_APPROX, "DeepCache (Ma et al., CVPR 2024); not applied by this build",
                                   knob=False),
     "fewer_steps": Optimization(_APPROX, "seed 003: distilled models; seed 002: 8-step Turbo; a request's or "
@@ -78,7 +78,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
 }
 _CHOICES: dict[str, tuple] = {"dtype": DTYPES, "attention": ATTENTION, "compile_mode": COMPILE_MODES,
                               "quantization": QUANTIZATION}
-_BOOLS = ("channels_last", "fuse_qkv", "compile_unet", "compile_vae", "vae_tiling", "vae_slicing", "cpu_offload")
+_BOOLS = ("channels_last", "fuse_qkv", "compile_unet", "compile_vae", "vae_tiling", "vae_slicing", "cpu_offload",
+          "scheduler_precompute")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Recipe:
     vae_tiling: bool = False
     vae_slicing: bool = False
     cpu_offload: bool = False
+    scheduler_precompute: bool = False  # pipeline/scheduling.py twins (bit-identical on the CPU)
     quantization: str | None = None
     tiny_vae: str | None = None  # hub id or local directory of an AutoencoderTiny
     max_batch_size: int = 1  # images per denoiser call, an upper bound for pipeline.memory
@@ -147,25 +149,25 @@ BASELINE = Recipe()
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("cuda-large", dtype="bfloat16", attention="flash_attn", channels_last=True, fuse_qkv=True,
            compile_unet=True, compile_vae=True, compile_mode="max-autotune", max_batch_size=16,
-           memory_fraction=0.9, tiny_vae="madebyollin/taesd"),
+           memory_fraction=0.9, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
     Recipe("cuda-mid", dtype="float16", attention="sdpa", channels_last=True, fuse_qkv=True,
            compile_unet=True, compile_vae=True, compile_mode="max-autotune", max_batch_size=8,
-           memory_fraction=0.9, tiny_vae="madebyollin/taesd"),
+           memory_fraction=0.9, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
     # Fused QKV keeps the unfused weights too, so it is off where memory is short.
     Recipe("cuda-small", dtype="float16", attention="sdpa", channels_last=True, vae_tiling=True,
            vae_slicing=True, cpu_offload=True, quantization="torchao_int8", max_batch_size=2,
-           memory_fraction=0.85, tiny_vae="madebyollin/taesd"),
+           memory_fraction=0.85, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
     Recipe("accelerator", dtype="float16", attention="sdpa", vae_slicing=True, max_batch_size=4,
-           memory_fraction=0.85),  # xpu / npu (seed 003 measured fp16 on Ascend 910B)
+           memory_fraction=0.85, scheduler_precompute=True),  # xpu / npu (seed 003 measured fp16 on Ascend 910B)
     Recipe("mps", dtype="float16", attention="sdpa", fuse_qkv=True, vae_slicing=True, max_batch_size=4,
-           memory_fraction=0.7, tiny_vae="madebyollin/taesd"),
+           memory_fraction=0.7, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
     # CPU: torch.compile is opt-in (override compile_unet/compile_vae). Inductor took 66 s to
     # compile even the tiny model on 2 cores, and again for each new batch shape; it then ran
     # that model 2.2x faster. Worth it for a long-lived worker, not for every cold start.
     Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", channels_last=True, fuse_qkv=True,
-           max_batch_size=4, memory_fraction=0.7, tiny_vae="madebyollin/taesd"),
+           max_batch_size=4, memory_fraction=0.7, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
     Recipe("cpu", attention="sdpa", channels_last=True, fuse_qkv=True, max_batch_size=4,
-           memory_fraction=0.7, tiny_vae="madebyollin/taesd"),
+           memory_fraction=0.7, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
 )}
 
 
