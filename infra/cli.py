@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "producer.catalog",   # catalog
     "infra.keys_cli",     # keys create|revoke|list
     "infra.plan",         # plan
+    "worker.bench_cli",   # bench pipeline|farm
 )
 
 
