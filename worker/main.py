@@ -67,14 +67,17 @@ class ReservedJobs:
         self._lock = threading.Lock()
 
     def add(self, job_id: str) -> None:
+        """Note a job id whose message this worker received."""
         with self._lock:
             self._ids.add(job_id)
 
     def discard(self, job_ids) -> None:
+        """Forget job ids handed to a batch (started or skipped)."""
         with self._lock:
             self._ids.difference_update(job_ids)
 
     def snapshot(self) -> list[str]:
+        """The job ids held now, sorted (for the heartbeat)."""
         with self._lock:
             return sorted(self._ids)
 

@@ -143,18 +143,22 @@ def test_f_sigterm_during_a_batch(fault_farm):
     job_ids = farm.submit([request(i, steps=5) for i in range(64)])
     farm.wait_for(lambda: _running_on(farm, victim.worker_name, job_ids, below=0.5), timeout=60)
     held = _running_on(farm, victim.worker_name, job_ids)
+    prefetched = [j for j in farm.registry_entry(victim.worker_name).get("reserved_jobs", []) if j not in held]
     victim.send_signal(signal.SIGTERM)
     signaled = time.monotonic()
     code = victim.proc.wait(timeout=60)
     exit_s = time.monotonic() - signaled
     farm.wait(job_ids, timeout=120)
-    row = farm.account("f. SIGTERM during a batch", job_ids, exit_s, exit_code=code, batch_on_signal=len(held))
+    row = farm.account("f. SIGTERM during a batch", job_ids, exit_s, exit_code=code, batch_on_signal=len(held),
+                       prefetched_on_signal=len(prefetched))
     _assert_clean(row, succeeded=64, objects=64)
     assert code == 0
     finished = farm.statuses(held)
     assert all(s.state == "succeeded" and s.worker == victim.worker_name for s in finished), finished
     assert all(s.attempts == 1 for s in farm.statuses(job_ids))  # nothing was retried, nothing ran twice
+    assert all(s.worker == other.worker_name for s in farm.statuses(prefetched))  # given back, run elsewhere
     assert farm.registry_entry(victim.worker_name) == {}
+    assert farm.redis.zcard("rf:leases") == 0  # no lease left behind
     assert "stopped" in victim.log_tail(20)
 
 

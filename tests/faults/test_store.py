@@ -225,3 +225,20 @@ def test_reaper_removes_orphaned_unacked_messages(r, app):
     report = Reaper(store, app, republish_after_s=3600).sweep()
     assert report.orphans_removed == 2
     assert sorted(r.hkeys(UNACKED_KEY)) == ["t3", "t4"]  # a fresh delivery and a foreign message stay
+
+
+def test_unacked_messages_go_back_to_the_queue_when_the_consumer_closes(r, app):
+    """What a worker's warm shutdown relies on for the messages it received but never started:
+    kombu's Redis channel restores its unacknowledged messages when it closes."""
+    publish_jobs(app, [(f"j{i}", "null") for i in range(3)])
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue("renderfarm.null", no_ack=False)
+        received = [queue.get(timeout=5) for _ in range(3)]
+        assert r.hlen(UNACKED_KEY) == 3 and queued_job_ids(r) == set()
+        queue.close()
+    assert sorted(message_job_id_of(m) for m in received) == ["j0", "j1", "j2"]
+    assert r.hlen(UNACKED_KEY) == 0 and queued_job_ids(r) == {"j0", "j1", "j2"}
+
+
+def message_job_id_of(message) -> str:
+    return message.headers["id"]
