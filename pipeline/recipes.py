@@ -164,9 +164,13 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # CPU: torch.compile is opt-in (override compile_unet/compile_vae). Inductor took 66 s to
     # compile even the tiny model on 2 cores, and again for each new batch shape; it then ran
     # that model 2.2x faster. Worth it for a long-lived worker, not for every cold start.
-    Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", channels_last=True, fuse_qkv=True,
+    # No channels_last on the CPU: with the batch-invariant kernels (pipeline.invariance: oneDNN
+    # convolutions, NCHW group norms) it only adds layout copies. Measured on the sd15-arch UNet,
+    # batch 8 at 32x32 latents, float32, 1 thread, CPU s per call, median of 3 interleaved:
+    # NCHW 15.3, channels_last 17.6 (+15 %); fused QKV then saves ~6 %.
+    Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True,
            max_batch_size=4, memory_fraction=0.7, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
-    Recipe("cpu", attention="sdpa", channels_last=True, fuse_qkv=True, max_batch_size=4,
+    Recipe("cpu", attention="sdpa", fuse_qkv=True, max_batch_size=4,
            memory_fraction=0.7, tiny_vae="madebyollin/taesd", scheduler_precompute=True),
 )}
 
