@@ -1,7 +1,9 @@
 """``renderfarm worker``: one process, one accelerator, one warm pipeline, one pool's queue.
 
 Data flow: **worker** pulls batches from its pool's queue → pipeline → storage → job-state
-store. Start-up: probe the device, load the pipeline once, warm it up with one render,
+store. Start-up: check ``--pool``/``--model`` against the declared pools (``RENDERFARM_POOLS``;
+a declared pool's model must match, its ``max_batch`` caps the batch size), probe the device,
+load the pipeline once, warm it up with one render,
 register with a heartbeat, then consume. SIGTERM is Celery's warm shutdown: no new batch is
 taken, the current one finishes, unstarted prefetched messages go back to the queue (kombu
 restores unacknowledged messages when the channel closes), the worker leaves the registry and
@@ -25,7 +27,7 @@ import time
 import redis
 from celery import signals
 
-from infra.pools import pool_for_model, queue_name
+from infra.pools import PoolConfigError, pool_for_model, queue_name, worker_pool
 from infra.queue import make_celery
 from infra.reaper import republish
 from infra.settings import get_settings
@@ -86,11 +88,18 @@ def run_worker(args: argparse.Namespace) -> int:
     """Run one worker until SIGTERM/SIGINT. Returns the process exit status (0 after a warm shutdown)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()
-    pool = args.pool or pool_for_model(args.model)
+    try:  # a worker whose --pool/--model contradict RENDERFARM_POOLS would take the wrong jobs
+        spec = worker_pool(settings.pools, args.pool, args.model)
+    except PoolConfigError as exc:
+        raise SystemExit(f"renderfarm worker: {exc}") from None
+    pool = spec.name if spec else (args.pool or pool_for_model(args.model))
     queue = queue_name(pool)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
     renderer, device_info, batch_size = _load_renderer(args, settings)
+    if spec is not None and batch_size > spec.max_batch:
+        log.info("batch size %d capped to pool %s's max_batch %d", batch_size, pool, spec.max_batch)
+        batch_size = spec.max_batch
     renderer = wrap_renderer(renderer)
     log.info("worker %s: model %s ready in %.1fs, batch size %d, queue %s",
              name, args.model, time.perf_counter() - t0, batch_size, queue)
@@ -197,7 +206,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, xpu or npu")
     p.add_argument("--recipe", default=None,
                    help="exact (default: RENDERFARM_RECIPE), fast (allows approximations: half precision, tiny VAE…), baseline, or a named recipe")
-    p.add_argument("--pool", default=None, help="pool to serve (default: derived from the model)")
+    p.add_argument("--pool", default=None, help="pool to serve: a declared pool of RENDERFARM_POOLS whose model must be "
+                                                "--model (default: the one declared pool of the model, or, with "
+                                                "none declared, derived from the model)")
     p.add_argument("--batch-size", type=int, default=0, help="jobs per batch (default: measured from device memory, capped by the recipe)")
     p.add_argument("--name", default=None, help="worker name (default: pool@host-pid)")
     p.add_argument("--loglevel", default="INFO")
