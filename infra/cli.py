@@ -15,7 +15,7 @@ import sys
 COMMAND_MODULES = (
     "infra.stack",        # up
     "producer.demo",      # demo
-    "worker.main",        # worker
+    "worker.cli",         # worker
     "infra.api",          # api
     "infra.reaper",       # reaper
     "producer.cli",       # submit, status, wait

@@ -199,23 +199,7 @@ def _release(store: JobStore, app, runner: BatchRunner) -> None:
         log.warning("could not release %d job(s): %s", len(held), exc)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``renderfarm worker`` to the CLI."""
-    p = subparsers.add_parser("worker", help="run one worker that renders one pool's jobs")
-    p.add_argument("--model", required=True, help="hub id, local path, an offline name (tiny, sd15-arch, …) or null")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps, xpu or npu")
-    p.add_argument("--recipe", default=None,
-                   help="exact (default: RENDERFARM_RECIPE), fast (allows approximations: half precision, tiny VAE…), baseline, or a named recipe")
-    p.add_argument("--pool", default=None, help="pool to serve: a declared pool of RENDERFARM_POOLS whose model must be "
-                                                "--model (default: the one declared pool of the model, or, with "
-                                                "none declared, derived from the model)")
-    p.add_argument("--batch-size", type=int, default=0, help="jobs per batch (default: measured from device memory, capped by the recipe)")
-    p.add_argument("--name", default=None, help="worker name (default: pool@host-pid)")
-    p.add_argument("--loglevel", default="INFO")
-    p.set_defaults(func=lambda args: _exit(run_worker(args)))
-
-
-def _exit(code: int) -> None:
+def exit_after(code: int) -> None:
     """Exit with ``code`` once the worker has shut down cleanly, skipping the interpreter's
     final garbage collection of torch and diffusers (seconds, on a busy host), so that a
     SIGTERM'd worker is gone as soon as its batch is done. Logs and streams are flushed first."""

@@ -62,7 +62,7 @@ def test_kubernetes_validate_cli_strict(render, tmp_path):
 
 
 def worker_parser() -> argparse.ArgumentParser:
-    from worker.main import register
+    from worker.cli import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
