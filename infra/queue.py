@@ -30,9 +30,12 @@ on their own.
 
 from __future__ import annotations
 
+import base64
+import uuid
 from collections.abc import Iterable
 
 from celery import Celery
+from kombu.utils import json as kombu_json
 
 from infra.pools import queue_name
 from infra.settings import Settings
@@ -73,18 +76,62 @@ def make_celery(settings: Settings) -> Celery:
 def publish_jobs(app: Celery, jobs: Iterable[tuple[str, str]], priority: str = "normal") -> int:
     """Publish one render message per ``(job_id, pool)`` in pipelined round trips.
 
-    Uses kombu's ``Producer.batch()``, which buffers publishes and writes them to Redis in
-    pipelines of up to 1,000, so 10,000 jobs cost ~10 round trips, not 10,000.
+    On kombu's Redis transport, Celery builds the first message of each pool itself
+    (``send_task``: headers, properties, body, queue declaration); the others are that message
+    with the job id (and the delivery tag) substituted, LPUSHed to the same list in pipelines
+    of :data:`PUBLISH_CHUNK`. ``send_task`` costs ~240 µs of Python per message (measured: 2.4 s
+    for 10,000), the substitution a few µs. Elsewhere (another transport, queue expiry) every
+    message goes through ``send_task`` inside kombu's ``Producer.batch()``.
 
     Returns:
         the number of messages published.
     """
-    n = 0
+    by_pool: dict[str, list[str]] = {}
+    for job_id, pool in jobs:
+        by_pool.setdefault(pool, []).append(job_id)
     with app.producer_or_acquire() as producer:
-        with producer.batch():
-            for job_id, pool in jobs:
-                app.send_task(TASK_NAME, kwargs={"job_id": job_id}, task_id=job_id, queue=queue_name(pool),
-                              routing_key=queue_name(pool), priority=PRIORITY_VALUES[priority],
-                              producer=producer)
-                n += 1
-    return n
+        for pool, job_ids in by_pool.items():
+            if not _publish_from_template(app, producer, pool, job_ids, PRIORITY_VALUES[priority]):
+                with producer.batch():
+                    for job_id in job_ids:
+                        _send(app, producer, job_id, pool, PRIORITY_VALUES[priority])
+    return sum(len(ids) for ids in by_pool.values())
+
+
+PUBLISH_CHUNK = 1000
+
+
+def _send(app: Celery, producer, job_id: str, pool: str, priority: int) -> None:
+    app.send_task(TASK_NAME, kwargs={"job_id": job_id}, task_id=job_id, queue=queue_name(pool),
+                  routing_key=queue_name(pool), priority=priority, producer=producer)
+
+
+def _publish_from_template(app: Celery, producer, pool: str, job_ids: list[str], priority: int) -> bool:
+    """The Redis fast path of :func:`publish_jobs`; False (nothing published) when it does not apply."""
+    channel = producer.channel
+    if not all(hasattr(channel, a) for a in ("_put", "_q_for_pri", "_get_message_priority", "conn_or_acquire")):
+        return False
+    captured: list[tuple[str, dict]] = []
+    channel._put = lambda queue, message, **kwargs: captured.append((queue, message))  # this one call only
+    try:
+        _send(app, producer, job_ids[0], pool, priority)
+    finally:
+        del channel._put
+    if len(captured) != 1 or (getattr(channel, "_expires", None) and captured[0][0] in channel._expires):
+        if captured:  # not the shape expected: publish the captured message the regular way
+            _send(app, producer, job_ids[0], pool, priority)
+            for job_id in job_ids[1:]:
+                _send(app, producer, job_id, pool, priority)
+        return bool(captured)
+    queue, message = captured[0]
+    key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
+    template_id, body, tag = job_ids[0], message["body"], message["properties"]["delivery_tag"]
+    raw, body_text = kombu_json.dumps(message), base64.b64decode(body).decode()
+    with channel.conn_or_acquire() as client:
+        for start in range(0, len(job_ids), PUBLISH_CHUNK):
+            pipe = client.pipeline(transaction=False)
+            for job_id in job_ids[start:start + PUBLISH_CHUNK]:
+                new_body = base64.b64encode(body_text.replace(template_id, job_id).encode()).decode()
+                pipe.lpush(key, raw.replace(body, new_body).replace(tag, str(uuid.uuid4())).replace(template_id, job_id))
+            pipe.execute()
+    return True
