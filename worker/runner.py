@@ -32,6 +32,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -116,6 +117,7 @@ class BatchRunner:
         on_requeued: called with the ids of jobs put back to ``queued`` (to republish them).
         on_rendered / on_written: test counters (``worker.faults``): job ids rendered, and each
             job whose object this attempt really wrote.
+        upload_threads: jobs of a group encoded, uploaded and recorded at once (1 = in turn).
     """
 
     def __init__(self, store: JobStore, storage: Storage, renderer: Renderer, worker_name: str, *,
@@ -123,7 +125,7 @@ class BatchRunner:
                  job_timeout_s: float = 600.0, upload_retry_s: float = 60.0, redis_retry_s: float = 30.0,
                  on_requeued: Callable[[list[str]], None] | None = None,
                  on_rendered: Callable[[list[str]], None] | None = None,
-                 on_written: Callable[[str], None] | None = None):
+                 on_written: Callable[[str], None] | None = None, upload_threads: int = 8):
         self.store = store
         self.storage = storage
         self.renderer = renderer
@@ -141,6 +143,8 @@ class BatchRunner:
         self.images_done = 0
         self.jobs_failed = 0
         self.timing = {"batches": 0, "jobs": 0, "total_s": 0.0, "render_s": 0.0}  # see _account
+        self.upload_threads = upload_threads
+        self._uploads: ThreadPoolExecutor | None = None  # created at the first batch of two or more
 
     def run(self, messages: Sequence[Any]) -> BatchOutcome:
         """Handle one pulled batch of celery-batches requests. Never raises for a job's failure;
@@ -222,16 +226,39 @@ class BatchRunner:
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self._redis(self.on_rendered, [j.job_id for j in jobs])
         held = self._redis(self.store.renew_leases, jobs)  # who is still ours, just before upload
+        kept = []
         for job, image in zip(jobs, images, strict=True):
             if held.get(job.job_id) != HELD:
                 log.info("job %s attempt %d was canceled or taken over; its image is discarded",
                          job.job_id, job.attempt)
                 outcome.dropped += 1
                 continue
+            kept.append((job, image))
+        self._store_all(kept, outcome)
+
+    def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome) -> None:
+        """Encode, upload and record each job's image, ``upload_threads`` jobs at a time: the
+        S3 PUT and the state write of one job are round trips that the others overlap (boto3 and
+        redis-py clients are thread-safe; each job gets its own outcome, merged here)."""
+        def store(job: StartedJob, image: Image.Image) -> BatchOutcome:
+            own = BatchOutcome()
             try:
-                self._store_image(job, image, outcome)
+                self._store_image(job, image, own)
             except Exception as exc:
-                self._fail(job, exc, outcome)
+                self._fail(job, exc, own)
+            return own
+
+        if len(kept) > 1 and self.upload_threads > 1:
+            if self._uploads is None:
+                self._uploads = ThreadPoolExecutor(self.upload_threads, thread_name_prefix="upload")
+            results = list(self._uploads.map(lambda pair: store(*pair), kept))
+        else:
+            results = [store(job, image) for job, image in kept]
+        for own in results:
+            outcome.succeeded += own.succeeded
+            outcome.failed += own.failed
+            outcome.dropped += own.dropped
+            outcome.requeued.extend(own.requeued)
 
     def _step_callback(self, jobs: list[StartedJob], deadline: float) -> Callable[[int, int], None]:
         last = [0.0]
@@ -273,7 +300,8 @@ class BatchRunner:
         result = JobResult(key=key, width=image.width, height=image.height, seed=request.seed,
                            content_type=content_type, bytes=size)
         if self._redis(self.store.succeed, job, result):
-            self.images_done += 1
+            with self._lock:
+                self.images_done += 1
             outcome.succeeded += 1
             return
         outcome.dropped += 1
@@ -294,7 +322,8 @@ class BatchRunner:
             outcome.requeued.append(job.job_id)
         elif state == "failed":
             log.error("job %s failed: %s: %s", job.job_id, error.type, exc)
-            self.jobs_failed += 1
+            with self._lock:
+                self.jobs_failed += 1
             outcome.failed += 1
         else:
             log.warning("job %s attempt %d is stale; its failure was not recorded", job.job_id, job.attempt)
