@@ -18,8 +18,10 @@ baseline, the PSNR against the baseline's pixels, and a roofline:
 
 Timing discipline: every pipeline stays resident; recipes and batch sizes are interleaved
 round-robin over ``repeats`` rounds (the order rotates each round), so machine noise (other
-processes on the cores) hits every cell alike; medians are reported. The machine's load
-average is recorded before and after.
+processes on the cores) hits every cell alike; medians are reported, with the best round and
+the process CPU seconds per image beside them (on a shared machine a burst of other work can
+slow one round several-fold, more than its share of the cores, since a parallel region waits
+for its slowest thread). The machine's load average is recorded before and after.
 
 Memory on the CPU is the process RSS, so "peak MiB" is charged per recipe: the bytes of its
 own weights plus the RSS high-water (``VmHWM``) gained during its hot renders, after handing
@@ -90,8 +92,11 @@ class Row:
     load_s: float
     cold_s: float
     hot_s_per_img: list[float] = field(default_factory=list)
+    hot_cpu_s_per_img: list[float] = field(default_factory=list)
     hot_mean_s_per_img: float | None = None
     hot_median_s_per_img: float | None = None
+    hot_best_s_per_img: float | None = None
+    cpu_s_per_img: float | None = None  # median process CPU seconds (all threads) per image
     peak_mib: float | None = None
     images_per_s: float | None = None
     speedup: float | None = None
@@ -333,11 +338,12 @@ def run_pipeline_bench(config: PipelineBenchConfig, log=print) -> dict:
             _trim_heap()
             before = current_bytes(s.device)
             reset_peak(s.device)
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             s.render(seeds[b])
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             peaks[spec, b] = max(peaks.get((spec, b), 0), peak_bytes(s.device) - before)
             rows[spec, b].hot_s_per_img.append(round(dt / b, 4))
+            rows[spec, b].hot_cpu_s_per_img.append(round(cpu / b, 4))
             log(f"round {r + 1}/{config.repeats} {spec} batch {b}: {dt / b:.2f} s/img  (load {load_average()[0]})")
     baseline_extra = _baseline_references(subjects.get("baseline"), seeds, images)
     flops: dict[tuple, tuple[float, dict]] = {}
@@ -356,6 +362,8 @@ def run_pipeline_bench(config: PipelineBenchConfig, log=print) -> dict:
         s = subjects[spec]
         row.hot_mean_s_per_img = round(statistics.fmean(row.hot_s_per_img), 4)
         row.hot_median_s_per_img = round(statistics.median(row.hot_s_per_img), 4)
+        row.hot_best_s_per_img = round(min(row.hot_s_per_img), 4)
+        row.cpu_s_per_img = round(statistics.median(row.hot_cpu_s_per_img), 4)
         row.images_per_s = round(1 / row.hot_median_s_per_img, 4)
         row.peak_mib = round((s.weights_bytes + max(0, peaks.get((spec, b), 0))) / MIB, 1)
         if base_median:
@@ -402,6 +410,7 @@ def _baseline_references(baseline: Subject | None, seeds: dict[int, list[int]],
 COLUMNS = (
     ("recipe", "recipe"), ("batch", "batch_size"), ("load s", "load_s"), ("cold s", "cold_s"),
     ("hot mean s/img", "hot_mean_s_per_img"), ("hot median s/img", "hot_median_s_per_img"),
+    ("hot best s/img", "hot_best_s_per_img"), ("CPU s/img", "cpu_s_per_img"),
     ("peak MiB", "peak_mib"), ("img/s", "images_per_s"), ("speed-up", "speedup"), ("PSNR dB", "psnr_db"),
     ("GFLOP/img", "flops_per_image"), ("floor s/img", "floor_s_per_img"), ("% of floor", "pct_of_floor"),
 )
