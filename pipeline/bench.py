@@ -374,8 +374,11 @@ def run_pipeline_bench(config: PipelineBenchConfig, log=print) -> dict:
         if s.flops:
             row.flops_per_image = s.flops[0]
             rate = rates["bfloat16" if s.dtype == "bfloat16" else "float32"]
-            row.floor_s_per_img = round(row.flops_per_image / rate, 4)
-            row.pct_of_floor = round(100 * row.floor_s_per_img / row.hot_median_s_per_img, 1)
+            # significant figures, not decimals: a small model's floor is well under 1 ms, and a
+            # fixed 4-decimal rounding turned it (and its percentage) into 0
+            floor = row.flops_per_image / rate
+            row.floor_s_per_img = float(f"{floor:.4g}")
+            row.pct_of_floor = float(f"{100 * floor / row.hot_median_s_per_img:.3g}")
     return {
         "benchmark": "pipeline",
         "config": {**asdict(config), "batch_sizes": list(config.batch_sizes), "recipes": list(config.recipes)},
