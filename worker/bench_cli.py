@@ -28,7 +28,7 @@ def _pipeline(args: argparse.Namespace) -> int:
 
     from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
 
-    console = Console(stderr=False, width=max(Console().width, 240))
+    console = Console(stderr=False, width=max(Console().width, 180))
     config = PipelineBenchConfig(
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
         recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,

@@ -15,10 +15,7 @@ measures:
 * **submission**: seconds for one ``POST /v1/batches`` of ``submit_jobs`` jobs (client JSON,
   HTTP, validation, job records and wait lanes in Redis), with the workers stopped.
 * **overhead**: worker milliseconds per job beyond the pipeline call, from the ``batch timing:``
-  lines the worker's :class:`worker.runner.BatchRunner` logs for every batch; and, per farm run,
-  the workers' render seconds over the run's end-to-end seconds (``render_share``): the
-  farm's efficiency against a bare loop running in the *same* minutes, which a shared
-  machine's load swings do not skew the way two separate runs are skewed.
+  lines the worker's :class:`worker.runner.BatchRunner` logs for every batch.
 
 Times are wall seconds on a machine other processes share; the load average is recorded.
 """
@@ -208,12 +205,9 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                 for what in order:
                     if what == "farm":
                         before = _cpu_snapshot(stack.processes)
-                        seen = {p: len(_timing_lines(p)) for p in logs}
                         run = _run_farm(client, config, config.jobs, offset=r * config.jobs)
                         for name, seconds in _cpu_snapshot(stack.processes).items():
                             cpu[name] = cpu.get(name, 0.0) + seconds - before.get(name, seconds)
-                        run["render_s"] = round(sum(ln[2] for p in logs for ln in _timing_lines(p)[seen[p]:]), 4)
-                        run["render_share"] = round(run["render_s"] / (config.workers * run["end_to_end_s"]), 4)
                         farm_runs.append(run)
                         log(f"round {r + 1} farm: {run['images_per_s']:.3f} img/s end to end, "
                             f"{run['worker_images_per_s']:.3f} on the worker(s) (load {_load_average()[0]})")
@@ -244,9 +238,8 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
 def _summary(runs: list[dict]) -> dict:
     key = "images_per_s"
     out = {"runs": runs, key: round(statistics.median(r[key] for r in runs), 4)}
-    for extra in ("worker_images_per_s", "render_share"):
-        if runs and extra in runs[0]:
-            out[extra] = round(statistics.median(r[extra] for r in runs), 4)
+    if runs and "worker_images_per_s" in runs[0]:
+        out["worker_images_per_s"] = round(statistics.median(r["worker_images_per_s"] for r in runs), 4)
     return out
 
 
@@ -287,9 +280,6 @@ def result_table(result: dict):
     if "bare_loop" in result:
         table.add_row("bare in-process loop (img/s)", f"{result['bare_loop']['images_per_s']:.3f}", "")
         table.add_row("full path / bare loop", f"{100 * full['ratio_to_bare']:.1f} %", "≥ 95 %")
-    if full.get("render_share") is not None and not null:
-        table.add_row("render time / end-to-end time, same run (contention-matched)",
-                      f"{100 * full['render_share']:.1f} %", "≥ 95 %")
     ov = result.get("overhead", {})
     if ov.get("jobs"):
         table.add_row("worker overhead beyond the render (ms/job)", f"{ov['overhead_ms_per_job']:.2f}", "")

@@ -65,7 +65,7 @@ def test_bench_farm_on_tiny_writes_its_json(tmp_path, bench_cache, monkeypatch, 
     result = json.loads(out.read_text())
     full, bare = result["full_path"], result["bare_loop"]
     assert full["images_per_s"] > 0 and bare["images_per_s"] > 0 and full["ratio_to_bare"] > 0
-    assert full["runs"][0]["jobs"] == 4 and 0 < full["render_share"] <= 1
+    assert full["runs"][0]["jobs"] == 4
     overhead = result["overhead"]
     assert overhead["jobs"] == 4 and overhead["render_s"] > 0 and overhead["overhead_ms_per_job"] is not None
     assert result["submission"]["jobs"] == 200 and result["submission"]["median_s"] > 0
