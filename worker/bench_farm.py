@@ -155,7 +155,7 @@ def _overhead(lines: list[tuple[int, float, float]]) -> dict:
 # ---- the bare side -------------------------------------------------------------------------------
 
 def _bare_renderer(config: FarmBenchConfig):
-    from worker.warm import prepare_renderer
+    from pipeline.warm import prepare_renderer
 
     renderer, _profile = prepare_renderer(config.model, "auto", config.recipe)
     return renderer

@@ -38,7 +38,7 @@ from worker.breaker import CircuitBreaker
 from worker.faults import wrap_renderer
 from worker.guards import install_malformed_message_guard
 from worker.heartbeat import Heartbeat
-from worker.renderers import NULL_MODEL, NullRenderer
+from pipeline.null import NULL_MODEL, NullRenderer
 from worker.runner import BatchRunner, job_ids_from_messages
 from worker.tasks import install_render_task, set_batch_size
 
@@ -51,7 +51,7 @@ def _load_renderer(args: argparse.Namespace, settings) -> tuple[object, dict, in
     device profile, and the batch size: the flag, the setting, or measured from memory."""
     if args.model == NULL_MODEL:
         return NullRenderer(), {"kind": "none"}, args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
-    from worker.warm import batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
+    from pipeline.warm import batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides)

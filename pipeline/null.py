@@ -1,6 +1,6 @@
 """Renderers a worker can pin: the warm diffusers pipeline, or the null renderer.
 
-Data flow: worker → **renderer** → images. The null renderer (a constant 64×64 image, no
+Place in the data flow: worker → **renderer** → images (the warm diffusers pipeline, or this one). The null renderer (a constant 64×64 image, no
 model) measures the queue, storage and state path alone (``renderfarm bench farm``).
 """
 
