@@ -1,36 +1,42 @@
-"""The ``renderfarm`` command: one root that delegates to each package's subcommands.
+"""The ``renderfarm`` command: one root that finds every subcommand through one registry.
 
-Subcommand modules are imported by name only when the CLI starts, so this root carries no
-static import of ``producer`` or ``worker`` (imports still point downward), and a command
-such as ``status`` never pays for loading torch.
+Place in the data flow: beside it. Each package that offers commands declares them in the
+``renderfarm.commands`` entry-point group of ``pyproject.toml`` (``name = "module:register"``,
+where ``register(subparsers)`` adds its subcommands). The root reads that group, so it names
+no package above ``infra`` (imports still point downward), and a command module imports its
+heavy dependencies (torch, diffusers, celery) inside its handler, so ``renderfarm status``
+never pays for loading torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from importlib.metadata import EntryPoint, entry_points
 
-#: Modules that each expose ``register(subparsers)``.
-COMMAND_MODULES = (
-    "infra.stack",        # up
-    "producer.demo",      # demo
-    "worker.cli",         # worker
-    "infra.api",          # api
-    "infra.reaper",       # reaper
-    "producer.cli",       # submit, status, wait
-    "producer.catalog",   # catalog
-    "infra.keys_cli",     # keys create|revoke|list
-    "infra.plan",         # plan
-    "worker.bench_cli",   # bench pipeline|farm
-)
+#: The entry-point group every command module is registered in.
+GROUP = "renderfarm.commands"
+
+
+def commands() -> list[EntryPoint]:
+    """The registered command entry points, by name.
+
+    Raises:
+        RuntimeError: none is registered (the project is not installed: ``pip install -e .``).
+    """
+    found = sorted(entry_points(group=GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise RuntimeError(f"no {GROUP!r} entry points: install the project (pip install -e .) so that "
+                           "its commands are registered")
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="renderfarm", description="A render farm for text-to-image diffusion models.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for entry in commands():
+        entry.load()(subparsers)
     return parser
 
 

@@ -7,7 +7,7 @@ drain and GPU-hours. ``deploy/README.md`` says how the chart's defaults were pic
 
 The model follows what the chart deploys (``deploy/helm/renderfarm/templates/scaledobjects.yaml``):
 
-- The signal is the pool's outstanding jobs (queued + reserved + running, ``infra.queues``).
+- The signal is the pool's outstanding jobs (queued + reserved + running, :mod:`infra.broker.depths`).
 - **KEDA** polls every ``polling_interval_s``. At zero replicas it activates the pool once
   outstanding > ``activation`` (0 → 1 replica); it scales back to zero after ``cooldown_s`` with
   outstanding ≤ ``activation``. Between 1 and max, the HPA decides.

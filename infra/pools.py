@@ -1,9 +1,10 @@
 """Worker pools, their Celery queues, and routing a request to the pool that can render it.
 
-Data flow: the producer side (``infra.submission``) routes each request to a pool here before
-anything is recorded; the dispatcher (``infra.dispatch``) feeds that pool's queue; a worker
+Data flow: the producer side (:mod:`infra.api.submission`) routes each request to a pool here before
+anything is recorded; the dispatcher (:mod:`infra.broker.dispatch`) feeds that pool's queue; a worker
 (``worker.main``) consumes exactly one pool's queue and checks at start-up that its pool and
-model match the declaration. All sides call :func:`queue_name`, so the names cannot drift apart.
+model match the declaration. All sides name queues with :func:`infra.keys.queue`, so the names cannot
+drift apart.
 
 A pool is "model × device class". Pools are declared in ``RENDERFARM_POOLS`` (settings field
 ``pools``), a JSON list as the Helm chart writes it::
@@ -29,7 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-QUEUE_PREFIX = "renderfarm."
+from infra import keys
+
 #: Pool names: what :func:`pool_for_model` produces, without ``:`` (the broker's priority separator).
 POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
@@ -38,11 +40,6 @@ def pool_for_model(model: str) -> str:
     """The pool name of a model spec: a lowercase slug, e.g. ``stabilityai/sd-turbo`` → ``stabilityai--sd-turbo``."""
     slug = re.sub(r"[^a-z0-9._-]+", "-", model.lower().replace("/", "--")).strip("-.")
     return slug[:100] or "default"
-
-
-def queue_name(pool: str) -> str:
-    """The Celery queue a pool's workers consume: ``renderfarm.{pool}``."""
-    return f"{QUEUE_PREFIX}{pool}"
 
 
 class PoolSpec(BaseModel):
@@ -75,7 +72,7 @@ class PoolSpec(BaseModel):
 
     @model_validator(mode="after")
     def _queue(self) -> "PoolSpec":
-        expected = queue_name(self.name)
+        expected = keys.queue(self.name)
         if self.queue is None:
             object.__setattr__(self, "queue", expected)
         elif self.queue != expected:

@@ -1,4 +1,4 @@
-"""The farm's public types (DESIGN.md §2), validated with pydantic v2 at every edge.
+"""The farm's public types (ARCHITECTURE.md, "Public contract"), validated with pydantic v2 at every edge.
 
 A :class:`RenderRequest` enters at the producer (Python, CLI or HTTP), travels as JSON in the
 Celery message, and is rendered by a worker. A :class:`JobStatus` is what the job-state store
@@ -173,3 +173,45 @@ class BatchStatus(BaseModel):
         for state in JOB_STATES:
             self.counts.setdefault(state, 0)
         return self
+
+
+class WorkerInfo(BaseModel):
+    """One live worker, as its heartbeat describes it (``GET /v1/workers``). Times are epoch
+    seconds; ``device`` is the device profile and ``recipe`` the optimizations in force, with a
+    report of what was applied. Fields a newer worker adds are passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    model: str | None = None
+    pool: str | None = None
+    queue: str | None = None
+    device: dict | None = None
+    recipe: dict | None = None
+    batch_size: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    started_at: float | None = None
+    last_heartbeat: float
+    heartbeat_age_s: float
+    images_done: int | None = None
+    jobs_failed: int | None = None
+    current_jobs: list[str] = Field(default_factory=list)
+    reserved_jobs: list[str] = Field(default_factory=list)
+    healthy: bool = True
+    breaker: dict | None = None
+    images_per_s: float | None = Field(None, description="Images finished per second over the last few minutes.")
+
+
+class QueueDepth(BaseModel):
+    """One pool's queue depths in jobs (``GET /v1/queues``). ``outstanding`` = queued + reserved +
+    running is the autoscaling signal (KEDA's metrics-api scaler reads it); ``oldest_wait_s`` is
+    how long the longest-waiting unstarted job has waited, seconds."""
+
+    pool: str
+    queued: int = Field(description="Waiting for dispatch (wait lanes) or in the broker queue.")
+    reserved: int = Field(description="Prefetched by workers, not started.")
+    running: int = Field(description="Rendering now.")
+    outstanding: int = Field(description="queued + reserved + running: what an autoscaler must provide for.")
+    workers: int = Field(description="Live workers of the pool.")
+    oldest_wait_s: float = Field(description="Seconds the longest-waiting unstarted job has waited.")

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
     job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after creation, seconds.")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
-    # pools and priorities (infra/pools.py, infra/dispatch.py)
+    # pools and priorities (infra/pools.py, infra/broker/dispatch.py)
     pools: Annotated[list[PoolSpec], NoDecode] = Field(
         default_factory=list, description="Declared worker pools, a JSON list of {name, model, device_class, "
                                           "max_pixels, max_batch, queue}; empty = one pool per model.")
@@ -57,7 +57,7 @@ class Settings(BaseSettings):
                                                                   "× its live workers' total batch size deep.")
     priority_aging_s: float = Field(300.0, ge=0, description="Seconds of waiting that raise a job one priority level "
                                                               "(low → normal → high); 0 = no aging.")
-    # recovery and health (infra/reaper.py, worker/runner.py, worker/breaker.py)
+    # recovery and health (infra/broker/reaper.py, worker/runner.py, worker/breaker.py)
     lease_s: float = Field(20.0, gt=0, description="A running job's lease without renewal, seconds; the worker "
                                                    "renews it every heartbeat and progress write.")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts (lost worker, transient error) before a job "
@@ -73,7 +73,7 @@ class Settings(BaseSettings):
                                                        "consuming and reports itself unhealthy.")
     breaker_cooldown_s: float = Field(300.0, ge=0, description="Seconds after which a tripped worker tries one "
                                                                "batch again; 0 = stay stopped until restarted.")
-    # security (infra/auth.py, infra/limits.py, infra/webhooks_policy.py)
+    # security (infra/api/auth.py, infra/api/limits.py, infra/api/webhook_policy.py)
     auth_required: bool = Field(False, description="Require a tenant's X-API-Key on /v1 routes; off: keys optional, "
                                                    "anonymous requests are tenant 'public'.")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body, bytes; larger → 413. "
@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     rate_limit_job_burst: int = Field(20_000, ge=1, description="Per-tenant job burst; a batch larger than it is a 413.")
     webhook_allow_private: bool = Field(False, description="Allow webhook hosts on loopback/private/link-local "
                                                            "addresses (SSRF guard off).")
-    # webhooks on batch completion (infra/webhooks.py)
+    # webhooks on batch completion (infra/api/webhooks.py)
     webhooks_enabled: bool = Field(True, description="Run the webhook dispatcher inside the status API process.")
     webhook_secret: str = Field("", description="HMAC-SHA256 key signing webhook bodies; empty = unsigned.")
     webhook_max_attempts: int = Field(5, ge=1, le=20, description="Delivery attempts per batch before giving up.")

@@ -9,7 +9,7 @@ Content-addressed keys: an item's key is the SHA-256 of its model, prompt, negat
 parameters (size, steps, guidance, scheduler, format) and seed. Its seed is the item's ``seed``
 field, or else derived from that same content, so a re-run computes the same keys. Each job
 carries its key as ``metadata["catalog_key"]``; the API indexes key → job per tenant
-(``infra/catalog_index.py``), and that index, kept by the farm, is what makes runs idempotent
+(:mod:`infra.state.catalog`), and that index, kept by the farm, is what makes runs idempotent
 and resumable on a fresh machine (a CronJob pod has no local state):
 
 * a key whose job succeeded, or whose image is in the bucket, is **skipped**;
@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,8 @@ import httpx
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from infra.catalog_index import CATALOG_KEY_FIELD, MAX_LOOKUP_KEYS
 from infra.schemas import RenderRequest
+from infra.state.catalog import CATALOG_KEY_FIELD, MAX_LOOKUP_KEYS
 from producer.client import NotFoundError, RenderClient, RenderFarmError
 
 __all__ = ["CatalogError", "Item", "Plan", "Template", "content_key", "derive_seed", "plan_items",
@@ -608,9 +608,9 @@ def run_catalog(path: str | Path, template: str, *, client: RenderClient, model:
     plans, context = prepare_catalog(path, template, model=model, params=params,
                                      negative_template=negative_template, input_format=input_format)
     run = CatalogRun(client, plans, **run_options)
-    context["started_at"] = datetime.now(timezone.utc).isoformat()
+    context["started_at"] = datetime.now(UTC).isoformat()
     run.run()
-    return run.report(**context, finished_at=datetime.now(timezone.utc).isoformat())
+    return run.report(**context, finished_at=datetime.now(UTC).isoformat())
 
 
 # ---- CLI ----------------------------------------------------------------------------------
@@ -643,7 +643,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         _write_report(args.report, {"catalog": args.file, "error": str(exc)})
         return 2
-    context["started_at"] = datetime.now(timezone.utc).isoformat()
+    context["started_at"] = datetime.now(UTC).isoformat()
     with RenderClient() as client:
         run = CatalogRun(client, plans, chunk_size=args.chunk_size, poll_s=args.poll_interval,
                          timeout_s=args.timeout, priority=args.priority, progress=progress,
@@ -651,7 +651,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         try:
             run.run()
         except KeyboardInterrupt:
-            report = run.report(**context, finished_at=datetime.now(timezone.utc).isoformat())
+            report = run.report(**context, finished_at=datetime.now(UTC).isoformat())
             _write_report(args.report, report)
             print(f"interrupted: {report['rendered']} rendered, {report['skipped']} skipped, {report['failed']} "
                   f"failed, {report['pending']} pending; jobs already submitted keep rendering, a re-run resumes",
@@ -661,7 +661,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             print(f"error: the API failed: {exc}", file=sys.stderr)
             _write_report(args.report, {**context, "error": f"{type(exc).__name__}: {exc}"})
             return 2
-    report = run.report(**context, finished_at=datetime.now(timezone.utc).isoformat())
+    report = run.report(**context, finished_at=datetime.now(UTC).isoformat())
     _write_report(args.report, report)
     for failure in report["failures"][:20]:
         print(f"failed: item {failure['id']!r} (line {failure['line']}): {failure['error']['type']}: "

@@ -17,7 +17,13 @@ from PIL import Image
 from tqdm import tqdm
 
 from infra.schemas import (
-    TERMINAL_STATES, BatchAccepted, BatchStatus, BatchSubmission, JobAccepted, JobStatus, RenderRequest,
+    TERMINAL_STATES,
+    BatchAccepted,
+    BatchStatus,
+    BatchSubmission,
+    JobAccepted,
+    JobStatus,
+    RenderRequest,
 )
 from infra.settings import get_settings
 

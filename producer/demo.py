@@ -1,6 +1,6 @@
 """``renderfarm demo``: the whole data flow once, end to end, on this machine.
 
-It brings the local stack up (:class:`infra.stack.LocalStack`), acts as the producer (prompts →
+It brings the local stack up (:class:`infra.localstack.LocalStack`), acts as the producer (prompts →
 :class:`~infra.schemas.RenderRequest` → ``RenderClient.submit_batch``), waits for the workers
 with a progress bar, downloads the images from S3 into ``--out``, prints a summary, and stops
 the stack. Exit code 0 only when every job succeeded.
@@ -16,19 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from pydantic import ValidationError
-
-from infra.stack import (
-    LocalStack,
-    ProcessExited,
-    add_stack_arguments,
-    foreground,
-    patched_environ,
-    stack_from_args,
-)
+from infra.localstack import LocalStack, ProcessExited, patched_environ
+from infra.localstack.cli import add_stack_arguments, foreground, stack_from_args
 from producer.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
 __all__ = ["demo_command", "register", "select_prompts"]

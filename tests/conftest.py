@@ -1,7 +1,7 @@
 """Session fixtures: the farm's real processes (redis-server, SeaweedFS, the status API, Celery
 workers), started once per test session on free ports and stopped at its end.
 
-They are built on :mod:`infra.stack`, the same classes ``renderfarm up`` uses. Nothing here
+They are built on :mod:`infra.localstack`, the same classes ``renderfarm up`` uses. Nothing here
 touches the Redis on 6379: the fixtures run their own servers with random S3 credentials.
 Logs of every child go to one session run dir; when a test fails, the tails of the logs that
 changed during it are attached to the report.
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from infra.stack import (
+from infra.localstack import (
     ApiServer,
     RedisServer,
     SeaweedS3,

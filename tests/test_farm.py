@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from infra.imagefile import read_parameters, request_from_parameters
+from infra.storage.images import read_parameters, request_from_parameters
 from infra.schemas import RenderRequest
 from producer import NotFoundError, RenderClient
 

@@ -1,4 +1,4 @@
-"""Tests of the local-stack machinery (infra/stack.py) and the prompt files (producer/prompts.py).
+"""Tests of the local-stack machinery (infra/localstack/) and the prompt files (producer/prompts.py).
 
 Real processes: redis-server and SeaweedFS are started on free ports; nothing touches the
 Redis on 6379. The process-group tests check that a stop leaves no process of the group alive.
@@ -24,20 +24,20 @@ import pytest
 from botocore.exceptions import ClientError
 from rich.console import Console
 
-from infra.stack import (
+from infra.localstack import (
     LocalStack,
     ManagedProcess,
     ProcessExited,
     RedisServer,
     SeaweedS3,
-    cli_command,
     free_port,
     group_members,
     new_run_dir,
     patched_environ,
     redis_answers,
-    register,
 )
+from infra.localstack.cli import register
+from infra.localstack.services import cli_command
 from producer.demo import register as register_demo
 from producer.demo import select_prompts
 from producer.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
@@ -184,7 +184,7 @@ def test_children_do_not_outlive_their_parent(tmp_path, ending):
     """Killed outright (PR_SET_PDEATHSIG) or exiting without stop() (atexit): no orphan is left."""
     script = textwrap.dedent(f"""
         import os, signal, sys
-        from infra.stack import ManagedProcess
+        from infra.localstack import ManagedProcess
         p = ManagedProcess("child", ["sleep", "300"], run_dir={str(tmp_path)!r}).start()
         print(p.pid, flush=True)
         {ending}
@@ -478,7 +478,7 @@ def test_local_stack_reuses_an_answering_redis_and_renders(redis_server, cache_d
 
 @pytest.mark.integration
 def test_session_fixtures_bring_up_a_working_farm(farm_env, api_server, workers, redis_server, s3_server):
-    from infra.registry import live_workers
+    from infra.state.registry import live_workers
     from infra.settings import get_settings
 
     assert os.environ["RENDERFARM_REDIS_URL"] == redis_server.url == get_settings().redis_url

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 import redis
 from PIL import Image
 
+from infra import keys
 from infra.schemas import RenderRequest
 
 log = logging.getLogger("renderfarm.worker")
@@ -36,8 +37,6 @@ POISON_ENV = "RENDERFARM_TEST_POISON_PROMPT"
 OOM_ENV = "RENDERFARM_TEST_OOM_ABOVE"
 DELAY_ENV = "RENDERFARM_TEST_STEP_DELAY_S"
 COUNTERS_ENV = "RENDERFARM_TEST_COUNTERS"
-RENDERS_KEY = "rf:test:renders"
-WRITES_KEY = "rf:test:writes"
 
 
 class FaultyRenderer:
@@ -101,10 +100,10 @@ def counters(client: redis.Redis, env: Mapping[str, str] = os.environ) -> tuple[
     def on_rendered(job_ids: Sequence[str]) -> None:
         pipe = client.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hincrby(RENDERS_KEY, job_id, 1)
+            pipe.hincrby(keys.TEST_RENDERS, job_id, 1)
         pipe.execute()
 
     def on_written(job_id: str) -> None:
-        client.hincrby(WRITES_KEY, job_id, 1)
+        client.hincrby(keys.TEST_WRITES, job_id, 1)
 
     return on_rendered, on_written

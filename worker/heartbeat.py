@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from infra import registry
+from infra.state import registry
 
 log = logging.getLogger("renderfarm.worker")
 

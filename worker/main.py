@@ -27,18 +27,19 @@ import time
 import redis
 from celery import signals
 
-from infra.pools import PoolConfigError, pool_for_model, queue_name, worker_pool
-from infra.queue import make_celery
-from infra.reaper import republish
+from infra import keys
+from infra.broker.app import make_celery
+from infra.broker.kombu_redis import install_malformed_message_guard
+from infra.broker.publish import republish
+from infra.pools import PoolConfigError, pool_for_model, worker_pool
 from infra.settings import get_settings
-from infra.storage import Storage
-from infra.store import JobStore
+from infra.state.jobs import JobStore
+from infra.storage.s3 import Storage
+from pipeline.null import NULL_MODEL, NullRenderer
 from worker import faults
 from worker.breaker import CircuitBreaker
 from worker.faults import wrap_renderer
-from worker.guards import install_malformed_message_guard
 from worker.heartbeat import Heartbeat
-from pipeline.null import NULL_MODEL, NullRenderer
 from worker.runner import BatchRunner, job_ids_from_messages
 from worker.tasks import install_render_task, set_batch_size
 
@@ -93,7 +94,7 @@ def run_worker(args: argparse.Namespace) -> int:
     except PoolConfigError as exc:
         raise SystemExit(f"renderfarm worker: {exc}") from None
     pool = spec.name if spec else (args.pool or pool_for_model(args.model))
-    queue = queue_name(pool)
+    queue = keys.queue(pool)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
     renderer, device_info, batch_size = _load_renderer(args, settings)
@@ -107,7 +108,7 @@ def run_worker(args: argparse.Namespace) -> int:
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
-    storage = Storage(settings, max_attempts=3)  # worker.upload retries outages for upload_retry_s
+    storage = Storage(settings, max_attempts=3)  # put_once retries outages for upload_retry_s
     app = make_celery(settings)
     state = {"batch_size": batch_size}
     consumer: dict = {}

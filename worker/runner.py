@@ -10,7 +10,7 @@ Guarantees:
   batch size (``on_oom``).
 - Every write after start carries the attempt number, so a stale attempt changes nothing; a
   job this attempt no longer holds (canceled, or taken over after its lease ran out) is
-  discarded before upload, and the upload itself is write-once (``worker.upload``).
+  discarded before upload, and the upload itself is write-once (:meth:`infra.storage.s3.Storage.put_once`).
 - Cancellation reaches a running job between denoising steps: each progress write answers,
   per job, whether this attempt still holds it. When no job of the group is held any more,
   the step callback raises :class:`GroupAbandoned` and the group stops at once. When only
@@ -39,14 +39,13 @@ from typing import Any, Protocol
 import redis
 from PIL import Image
 
-from infra import farm_metrics
-from infra.imagefile import encode_image, format_parameters
-from infra.schemas import JobError, JobResult, RenderRequest
-from infra.storage import Storage, object_key, object_metadata
-from infra.store import HELD, JobStore, StartedJob
+from infra.schemas import JobError, RenderRequest
+from infra.state import metrics
+from infra.state.jobs import HELD, JobStore, StartedJob
+from infra.storage.results import store_image
+from infra.storage.s3 import Storage, is_transient
 from pipeline.memory import is_oom_error
 from pipeline.render import compat_key
-from worker.upload import is_transient, object_size, put_once
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -177,15 +176,18 @@ class BatchRunner:
                     self.current.pop(job.job_id, None)
             if outcome.requeued:
                 self._republish(outcome.requeued)
-            farm_metrics.record_batch(self.store.r, [j.job_id for j in jobs], worker=self.worker_name,
-                                      renders=outcome.renders, succeeded=outcome.succeeded, failed=outcome.failed)
-            self._account(len(job_ids), time.perf_counter() - batch_started, outcome)
+            batch_s = time.perf_counter() - batch_started
+            metrics.record_batch(self.store.r, [j.job_id for j in jobs], worker=self.worker_name,
+                                 renders=outcome.renders, succeeded=outcome.succeeded, failed=outcome.failed,
+                                 batch_seconds=batch_s)
+            self._account(len(job_ids), batch_s, outcome)
         return outcome
 
     def _account(self, jobs: int, total_s: float, outcome: BatchOutcome) -> None:
         """Worker time of one batch, in seconds: whole (start, render, encode, upload, state writes,
         metrics) vs. inside the pipeline calls. Summed in ``self.timing`` and logged as a
-        ``batch timing:`` line, which ``renderfarm bench farm`` reads for the per-job overhead."""
+        ``batch timing:`` line for people; programs read the same figures from the farm metrics
+        (``renderfarm_batch_seconds`` and ``renderfarm_render_seconds_per_image``)."""
         render_s = sum(seconds for _, seconds in outcome.renders)
         for key, value in (("batches", 1), ("jobs", jobs), ("total_s", total_s), ("render_s", render_s)):
             self.timing[key] += value
@@ -285,30 +287,20 @@ class BatchRunner:
 
     # ---- results --------------------------------------------------------------------------
     def _store_image(self, job: StartedJob, image: Image.Image, outcome: BatchOutcome) -> None:
-        request = job.request
-        parameters = format_parameters(request, model=self.renderer.model, job_id=job.job_id)
-        body, content_type = encode_image(image, request.output_format, parameters)
-        key = object_key(job.batch_id, job.job_id, request.output_format)
-        metadata = object_metadata({"job-id": job.job_id, "batch-id": job.batch_id, "seed": str(request.seed),
-                                    "model": self.renderer.model, "steps": str(request.num_inference_steps),
-                                    "cfg-scale": f"{request.guidance_scale:g}",
-                                    "size": f"{request.width}x{request.height}"}, parameters)
-        written = put_once(self.storage, key, body, content_type, metadata, retry_s=self.upload_retry_s)
-        if written:
+        stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
+                             model=self.renderer.model, retry_s=self.upload_retry_s)
+        if stored.written:
             self._redis(self.on_written, job.job_id)
-        size = len(body) if written else object_size(self.storage, key)
-        result = JobResult(key=key, width=image.width, height=image.height, seed=request.seed,
-                           content_type=content_type, bytes=size)
-        if self._redis(self.store.succeed, job, result):
+        if self._redis(self.store.succeed, job, stored.result):
             with self._lock:
                 self.images_done += 1
             outcome.succeeded += 1
             return
         outcome.dropped += 1
         status = self._redis(self.store.get_job, job.job_id)
-        if written and status is not None and status.state == "canceled":
+        if stored.written and status is not None and status.state == "canceled":
             # canceled between the pre-upload check and now: a canceled job keeps no object
-            self.storage.client.delete_object(Bucket=self.storage.bucket, Key=key)
+            self.storage.delete(stored.result.key)
             log.info("job %s was canceled during its upload; object removed", job.job_id)
         else:
             log.warning("job %s attempt %d is stale; its result was not recorded", job.job_id, job.attempt)

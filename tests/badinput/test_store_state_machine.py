@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 
 from infra.schemas import JOB_STATES, TERMINAL_STATES, JobError, JobResult, RenderRequest
-from infra.store import CANCELED, DEAD_KEY, HELD, LEASES_KEY, PENDING_KEY, STALE, JobStore, NewJob, job_key
+from infra import keys
+from infra.state.jobs import CANCELED, HELD, STALE, JobStore, NewJob
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +72,7 @@ class StoreMachine(RuleBasedStateMachine):
         return m.state == "running" and m.attempts == handle.attempt
 
     def _snapshot(self, job_id: str) -> dict:
-        h = self.client.hgetall(job_key(job_id))
+        h = self.client.hgetall(keys.job(job_id))
         return {k: h.get(k) for k in ("state", "attempts", "progress", "result", "error", "worker")}
 
     # -- rules ------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def store_agrees_with_the_model(self):
         for job_id in self.ids:
-            h = self.client.hgetall(job_key(job_id))
+            h = self.client.hgetall(keys.job(job_id))
             m = self.model[job_id]
             assert h["state"] == m.state
             assert int(h["attempts"]) == m.attempts
@@ -205,11 +206,11 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def counters_add_up(self):
         counts = self.client.hgetall(f"rf:batch:{self.batch_id}:counts")
-        states = [self.client.hget(job_key(j), "state") for j in self.ids]
+        states = [self.client.hget(keys.job(j), "state") for j in self.ids]
         for state in JOB_STATES:
             assert int(counts.get(state, 0)) == states.count(state), (state, counts, states)
         assert sum(int(counts.get(s, 0)) for s in JOB_STATES) == JOBS
-        expected_done = sum(1.0 if s in TERMINAL_STATES else float(self.client.hget(job_key(j), "progress"))
+        expected_done = sum(1.0 if s in TERMINAL_STATES else float(self.client.hget(keys.job(j), "progress"))
                             for j, s in zip(self.ids, states))
         assert float(counts["done"]) == pytest.approx(expected_done, abs=1e-6)
 
@@ -217,9 +218,9 @@ class StoreMachine(RuleBasedStateMachine):
     def indexes_follow_states(self):
         for job_id in self.ids:
             state = self.model[job_id].state
-            assert (self.client.zscore(LEASES_KEY, job_id) is not None) == (state == "running")
-            assert (self.client.zscore(PENDING_KEY, job_id) is not None) == (state == "queued")
-            assert (self.client.zscore(DEAD_KEY, job_id) is not None) == (state == "failed")
+            assert (self.client.zscore(keys.LEASES, job_id) is not None) == (state == "running")
+            assert (self.client.zscore(keys.PENDING, job_id) is not None) == (state == "queued")
+            assert (self.client.zscore(keys.DEAD, job_id) is not None) == (state == "failed")
 
 
 def test_store_state_machine(redis_server):

@@ -1,4 +1,4 @@
-"""infra.queue.publish_jobs' Redis fast path (the submission and null-farm benchmarks lean on
+"""infra.broker.publish.publish_jobs' Redis fast path (the submission and null-farm benchmarks lean on
 it): the messages it writes are the ones ``send_task`` writes, delivery tags aside, in order,
 per pool and priority; and a worker-side kombu consumer decodes them."""
 
@@ -9,16 +9,18 @@ import json
 import pytest
 import redis
 
-from infra import queue
+from infra import keys
+from infra.broker import app as broker_app
+from infra.broker import publish
 from infra.settings import Settings
-from infra.stack import RedisServer, free_port
+from infra.localstack import RedisServer, free_port
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     server = RedisServer(free_port(), dir=tmp_path_factory.mktemp("redis"), run_dir=tmp_path_factory.mktemp("run"))
     with server:
-        yield queue.make_celery(Settings(redis_url=server.url)), redis.Redis.from_url(server.url)
+        yield broker_app.make_celery(Settings(redis_url=server.url)), redis.Redis.from_url(server.url)
 
 
 def _lists(client) -> dict[str, list[dict]]:
@@ -36,12 +38,12 @@ def test_fast_path_writes_what_send_task_writes(app, priority):
     celery, client = app
     jobs = [(f"{i:032x}", "tiny") for i in range(1, 7)] + [("e" * 32, "sd15-arch"), ("f" * 32, "tiny")]
     client.flushdb()
-    assert queue.publish_jobs(celery, jobs, priority=priority) == len(jobs)
+    assert publish.publish_jobs(celery, jobs, priority=priority) == len(jobs)
     fast = _lists(client)
     client.flushdb()
     with celery.producer_or_acquire() as producer, producer.batch():
         for job_id, pool in jobs:
-            queue._send(celery, producer, job_id, pool, queue.PRIORITY_VALUES[priority])
+            publish._send(celery, producer, job_id, pool, broker_app.PRIORITY_VALUES[priority])
     assert fast == _lists(client)
     tags = [json.loads(m)["properties"]["delivery_tag"] for m in client.lrange(next(iter(client.keys())), 0, -1)]
     assert len(set(tags)) == len(tags)
@@ -51,10 +53,10 @@ def test_published_messages_are_consumed_in_order(app):
     celery, client = app
     client.flushdb()
     ids = [f"{i:032x}" for i in range(20)]
-    queue.publish_jobs(celery, [(i, "tiny") for i in ids])
+    publish.publish_jobs(celery, [(i, "tiny") for i in ids])
     got = []
     with celery.connection_for_read() as conn:
-        consumer = conn.SimpleQueue(queue.queue_name("tiny"))
+        consumer = conn.SimpleQueue(keys.queue("tiny"))
         for _ in ids:
             message = consumer.get(timeout=5)
             got.append((message.headers["id"], message.decode()[1]["job_id"]))

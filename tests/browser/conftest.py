@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.stack import WorkerProcess
+from infra.localstack import WorkerProcess
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from infra.schemas import JobResult
-from infra.store import JobStore
+from infra.state.jobs import JobStore
 from producer import RenderClient
 from producer.catalog import run_catalog
 

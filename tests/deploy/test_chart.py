@@ -12,7 +12,7 @@ import sys
 import kubernetes_validate
 import pytest
 
-from infra.pools import queue_name
+from infra import keys
 from tests.deploy.conftest import CHART, KEDA_KINDS, THREE_POOLS, by_kind, run_helm, values_of
 
 K8S_VERSION = "1.30.0"   # the oldest Kubernetes the chart targets, in kubernetes-validate's schemas
@@ -71,7 +71,7 @@ def worker_parser() -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_worker_queue_matches_scaler_and_declaration(render, values):
-    """The queue a worker consumes (its parsed CLI args → infra.pools.queue_name) equals the queue
+    """The queue a worker consumes (its parsed CLI args → infra.keys.queue) equals the queue
     of the pool the ScaledObject reads, the annotation and the RENDERFARM_POOLS declaration."""
     docs = render(values)
     parser = worker_parser()
@@ -85,7 +85,7 @@ def test_worker_queue_matches_scaler_and_declaration(render, values):
         args = parser.parse_args(worker_args(deploy))
         assert args.command == "worker"
         pool = args.pool
-        queue = queue_name(pool)
+        queue = keys.queue(pool)
         seen.add(pool)
         assert deploy["metadata"]["annotations"]["renderfarm.io/queue"] == queue
         assert deploy["metadata"]["labels"]["renderfarm.io/pool"] == pool
@@ -97,7 +97,7 @@ def test_worker_queue_matches_scaler_and_declaration(render, values):
             scaler_pool = trigger["metadata"]["url"].rsplit("/v1/queues/", 1)[1]
         else:
             scaler_pool = re.search(r'pool="([^"]+)"', trigger["metadata"]["query"]).group(1)
-        assert queue_name(scaler_pool) == queue
+        assert keys.queue(scaler_pool) == queue
     assert seen == expected
 
 

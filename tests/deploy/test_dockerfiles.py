@@ -110,14 +110,14 @@ def test_copied_sources_exist(name):
 
 def test_api_entrypoint_runs_without_the_ml_stack():
     """The API image leaves torch/diffusers out: its entrypoint (``renderfarm api`` through
-    infra.api alone) must import, build its parser and the app with them blocked."""
+    infra.api.app alone) must import, build its parser and the app with them blocked."""
     entry = json.loads(next(a for k, a in instructions("api.Dockerfile") if k == "ENTRYPOINT"))
     assert entry[:4] == ["tini", "--", "python", "-c"]
     block = ("import sys\n"
              "for m in ('torch', 'diffusers', 'transformers', 'accelerate', 'safetensors', 'open_clip'):\n"
              "    sys.modules[m] = None\n"
-             "import infra.api\n"
-             "infra.api.create_app()\n")
+             "import infra.api.app\n"
+             "infra.api.app.create_app()\n")
     out = subprocess.run([sys.executable, "-c", block + entry[4], "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

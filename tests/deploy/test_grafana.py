@@ -1,5 +1,5 @@
 """deploy/grafana/renderfarm.json: a valid dashboard whose queries use the metric names that the
-API's /metrics exposes (DESIGN.md §2, issue item 8)."""
+API's /metrics exposes (README, "Dashboard and metrics")."""
 
 from __future__ import annotations
 
@@ -62,10 +62,10 @@ def test_queries_use_the_farm_metrics_and_cover_them_all():
 
 def test_metric_names_match_what_metrics_exposes(redis_server):
     """Each family the dashboard reads is a family /metrics serves (with its type), even before
-    any job ran (infra/farm_metrics.py)."""
+    any job ran (infra/state/metrics.py)."""
     from fastapi.testclient import TestClient
 
-    from infra.api import create_app
+    from infra.api.app import create_app
     from infra.settings import Settings
 
     settings = Settings(redis_url=redis_server.url, s3_endpoint_url="http://127.0.0.1:9")

@@ -103,23 +103,23 @@ def test_metrics_api_value_location_resolves_on_the_route(redis_server):
     zeros for an idle pool (so KEDA reads 0, not an error), the /v1/queues row otherwise."""
     from fastapi.testclient import TestClient
 
-    from infra.api import create_app
-    from infra.pools import queue_name
+    from infra.api.app import create_app
+    from infra import keys
     from infra.settings import Settings
 
     settings = Settings(redis_url=redis_server.url, s3_endpoint_url="http://127.0.0.1:9")
     import redis as redis_lib
 
     client_redis = redis_lib.Redis.from_url(redis_server.url)
-    client_redis.delete(queue_name("deploy-test"))
+    client_redis.delete(keys.queue("deploy-test"))
     with TestClient(create_app(settings)) as client:
         idle = client.get("/v1/queues/deploy-test")
         assert idle.status_code == 200
         assert idle.json()["outstanding"] == 0 and idle.json()["pool"] == "deploy-test"
-        client_redis.rpush(queue_name("deploy-test"), b"{}", b"{}", b"{}")
+        client_redis.rpush(keys.queue("deploy-test"), b"{}", b"{}", b"{}")
         try:
             row = client.get("/v1/queues/deploy-test").json()
             listed = next(r for r in client.get("/v1/queues").json() if r["pool"] == "deploy-test")
         finally:
-            client_redis.delete(queue_name("deploy-test"))
+            client_redis.delete(keys.queue("deploy-test"))
     assert row == listed and row["outstanding"] == 3 and row["queued"] == 3

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.stack import RedisServer, SeaweedS3, free_port
+from infra.localstack import RedisServer, SeaweedS3, free_port
 
 from .farm import FaultFarm, format_table, rows
 

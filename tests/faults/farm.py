@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from infra.schemas import JobStatus, RenderRequest
-from infra.stack import (
+from infra.localstack import (
     ApiServer,
     RedisServer,
     SeaweedS3,
@@ -24,9 +24,9 @@ from infra.stack import (
     free_port,
     stack_env,
 )
-from infra.store import JobStore
+from infra.state.jobs import JobStore
 from producer import RenderClient
-from worker.faults import RENDERS_KEY, WRITES_KEY
+from infra import keys
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "faults.json"
 TERMINAL = ("succeeded", "failed", "canceled")
@@ -143,7 +143,7 @@ class FaultFarm:
 
     def registry_entry(self, worker_name: str) -> dict:
         """The worker's registry entry (heartbeat), or {} when it is not registered."""
-        from infra.registry import live_workers
+        from infra.state.registry import live_workers
 
         return next((w for w in live_workers(self.redis, 3.0) if w["name"] == worker_name), {})
 
@@ -156,8 +156,8 @@ class FaultFarm:
 
     def counters(self) -> tuple[dict[str, int], dict[str, int]]:
         """Per job id: completed renders, and object writes that really wrote."""
-        renders = {k: int(v) for k, v in self.redis.hgetall(RENDERS_KEY).items()}
-        writes = {k: int(v) for k, v in self.redis.hgetall(WRITES_KEY).items()}
+        renders = {k: int(v) for k, v in self.redis.hgetall(keys.TEST_RENDERS).items()}
+        writes = {k: int(v) for k, v in self.redis.hgetall(keys.TEST_WRITES).items()}
         return renders, writes
 
     def account(self, scenario: str, job_ids: Sequence[str], recovery_s: float | None, **extra) -> dict:

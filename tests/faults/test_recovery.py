@@ -17,13 +17,13 @@ import time
 import httpx
 import pytest
 
-from infra.queue import TASK_NAME, publish_jobs
-from infra.stack import ensure_bucket
-from infra.storage import Storage
+from infra.broker.app import TASK_NAME
+from infra.broker.publish import publish_jobs
+from infra.localstack import ensure_bucket
+from infra.storage.s3 import Storage
 from infra.settings import Settings
 from worker.breaker import CircuitBreaker
 from worker.faults import POISON_ENV
-from worker.upload import put_once
 
 from .farm import FaultFarm, request
 
@@ -44,7 +44,7 @@ def farm(fault_redis, fault_s3, run_dir, cache_dir):
 
 @pytest.fixture(scope="module")
 def celery_app(farm):
-    from infra.queue import make_celery
+    from infra.broker.app import make_celery
 
     app = make_celery(Settings(redis_url=farm.env["RENDERFARM_REDIS_URL"]))
     yield app
@@ -137,8 +137,8 @@ def test_the_final_object_is_written_once(farm):
     storage = Storage(Settings(**{k.removeprefix("RENDERFARM_").lower(): v for k, v in farm.env.items()
                                   if k in ("RENDERFARM_S3_ENDPOINT_URL", "RENDERFARM_S3_BUCKET")}))
     storage.client = farm.s3
-    assert put_once(storage, "once/a.png", b"first", "image/png", {}) is True
-    assert put_once(storage, "once/a.png", b"second", "image/png", {}) is False
+    assert storage.put_once("once/a.png", b"first", "image/png", {}) is True
+    assert storage.put_once("once/a.png", b"second", "image/png", {}) is False
     assert farm.s3.get_object(Bucket=farm.bucket, Key="once/a.png")["Body"].read() == b"first"
 
 

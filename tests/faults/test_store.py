@@ -13,11 +13,13 @@ import time
 
 import pytest
 
-from infra.queue import make_celery, publish_jobs
-from infra.reaper import UNACKED_INDEX_KEY, UNACKED_KEY, Reaper, queued_job_ids
+from infra import keys
+from infra.broker.app import make_celery
+from infra.broker.publish import publish_jobs
+from infra.broker.reaper import Reaper, queued_job_ids
 from infra.schemas import JOB_STATES, JobError, JobResult
 from infra.settings import Settings
-from infra.store import CANCELED, DEAD_KEY, HELD, LEASES_KEY, PENDING_KEY, STALE, JobStore, NewJob, StartedJob
+from infra.state.jobs import CANCELED, HELD, STALE, JobStore, NewJob, StartedJob
 
 from .farm import request
 
@@ -67,7 +69,7 @@ def _counts_add_up(store: JobStore, batch_id: str = "b1") -> None:
 def _expire(store: JobStore, job_id: str) -> None:
     """Make a running job's lease run out now (as if its worker died long ago)."""
     store.r.hset(f"rf:job:{job_id}", "lease_until", "1")
-    store.r.zadd(LEASES_KEY, {job_id: 1})
+    store.r.zadd(keys.LEASES, {job_id: 1})
 
 
 def test_fencing_and_monotonic_terminal_states(r):
@@ -85,7 +87,7 @@ def test_fencing_and_monotonic_terminal_states(r):
     assert not store.cancel(a) and not store.succeed(second, RESULT) and store.fail(second, ERROR) is None
     assert store.start_many([a], "w3")[a] == "succeeded"
     assert store.get_job(a).state == "succeeded" and store.get_job(a).worker == "w2"
-    assert r.zscore(LEASES_KEY, a) is None and r.zscore(PENDING_KEY, a) is None
+    assert r.zscore(keys.LEASES, a) is None and r.zscore(keys.PENDING, a) is None
     _counts_add_up(store)
 
 
@@ -128,9 +130,9 @@ def test_counters_stay_consistent_under_random_transitions(r):
              "release": lambda: store.release([job])}[op]()
         _counts_add_up(store)
     states = {j: store.get_job(j).state for j in ids}
-    assert set(r.zrange(LEASES_KEY, 0, -1)) == {j for j, s in states.items() if s == "running"}
-    assert set(r.zrange(PENDING_KEY, 0, -1)) == {j for j, s in states.items() if s == "queued"}
-    assert set(r.zrange(DEAD_KEY, 0, -1)) == {j for j, s in states.items() if s == "failed"}
+    assert set(r.zrange(keys.LEASES, 0, -1)) == {j for j, s in states.items() if s == "running"}
+    assert set(r.zrange(keys.PENDING, 0, -1)) == {j for j, s in states.items() if s == "queued"}
+    assert set(r.zrange(keys.DEAD, 0, -1)) == {j for j, s in states.items() if s == "failed"}
 
 
 def test_attempt_budget_dead_letter_and_retry(r):
@@ -149,7 +151,7 @@ def test_attempt_budget_dead_letter_and_retry(r):
     assert store.dead_letters(tenant="someone-else")[1] == []
     assert store.retry(a) == "null" and store.retry(a) is None
     status = store.get_job(a)
-    assert status.state == "queued" and status.error is None and r.zscore(DEAD_KEY, a) is None
+    assert status.state == "queued" and status.error is None and r.zscore(keys.DEAD, a) is None
     job = store.start_many([a], "w4")[a]
     assert job.attempt == 4  # the fencing counter keeps counting; the budget starts again
     assert store.fail(job, ERROR, retry=True) == "queued"  # a transient error spends an attempt only
@@ -220,11 +222,11 @@ def test_reaper_removes_orphaned_unacked_messages(r, app):
     for tag, job_id, delivered in (("t1", done, time.time()), ("t2", waiting, 1.0), ("t3", fresh, time.time()),
                                    ("t4", "not-ours", 1.0)):
         message = {"headers": {"id": job_id}, "body": ""} if job_id != "not-ours" else {"x": 1}
-        r.hset(UNACKED_KEY, tag, json.dumps([message, "", "renderfarm.null"]))
-        r.zadd(UNACKED_INDEX_KEY, {tag: delivered})
+        r.hset(keys.UNACKED, tag, json.dumps([message, "", "renderfarm.null"]))
+        r.zadd(keys.UNACKED_INDEX, {tag: delivered})
     report = Reaper(store, app, republish_after_s=3600).sweep()
     assert report.orphans_removed == 2
-    assert sorted(r.hkeys(UNACKED_KEY)) == ["t3", "t4"]  # a fresh delivery and a foreign message stay
+    assert sorted(r.hkeys(keys.UNACKED)) == ["t3", "t4"]  # a fresh delivery and a foreign message stay
 
 
 def test_unacked_messages_go_back_to_the_queue_when_the_consumer_closes(r, app):
@@ -234,10 +236,10 @@ def test_unacked_messages_go_back_to_the_queue_when_the_consumer_closes(r, app):
     with app.connection_for_read() as conn:
         queue = conn.SimpleQueue("renderfarm.null", no_ack=False)
         received = [queue.get(timeout=5) for _ in range(3)]
-        assert r.hlen(UNACKED_KEY) == 3 and queued_job_ids(r) == set()
+        assert r.hlen(keys.UNACKED) == 3 and queued_job_ids(r) == set()
         queue.close()
     assert sorted(message_job_id_of(m) for m in received) == ["j0", "j1", "j2"]
-    assert r.hlen(UNACKED_KEY) == 0 and queued_job_ids(r) == {"j0", "j1", "j2"}
+    assert r.hlen(keys.UNACKED) == 0 and queued_job_ids(r) == {"j0", "j1", "j2"}
 
 
 def message_job_id_of(message) -> str:

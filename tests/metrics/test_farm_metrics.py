@@ -1,4 +1,4 @@
-"""Farm metrics (infra/farm_metrics.py): what a worker records per batch reaches the API's
+"""Farm metrics (infra/state/metrics.py, infra/api/metrics.py): what a worker records per batch reaches the API's
 /metrics as Prometheus histograms, counters and gauges, and the dashboard's throughput and
 images/s read back what was recorded.
 
@@ -15,10 +15,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra import farm_metrics
+from infra.api import metrics as read_side
+from infra.state import metrics as write_side
 from infra.schemas import RenderRequest
-from infra.store import JobStore, NewJob
-from infra.submission import new_id
+from infra.state.jobs import JobStore, NewJob
+from infra.api.submission import new_id
 
 DB = 3
 
@@ -54,14 +55,15 @@ def _started_batch(r, n: int, pool: str = "p1", wait_s: float = 0.0) -> list[str
 
 
 def test_histogram_bucket_index_uses_le_semantics():
-    h = farm_metrics.Histogram("x", "x", "x", (1, 2, 4))
+    h = write_side.Histogram("x", "x", "x", (1, 2, 4))
     assert [h.bucket(v) for v in (0, 1, 1.5, 2, 4, 4.01, math.inf)] == [0, 0, 1, 1, 2, 3, 3]
 
 
 def test_one_batch_gives_exact_histograms_and_counters(r):
     job_ids = _started_batch(r, 3, wait_s=40.0)
-    farm_metrics.record_batch(r, job_ids, worker="w1", renders=[(2, 1.0), (1, 0.2)], succeeded=2, failed=1)
-    text = farm_metrics.exposition(r)[0].decode()
+    write_side.record_batch(r, job_ids, worker="w1", renders=[(2, 1.0), (1, 0.2)], succeeded=2, failed=1,
+                            batch_seconds=1.5)
+    text = read_side.exposition(r)[0].decode()
     m = parse(text)
     pool = (("pool", "p1"),)
 
@@ -78,6 +80,10 @@ def test_one_batch_gives_exact_histograms_and_counters(r):
     assert bucket("renderfarm_render_seconds_per_image", "0.25") == 1
     assert bucket("renderfarm_render_seconds_per_image", "0.5") == 3
     assert bucket("renderfarm_render_seconds_per_image", "+Inf") == 3
+    # the worker's wall time on the batch (render + the farm's own work): one batch of 1.5 s
+    assert m[("renderfarm_batch_seconds_count", pool)] == 1
+    assert m[("renderfarm_batch_seconds_sum", pool)] == pytest.approx(1.5)
+    assert bucket("renderfarm_batch_seconds", "1.0") == 0 and bucket("renderfarm_batch_seconds", "2.5") == 1
     # queue wait: started_at − created_at ≈ 40 s for each job
     assert m[("renderfarm_queue_wait_seconds_count", pool)] == 3
     assert m[("renderfarm_queue_wait_seconds_sum", pool)] == pytest.approx(120, abs=3)
@@ -92,32 +98,32 @@ def test_one_batch_gives_exact_histograms_and_counters(r):
 
 
 def test_families_and_types_exist_without_any_data(r):
-    assert types(farm_metrics.exposition(r)[0].decode()) == {
+    assert types(read_side.exposition(r)[0].decode()) == {
         "renderfarm_queue_wait_seconds": "histogram", "renderfarm_render_seconds_per_image": "histogram",
-        "renderfarm_batch_size": "histogram", "renderfarm_images": "counter",
+        "renderfarm_batch_size": "histogram", "renderfarm_batch_seconds": "histogram", "renderfarm_images": "counter",
         "renderfarm_outstanding_jobs": "gauge", "renderfarm_live_workers": "gauge"}
 
 
 def test_batches_add_up_and_cancellations_count(r):
     for _ in range(3):
-        farm_metrics.record_batch(r, _started_batch(r, 2), worker="w1", renders=[(2, 0.1)], succeeded=2)
-    farm_metrics.count_images(r, ["p1", "p1", "p2", None], "canceled")
-    m = parse(farm_metrics.exposition(r)[0].decode())
+        write_side.record_batch(r, _started_batch(r, 2), worker="w1", renders=[(2, 0.1)], succeeded=2)
+    write_side.count_images(r, ["p1", "p1", "p2", None], "canceled")
+    m = parse(read_side.exposition(r)[0].decode())
     assert m[("renderfarm_batch_size_count", (("pool", "p1"),))] == 3
     assert m[("renderfarm_render_seconds_per_image_count", (("pool", "p1"),))] == 6
     assert m[("renderfarm_images_total", (("pool", "p1"), ("state", "succeeded")))] == 6
     assert m[("renderfarm_images_total", (("pool", "p1"), ("state", "canceled")))] == 2
     assert m[("renderfarm_images_total", (("pool", "p2"), ("state", "canceled")))] == 1
     with pytest.raises(ValueError):
-        farm_metrics.count_images(r, ["p1"], "lost")
+        write_side.count_images(r, ["p1"], "lost")
 
 
 def test_throughput_and_worker_rates_read_the_minute_buckets(r):
-    farm_metrics.record_batch(r, _started_batch(r, 4), worker="w1", renders=[(4, 0.4)], succeeded=4)
-    series = farm_metrics.throughput(r, minutes=60)
+    write_side.record_batch(r, _started_batch(r, 4), worker="w1", renders=[(4, 0.4)], succeeded=4)
+    series = read_side.throughput(r, minutes=60)
     assert len(series["pools"]["p1"]) == 60 and series["pools"]["p1"][-1] == 4
     assert series["start"] == (int(series["now"]) // 60 - 59) * 60
-    workers = farm_metrics.with_rates(r, [{"name": "w1", "started_at": time.time() - 30},
+    workers = read_side.with_rates(r, [{"name": "w1", "started_at": time.time() - 30},
                                           {"name": "idle", "started_at": time.time() - 30}])
     assert 4 / 35 < workers[0]["images_per_s"] <= 4 / 25
     assert workers[1]["images_per_s"] == 0
@@ -130,8 +136,8 @@ def test_a_metrics_write_never_fails_the_batch(caplog):
 
     dead = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0),
                        decode_responses=True)  # nothing listens
-    farm_metrics.record_batch(dead, ["a" * 32], worker="w1", succeeded=1)
-    farm_metrics.count_images(dead, ["p1"], "canceled")
+    write_side.record_batch(dead, ["a" * 32], worker="w1", succeeded=1)
+    write_side.count_images(dead, ["p1"], "canceled")
     assert "not recorded" in caplog.text and "not counted" in caplog.text
 
 

@@ -12,13 +12,15 @@ from collections import Counter
 
 import pytest
 
-from infra.dispatch import WAIT_POOLS_KEY, Dispatcher, broker_depth, enqueue, server_time
-from infra.queue import broker_keys, make_celery
-from infra.queues import queue_depths
+from infra import keys
+from infra.background import server_time
+from infra.broker.app import broker_keys, make_celery
+from infra.broker.dispatch import Dispatcher, broker_depth, enqueue
+from infra.broker.depths import queue_depths
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.store import PENDING_KEY, JobStore, NewJob
-from infra.submission import Submitter, new_id
+from infra.state.jobs import JobStore, NewJob
+from infra.api.submission import Submitter, new_id
 
 DB = 4
 POOL = "unit-pool"
@@ -111,14 +113,14 @@ def test_low_jobs_age_past_a_persistent_high_load(r, app):
 
 def test_popped_jobs_are_indexed_for_the_reaper_and_canceled_ones_dropped(r, app):
     ids = _submit(r, "t", "normal", 6)
-    assert r.zmscore(PENDING_KEY, ids) == [None] * 6    # waiting in a lane: no message, nothing to republish
+    assert r.zmscore(keys.PENDING, ids) == [None] * 6    # waiting in a lane: no message, nothing to republish
     store = JobStore(r)
     store.cancel(ids[0])
     store.cancel(ids[3])
     popped = Dispatcher(r, app).pop(POOL, 10)
     assert popped == [ids[1], ids[2], ids[4], ids[5]]
-    assert all(score is not None for score in r.zmscore(PENDING_KEY, popped))
-    assert not r.sismember(WAIT_POOLS_KEY, POOL)        # lanes empty: the pool leaves the index
+    assert all(score is not None for score in r.zmscore(keys.PENDING, popped))
+    assert not r.sismember(keys.WAIT_POOLS, POOL)        # lanes empty: the pool leaves the index
 
 
 def test_a_canceled_backlog_stops_counting_even_without_workers(r, app):

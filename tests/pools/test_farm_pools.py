@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from infra.auth import KeyStore
-from infra.dispatch import backlog, broker_depth
-from infra.pools import queue_name
-from infra.queue import make_celery
+from infra.api.auth import KeyStore
+from infra import keys
+from infra.broker.app import make_celery
+from infra.broker.dispatch import backlog, broker_depth
 from infra.settings import Settings
-from infra.stack import ApiServer, WorkerProcess, free_port, start_workers
+from infra.localstack import ApiServer, WorkerProcess, free_port, start_workers
 
 pytestmark = pytest.mark.integration
 DB = 3
@@ -201,7 +201,7 @@ def test_outstanding_counts_what_workers_hold_where_llen_does_not(api, workers, 
             row = httpx.get(f"{api.url}/v1/queues/null-big").json()
         assert row["running"] == 4 and row["queued"] == 8 and row["outstanding"] == 12, row
         with app.connection_for_read() as conn:
-            held = [conn.default_channel.basic_get(queue_name("null-big")) for _ in range(3)]
+            held = [conn.default_channel.basic_get(keys.queue("null-big")) for _ in range(3)]
             assert all(m is not None for m in held)
             row = httpx.get(f"{api.url}/v1/queues/null-big").json()
             llen = broker_depth(r, "null-big")

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from infra.pools import NoPoolError, PoolConfigError, PoolSpec, Router, pool_for_model, queue_name, worker_pool
+from infra import keys
+from infra.pools import NoPoolError, PoolConfigError, PoolSpec, Router, pool_for_model, worker_pool
 from infra.schemas import RenderRequest
 from infra.settings import Settings
 
@@ -41,7 +42,7 @@ def test_settings_read_the_charts_json(monkeypatch):
     monkeypatch.setenv("RENDERFARM_POOLS", json.dumps(CHART_POOLS))
     pools = Settings().pools
     assert [p.name for p in pools] == [p["name"] for p in CHART_POOLS]
-    assert pools[0] == PoolSpec(**CHART_POOLS[0]) and pools[0].queue == queue_name("h100-sdxl")
+    assert pools[0] == PoolSpec(**CHART_POOLS[0]) and pools[0].queue == keys.queue("h100-sdxl")
     monkeypatch.setenv("RENDERFARM_POOLS", "")
     assert Settings().pools == []
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.auth import KeyStore
+from infra.api.auth import KeyStore
 from infra.schemas import JobResult
-from infra.stack import ApiServer, RedisServer, free_port
-from infra.store import JobStore
+from infra.localstack import ApiServer, RedisServer, free_port
+from infra.state.jobs import JobStore
 
 #: A model no test worker serves: jobs for it stay queued until a test moves them.
 UNSERVED_MODEL = "security-unserved"

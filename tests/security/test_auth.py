@@ -10,9 +10,9 @@ import logging
 import httpx
 import pytest
 
-from infra import keys_cli
-from infra.auth import KeyStore, RedactKeys, hash_key, redact
-from infra.cli import COMMAND_MODULES
+from infra.api import keys_cli
+from infra.api.auth import KeyStore, RedactKeys, hash_key, redact
+from infra.cli import commands
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ def _keys_cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_cli_creates_lists_and_revokes(farm_env, keystore, capsys):
-    assert "infra.keys_cli" in COMMAND_MODULES
+    assert "infra.api.keys_cli:register" in [entry.value for entry in commands()]
     code, key, err = _keys_cli(capsys, "create", "--tenant", "cli-tenant", "--name", "laptop")
     key = key.strip()
     assert code == 0 and "\n" not in key and keystore.authenticate(key).tenant == "cli-tenant"

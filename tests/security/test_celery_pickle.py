@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from infra.pools import pool_for_model, queue_name
-from infra.queue import TASK_NAME, make_celery
+from infra import keys
+from infra.broker.app import TASK_NAME, make_celery
+from infra.pools import pool_for_model
 from infra.schemas import RenderRequest
 from infra.settings import Settings
 from producer import RenderClient
@@ -39,7 +40,7 @@ def _queued(redis_server, queue: str) -> int:
 
 def test_pickle_message_is_refused_and_the_worker_lives(workers, api_server, redis_server, tmp_path):
     marker = tmp_path / "unpickled"
-    queue = queue_name(pool_for_model(MODEL))
+    queue = keys.queue(pool_for_model(MODEL))
     app = make_celery(Settings())
     try:
         app.send_task(TASK_NAME, kwargs={"job_id": secrets.token_hex(16), "evil": _TouchOnUnpickle(marker)},

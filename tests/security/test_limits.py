@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from infra.limits import Bucket, RateLimited, RateLimiter
+from infra.api.limits import Bucket, RateLimited, RateLimiter
 from infra.schemas import BatchSubmission, RenderRequest
 from infra.settings import Settings
 

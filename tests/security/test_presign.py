@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from infra.settings import Settings
-from infra.storage import Storage
+from infra.storage.s3 import Storage
 
 pytestmark = pytest.mark.integration
 

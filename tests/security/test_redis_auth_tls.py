@@ -19,11 +19,12 @@ import httpx
 import pytest
 import redis
 
-from infra.queue import make_celery, publish_jobs
+from infra.broker.app import make_celery
+from infra.broker.publish import publish_jobs
 from infra.settings import Settings
-from infra.stack import LOCALHOST, ApiServer, ProcessExited, RedisServer, free_port, redis_answers
+from infra.localstack import LOCALHOST, ApiServer, ProcessExited, RedisServer, free_port, redis_answers
 from infra.schemas import RenderRequest
-from infra.store import JobStore, NewJob
+from infra.state.jobs import JobStore, NewJob
 
 pytestmark = pytest.mark.integration
 

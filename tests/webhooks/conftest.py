@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from infra.stack import ApiServer, free_port
-from infra.store import JobStore
+from infra.localstack import ApiServer, free_port
+from infra.state.jobs import JobStore
 
 SECRET = "whsec-test-0123456789"
 WEBHOOK_DB = 5

@@ -1,4 +1,4 @@
-"""Webhook delivery on batch completion (infra/webhooks.py) through two API replicas and a local
+"""Webhook delivery on batch completion (infra/api/webhooks.py) through two API replicas and a local
 receiver: one signed POST per finished batch, retries with backoff, the SSRF policy re-checked
 at delivery time, and giving up after the last attempt."""
 
@@ -11,10 +11,11 @@ import uuid
 import httpx
 import pytest
 
-from infra import webhooks
+from infra import keys
+from infra.api import webhooks
 from infra.schemas import JobError, JobResult, RenderRequest
-from infra.store import JobStore, NewJob
-from infra.webhooks import WebhookDispatcher, verify_signature
+from infra.state.jobs import JobStore, NewJob
+from infra.api.webhooks import WebhookDispatcher, verify_signature
 
 from .conftest import SECRET, UNSERVED_MODEL
 
@@ -78,8 +79,8 @@ def test_one_signed_post_per_finished_batch_across_two_replicas(webhook_apis, we
         body = seen[batch_id]
         assert body["total"] == len(states) and body["finished_at"] and body["created_at"]
         assert body["counts"] == {s: states.count(s) for s in ("queued", "running", "succeeded", "failed", "canceled")}
-        assert webhook_store.r.hget(webhooks.state_key(batch_id), "status") == "delivered"
-    assert not webhook_store.r.zscore(webhooks.PENDING_KEY, next(iter(batches)))
+        assert webhook_store.r.hget(keys.webhook(batch_id), "status") == "delivered"
+    assert not webhook_store.r.zscore(keys.WEBHOOKS_PENDING, next(iter(batches)))
 
 
 def test_a_receiver_failing_twice_gets_it_on_the_third_attempt(webhook_apis, webhook_store, receiver):
@@ -96,7 +97,7 @@ def test_a_receiver_failing_twice_gets_it_on_the_third_attempt(webhook_apis, web
                                 c.headers["x-renderfarm-signature"]) for c in calls)
     gaps = [b.at - a.at for a, b in zip(calls, calls[1:])]
     assert gaps[0] >= 0.3 * 0.9 and gaps[1] >= 0.6 * 0.9, gaps  # backoff 0.3 s, doubling
-    state = webhook_store.r.hgetall(webhooks.state_key(batch_id))
+    state = webhook_store.r.hgetall(keys.webhook(batch_id))
     assert state["status"] == "delivered" and state["attempts"] == "3" and state["response_status"] == "204"
 
 
@@ -125,9 +126,9 @@ def test_the_policy_is_checked_again_at_delivery(store6, receiver):
         assert dispatcher.poll(wait=True) == [batch_id]
     finally:
         dispatcher.stop()
-    state = store6.r.hgetall(webhooks.state_key(batch_id))
+    state = store6.r.hgetall(keys.webhook(batch_id))
     assert state["status"] == "failed" and "loopback" in state["last_error"] and state["attempts"] == "1"
-    assert receiver.calls_to(path) == [] and store6.r.zcard(webhooks.PENDING_KEY) == 0
+    assert receiver.calls_to(path) == [] and store6.r.zcard(keys.WEBHOOKS_PENDING) == 0
 
 
 def test_gives_up_after_the_last_attempt_and_a_second_dispatcher_never_resends(store6, receiver):
@@ -145,6 +146,6 @@ def test_gives_up_after_the_last_attempt_and_a_second_dispatcher_never_resends(s
     finally:
         one.stop()
         two.stop()
-    state = store6.r.hgetall(webhooks.state_key(batch_id))
+    state = store6.r.hgetall(keys.webhook(batch_id))
     assert state["status"] == "failed" and state["last_error"] == "HTTP 500" and state["attempts"] == "2"
-    assert len(receiver.calls_to(path)) == 2 and store6.r.zcard(webhooks.PENDING_KEY) == 0
+    assert len(receiver.calls_to(path)) == 2 and store6.r.zcard(keys.WEBHOOKS_PENDING) == 0

@@ -1,4 +1,4 @@
-"""Webhook signatures (infra/webhooks.py): what a receiver checks with ``verify_signature``."""
+"""Webhook signatures (infra/api/webhooks.py): what a receiver checks with ``verify_signature``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from infra.webhooks import build_body, sign, verify_signature
+from infra.api.webhooks import build_body, sign, verify_signature
 
 SECRET = "whsec-unit"
 BODY = build_body("b" * 32, {"total": "2", "created_at": "1700000000.5"}, {"succeeded": "1", "failed": "1"},

@@ -1,0 +1,105 @@
+"""The API's handles on Redis, S3 and the queue, and the FastAPI dependencies that hand them out.
+
+Place in the data flow: built once per API process in the app's lifespan
+(:func:`infra.api.app.create_app`); every route reaches the job-state store, the bucket, the
+submission path and the limits through :func:`get_farm`, and its tenant through :data:`Tenant`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import redis
+from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+
+from infra.api.auth import KeyStore, current_tenant
+from infra.api.limits import RateLimiter
+from infra.api.submission import Submitter
+from infra.api.webhook_policy import WebhookRefused, check_webhook_url
+from infra.broker.app import make_celery
+from infra.pools import NoPoolError
+from infra.schemas import BatchAccepted, JobStatus, RenderRequest
+from infra.settings import Settings
+from infra.state import registry
+from infra.state.catalog import CatalogIndex
+from infra.state.jobs import JobStore
+from infra.storage.s3 import Storage, object_key
+
+#: A route parameter holding the request's tenant (and documenting ``X-API-Key`` in the schema).
+Tenant = Annotated[str, Depends(current_tenant)]
+
+
+class Farm:
+    """The API's handles on Redis, S3 and the queue, built once per process.
+
+    Args:
+        settings: the process's settings (Redis URL, bucket, limits, pools, …).
+    """
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.store = JobStore(self.redis, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
+                              max_attempts=settings.max_attempts)
+        self.storage = Storage(settings, max_attempts=2)
+        self.celery = make_celery(settings)
+        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools)
+        self.keys = KeyStore(self.redis)
+        self.limiter = RateLimiter.from_settings(self.redis, settings)
+        self.catalog = CatalogIndex(self.store, self.locate_image)
+
+    def locate_image(self, batch_id: str, job_id: str, output_format: str) -> str | None:
+        """The S3 key of a job's image when the image is in the bucket (a HEAD), else None."""
+        key = object_key(batch_id, job_id, output_format)
+        return key if self.storage.exists(key) else None
+
+    def live_workers(self) -> list[dict]:
+        """Workers heard from within the heartbeat TTL (:func:`infra.state.registry.live_workers`)."""
+        return registry.live_workers(self.redis, self.settings.heartbeat_ttl_s)
+
+    def check_webhook(self, url: str | None) -> None:
+        """Refuse a webhook URL that fails the SSRF policy, as a 422 on ``body.webhook_url``."""
+        if url is None:
+            return
+        try:
+            check_webhook_url(url, allow_private=self.settings.webhook_allow_private)
+        except WebhookRefused as exc:
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", "webhook_url"),
+                                           "msg": f"Value error, {exc.reason}", "input": url}]) from None
+
+    def submit(self, requests: list[RenderRequest], *, batch: bool, **kwargs) -> BatchAccepted:
+        """``Submitter.submit``; requests no declared pool can serve are a 422 whose ``loc`` names
+        the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size."""
+        try:
+            return self.submitter.submit(requests, **kwargs)
+        except NoPoolError as exc:
+            raise RequestValidationError([
+                {"type": e["type"], "msg": e["msg"], "input": e["input"],
+                 "loc": ("body", *(("jobs", e["index"]) if batch else ()), *((e["field"],) if e["field"] else ()))}
+                for e in exc.errors]) from None
+
+    def waiting_for(self, statuses: list[JobStatus]) -> None:
+        """Set ``waiting_for`` on each queued job whose pool has no live, healthy worker (scale from
+        zero; a worker whose circuit breaker is open takes no jobs)."""
+        queued = [s for s in statuses if s.state == "queued" and s.pool]
+        if queued:
+            live = {w.get("pool") for w in self.live_workers() if w.get("healthy") is not False}
+            for status in queued:
+                if status.pool not in live:
+                    status.waiting_for = f"a worker of pool {status.pool}"
+
+    def with_url(self, status: JobStatus) -> JobStatus:
+        """Attach a presigned GET URL to a finished job's result."""
+        if status.result is not None:
+            status.result.url = self.storage.presigned_url(status.result.key)
+        return status
+
+
+def get_farm(request: Request) -> Farm:
+    """FastAPI dependency: the process's :class:`Farm` (built in the app's lifespan)."""
+    return request.app.state.farm
+
+
+#: A route parameter holding the process's :class:`Farm`.
+FarmDep = Annotated[Farm, Depends(get_farm)]

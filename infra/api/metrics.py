@@ -1,0 +1,116 @@
+"""Farm metrics, the read side: Prometheus families and throughput from the sums in Redis.
+
+Data flow: workers add each batch's observations to Redis (:mod:`infra.state.metrics`, the write
+side) → **here**, at each scrape of ``GET /metrics``, :class:`FarmCollector` turns the sums into
+histogram, counter and gauge families; :func:`throughput` and :func:`with_rates` serve
+``GET /v1/throughput``, ``GET /v1/workers`` and the dashboard. Every API replica serves the same
+farm-wide totals (the Grafana queries aggregate with ``max by (pool)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import redis
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from infra import keys
+from infra.background import server_time
+from infra.broker.depths import queue_depths
+from infra.state.metrics import HISTOGRAMS, IMAGE_STATES, Histogram
+from infra.state.registry import live_workers
+
+#: Minutes of per-worker throughput behind ``images_per_s`` in ``GET /v1/workers``.
+RATE_WINDOW_MIN = 3
+
+def histogram_family(hist: Histogram, per_pool: Mapping[str, Mapping[str, str]]) -> HistogramMetricFamily:
+    """The Prometheus family of ``hist`` from each pool's metrics hash (cumulative buckets)."""
+    family = HistogramMetricFamily(hist.name, hist.help, labels=["pool"])
+    for pool, fields in sorted(per_pool.items()):
+        cumulative, buckets = 0, []
+        for i, bound in enumerate((*hist.bounds, math.inf)):
+            cumulative += int(fields.get(f"{hist.field}:{i}", 0))
+            buckets.append((floatToGoString(bound), cumulative))  # as prometheus_client's own
+        family.add_metric([pool], buckets, sum_value=float(fields.get(f"{hist.field}:sum", 0.0)))
+    return family
+
+
+class FarmCollector:
+    """A ``prometheus_client`` collector reading the farm's metrics from Redis at each scrape:
+    the three histograms, ``renderfarm_images_total{pool,state}``, and the gauges
+    ``renderfarm_outstanding_jobs{pool}`` and ``renderfarm_live_workers{pool}`` (from
+    :func:`infra.broker.depths.queue_depths`; a pool seen before reads 0 rather than vanishing)."""
+
+    def __init__(self, client: redis.Redis, heartbeat_ttl_s: float = 20.0):
+        self.client = client
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+
+    def collect(self) -> Iterator[Metric]:
+        pools = sorted(self.client.smembers(keys.METRICS_POOLS))
+        pipe = self.client.pipeline(transaction=False)
+        for pool in pools:
+            pipe.hgetall(keys.metrics(pool))
+        per_pool = dict(zip(pools, pipe.execute() if pools else []))
+        for hist in HISTOGRAMS:
+            yield histogram_family(hist, per_pool)
+        images = CounterMetricFamily("renderfarm_images", "Jobs that ended, by pool and final state",
+                                     labels=["pool", "state"])
+        for pool, fields in sorted(per_pool.items()):
+            for state in IMAGE_STATES:
+                images.add_metric([pool, state], float(fields.get(f"images:{state}", 0)))
+        yield images
+        rows = {r["pool"]: r for r in queue_depths(self.client, live_workers(self.client, self.heartbeat_ttl_s))}
+        outstanding = GaugeMetricFamily("renderfarm_outstanding_jobs",
+                                        "Queued + reserved (prefetched) + running jobs: the autoscaling signal",
+                                        labels=["pool"])
+        workers = GaugeMetricFamily("renderfarm_live_workers", "Workers with a fresh heartbeat", labels=["pool"])
+        for pool in sorted(set(rows) | set(pools)):
+            row = rows.get(pool, {})
+            outstanding.add_metric([pool], row.get("outstanding", 0))
+            workers.add_metric([pool], row.get("workers", 0))
+        yield outstanding
+        yield workers
+
+
+def exposition(client: redis.Redis, heartbeat_ttl_s: float = 20.0) -> tuple[bytes, str]:
+    """``(body, content type)`` of ``GET /metrics``: every family of :class:`FarmCollector`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FarmCollector(client, heartbeat_ttl_s))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def throughput(client: redis.Redis, minutes: int = 60) -> dict[str, Any]:
+    """Images succeeded per epoch minute over the last ``minutes`` (the current, partial minute
+    last), per pool: ``{"start": epoch s of the first minute, "minute_s": 60, "now": server
+    epoch s, "pools": {pool: [count, …]}}``."""
+    now = server_time(client)
+    current = int(now) // 60
+    first = current - minutes + 1
+    pools = sorted(client.smembers(keys.METRICS_POOLS))
+    pipe = client.pipeline(transaction=False)
+    for pool in pools:
+        pipe.mget([keys.pool_throughput(pool, m) for m in range(first, current + 1)])
+    series = {pool: [int(v or 0) for v in values] for pool, values in zip(pools, pipe.execute() if pools else [])}
+    return {"start": first * 60, "minute_s": 60, "now": round(now, 3), "pools": series}
+
+
+def with_rates(client: redis.Redis, workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``workers`` (from :func:`infra.state.registry.live_workers`) each with ``images_per_s``: images
+    it finished over the last :data:`RATE_WINDOW_MIN` minutes (or since it started, if later)."""
+    if not workers:
+        return workers
+    now = server_time(client)
+    current = int(now) // 60
+    minutes = range(current - RATE_WINDOW_MIN + 1, current + 1)
+    pipe = client.pipeline(transaction=False)
+    for w in workers:
+        pipe.mget([keys.worker_throughput(w["name"], m) for m in minutes])
+    for w, values in zip(workers, pipe.execute()):
+        since = max(minutes[0] * 60, float(w.get("started_at") or 0))
+        elapsed = now - since
+        w["images_per_s"] = round(sum(int(v or 0) for v in values) / elapsed, 3) if elapsed > 1 else 0.0
+    return workers

@@ -1,0 +1,22 @@
+"""``POST /v1/catalog/lookup``: which catalog items already have an image, a job in flight, or
+neither.
+
+Place in the data flow: the catalog runner (:mod:`producer.catalog`) → **here** → the tenant's
+catalog index (:mod:`infra.state.catalog`) and, for expired job records, the bucket.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from infra.api.deps import FarmDep, Tenant
+from infra.state.catalog import CatalogLookup, CatalogLookupResult
+
+router = APIRouter(prefix="/v1/catalog", tags=["catalog"])
+
+
+@router.post("/lookup", response_model=CatalogLookupResult)
+def catalog_lookup(body: CatalogLookup, farm: FarmDep, tenant: Tenant) -> CatalogLookupResult:
+    """Per catalog key (``metadata.catalog_key`` of a submitted job), this tenant's job for it
+    and its state, or null when no image exists and no job renders it."""
+    return CatalogLookupResult(entries=farm.catalog.lookup(tenant, body.keys))

@@ -1,0 +1,105 @@
+"""Batch submission: validated requests → a pool each → job records (``queued``) → wait lanes.
+
+Data flow: producer (HTTP ``POST /v1/jobs`` / ``POST /v1/batches``) → **here** → job-state store
+and the pools' wait lanes → dispatcher (:mod:`infra.broker.dispatch`) → the pool queues. Routing comes
+first, so a request no pool can serve refuses the submission before anything is written.
+Records are written before jobs enter a lane, so a worker never receives a job the store does
+not know. Every step is pipelined: the whole batch costs a few round trips, never one per job.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Callable, Sequence
+
+import redis
+from celery import Celery
+
+from infra import keys
+from infra.api import webhooks
+from infra.broker.dispatch import enqueue
+from infra.pools import PoolSpec, Router
+from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
+from infra.state import catalog
+from infra.state.jobs import PUBLIC_TENANT, JobStore, NewJob
+
+
+def new_id() -> str:
+    """A fresh job or batch id: 32 lowercase hex characters (UUID4)."""
+    return uuid.uuid4().hex
+
+
+def resolve(request: RenderRequest, default_model: str) -> RenderRequest:
+    """Fill what the farm assigns: the default model and a random seed (0…2³²−1) when absent."""
+    updates = {}
+    if request.model is None:
+        updates["model"] = default_model
+    if request.seed is None:
+        updates["seed"] = secrets.randbelow(MAX_SEED + 1)
+    return request.model_copy(update=updates) if updates else request
+
+
+class Submitter:
+    """Creates batches: routes every request to a pool, records every job, then puts the jobs in
+    their wait lanes, from which the dispatcher (:mod:`infra.broker.dispatch`) publishes them in fair order.
+
+    Args:
+        store: the job-state store.
+        celery_app: the app whose broker receives the messages (the dispatcher's).
+        default_model: model for requests that name none.
+        pools: the declared pools (:mod:`infra.pools`); empty = one pool per model.
+        on_enqueued: called with the pools that received jobs (the API wakes its dispatcher).
+    """
+
+    def __init__(self, store: JobStore, celery_app: Celery, default_model: str, client: redis.Redis,
+                 idempotency_ttl_s: int = 24 * 3600, pools: Sequence[PoolSpec] = (),
+                 on_enqueued: Callable[[set[str]], None] | None = None):
+        self.store = store
+        self.celery_app = celery_app
+        self.default_model = default_model
+        self.redis = client
+        self.idempotency_ttl_s = idempotency_ttl_s
+        self.router = Router(pools)
+        self.on_enqueued = on_enqueued
+
+    def submit(self, requests: Sequence[RenderRequest], *, priority: str = "normal",
+               idempotency_key: str | None = None, webhook_url: str | None = None,
+               tenant: str = PUBLIC_TENANT) -> BatchAccepted:
+        """Submit ``requests`` as one batch owned by ``tenant``; returns its id and the job ids in
+        submission order.
+
+        With an ``idempotency_key`` this tenant used in the last ``idempotency_ttl_s`` seconds,
+        nothing is submitted and the first batch is returned again (keys are per tenant, so one
+        tenant's key never returns another tenant's batch).
+
+        Jobs whose metadata carries a ``catalog_key`` are entered in the tenant's catalog index
+        (:mod:`infra.state.catalog`); a batch with a ``webhook_url`` is enrolled with the webhook
+        dispatcher (:mod:`infra.api.webhooks`).
+
+        ``priority`` is ``high``, ``normal`` or ``low``; the dispatcher ages it and shares each
+        pool fairly between tenants.
+
+        Raises:
+            NoPoolError: some request no declared pool can serve (its model, or its size over
+                the pool's ``max_pixels``); nothing is recorded or enqueued.
+        """
+        resolved = [resolve(request, self.default_model) for request in requests]
+        pools = self.router.route_all(resolved)
+        batch_id = new_id()
+        if idempotency_key is not None:
+            key = keys.idempotency(tenant, idempotency_key)
+            if not self.redis.set(key, batch_id, nx=True, ex=self.idempotency_ttl_s):
+                first = self.redis.get(key)
+                return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))
+        jobs = [NewJob(new_id(), request, pool) for request, pool in zip(resolved, pools)]
+        extra = {"webhook_url": webhook_url} if webhook_url else None
+        catalog.record(self.redis, tenant, batch_id, jobs)  # before the records: see infra.state.catalog
+        self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
+        if webhook_url:
+            webhooks.enroll(self.redis, batch_id)
+        enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,
+                ttl_s=self.store.job_ttl_s)
+        if self.on_enqueued is not None:
+            self.on_enqueued({j.pool for j in jobs})
+        return BatchAccepted(batch_id=batch_id, job_ids=[j.job_id for j in jobs])

@@ -1,0 +1,332 @@
+"""Webhooks on batch completion: a signed JSON POST to the batch's ``webhook_url``, retried with
+backoff, sent once per batch however many API replicas run.
+
+Data flow: producer → ``POST /v1/batches`` with ``webhook_url`` → submission stores the URL on
+the batch and **enrolls** the batch in ``rf:webhooks:pending`` (:func:`enroll`) → workers, the
+reaper and cancels move its jobs, and the store's per-state counters with them → the
+**dispatcher here** (a background thread of every API process, like the reaper) sees
+``queued = running = 0`` → checks the URL against the SSRF policy again
+(:mod:`infra.api.webhook_policy`; the name may resolve elsewhere by now) → POSTs to the address that
+check returned → the receiver checks the signature with :func:`verify_signature`.
+
+Why a pending set rather than an event pushed by the store's Lua: every way a job ends (worker,
+reaper, cancel, dead-letter retry) already moves the batch's counters, so reading them covers all
+of them without touching the transition scripts; a batch stays in the set until its webhook is
+delivered or given up, so an API that dies mid-delivery loses nothing. The cost is one pipelined
+read per due batch per poll (``webhook_poll_s``).
+
+Delivery: body ``{"event": "batch.finished", "batch_id", "total", "counts", "created_at",
+"finished_at"}`` (``finished_at``: when the farm saw the batch end, ISO 8601 UTC; the body is
+fixed on first sight and identical on every attempt). Headers:
+    X-Renderfarm-Timestamp   epoch seconds of this attempt
+    X-Renderfarm-Signature   ``sha256=`` + hex HMAC-SHA256 of ``<timestamp>.<body>`` under
+                             ``webhook_secret`` (absent when no secret is configured)
+    X-Renderfarm-Delivery    the batch id (receivers deduplicate on it)
+    X-Renderfarm-Attempt     1, 2, …
+A 2xx answer delivers it. Anything else (another status, a redirect, which is never followed, a
+timeout, a refused connection) is retried after ``webhook_backoff_s × 2^(attempt-1)`` seconds
+(capped at 300 s) up to ``webhook_max_attempts`` attempts; a URL the policy now refuses fails
+at once. The outcome stays in ``rf:webhook:{batch}``.
+
+Once per batch: an attempt is made only under ``rf:webhook:{batch}:lock`` (SET NX PX, longer than
+the request timeout) and only while the outcome is not yet recorded, so two replicas never both
+send it. If a replica dies after the receiver got the POST but before recording the outcome,
+another replica sends it again after the lock expires: receivers should deduplicate on
+``X-Renderfarm-Delivery``. A batch whose jobs go back to work (dead-letter retry) after its
+webhook was sent is not announced again.
+
+Redis keys:
+    rf:webhooks:pending        sorted set: batch id → when to look at it next (epoch seconds)
+    rf:webhook:{batch}         hash: body, attempts, status (delivered|failed), last_error,
+                               response_status, delivered_at (expires with the job records)
+    rf:webhook:{batch}:lock    the delivery claim
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import redis
+
+from infra import keys
+from infra.api.webhook_policy import IPAddress, WebhookRefused, check_webhook_url
+from infra.background import PeriodicLoop, RedisLock, server_time
+from infra.settings import Settings
+
+log = logging.getLogger("renderfarm.webhooks")
+
+EVENT = "batch.finished"
+SIGNATURE_HEADER = "X-Renderfarm-Signature"
+TIMESTAMP_HEADER = "X-Renderfarm-Timestamp"
+DELIVERY_HEADER = "X-Renderfarm-Delivery"
+ATTEMPT_HEADER = "X-Renderfarm-Attempt"
+#: Longest wait between two attempts, seconds.
+MAX_BACKOFF_S = 300.0
+_NOT_ENDED = ("queued", "running")
+
+def enroll(client: redis.Redis, batch_id: str) -> None:
+    """Have the dispatcher watch ``batch_id`` (whose batch record holds ``webhook_url``) until it
+    ends. Call after the batch record is written."""
+    client.zadd(keys.WEBHOOKS_PENDING, {batch_id: 0}, nx=True)
+
+
+# ---- signatures ---------------------------------------------------------------------------
+def sign(secret: str, timestamp: int | str, body: bytes) -> str:
+    """The ``X-Renderfarm-Signature`` value: ``sha256=`` + hex HMAC-SHA256 of
+    ``<timestamp>.<body>`` with key ``secret`` (UTF-8)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"sha256={mac.hexdigest()}"
+
+
+def verify_signature(secret: str, timestamp: int | str | None, body: bytes, header: str | None,
+                     tolerance_s: float = 300, *, now: float | None = None) -> bool:
+    """Check a webhook the farm sent, on the receiver's side.
+
+    Args:
+        secret: the farm's ``RENDERFARM_WEBHOOK_SECRET``.
+        timestamp: the ``X-Renderfarm-Timestamp`` header (epoch seconds).
+        body: the raw request body, byte for byte as received (not re-serialised JSON).
+        header: the ``X-Renderfarm-Signature`` header.
+        tolerance_s: largest accepted distance between ``timestamp`` and ``now``, seconds;
+            it bounds how long a captured request can be replayed.
+        now: the receiver's clock, epoch seconds (default: ``time.time()``).
+    Returns:
+        True only when the header is well formed, the timestamp is within tolerance and the
+        HMAC matches (compared in constant time). Never raises on malformed input.
+    """
+    if not secret or timestamp is None or not header or not header.startswith("sha256="):
+        return False
+    try:
+        ts = int(str(timestamp).strip())
+    except ValueError:
+        return False
+    if abs((time.time() if now is None else now) - ts) > tolerance_s:
+        return False
+    return hmac.compare_digest(sign(secret, ts, body).encode(), header.strip().encode())
+
+
+def _iso(epoch: float | str | None) -> str | None:
+    if epoch in (None, "", "0"):
+        return None
+    return datetime.fromtimestamp(float(epoch), tz=UTC).isoformat()
+
+
+def build_body(batch_id: str, meta: Mapping[str, str], counts: Mapping[str, str], finished_at: float) -> bytes:
+    """The JSON body announcing that ``batch_id`` ended (compact, keys in a fixed order)."""
+    states = ("queued", "running", "succeeded", "failed", "canceled")
+    body = {
+        "event": EVENT,
+        "batch_id": batch_id,
+        "total": int(meta.get("total", 0)),
+        "counts": {s: int(counts.get(s, 0) or 0) for s in states},
+        "created_at": _iso(meta.get("created_at")),
+        "finished_at": _iso(finished_at),
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+# ---- one delivery attempt -----------------------------------------------------------------
+def _pinned(url: str, ip: IPAddress) -> tuple[str, dict[str, str], dict]:
+    """The URL with its host replaced by the checked address, the Host header, and the TLS
+    server name, so that the connection goes where the SSRF check looked (no third DNS answer)."""
+    parts = urlsplit(url)
+    host = f"[{ip}]" if ip.version == 6 else str(ip)
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    host_header = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    if ip.version == 6 and parts.hostname and ":" in parts.hostname:
+        host_header = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port else "")
+    extensions = {"sni_hostname": parts.hostname} if parts.scheme.lower() == "https" else {}
+    return urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, "")), {"Host": host_header}, extensions
+
+
+def post_once(url: str, body: bytes, headers: Mapping[str, str], *, allow_private: bool, timeout_s: float,
+              http: httpx.Client, resolver: Callable[..., list] | None = None) -> int:
+    """Check ``url`` against the SSRF policy and POST ``body`` to the first address it allows.
+
+    Returns the HTTP status. Raises :class:`~infra.api.webhook_policy.WebhookRefused` (permanent)
+    or ``httpx.HTTPError`` (connection, timeout: worth retrying).
+    """
+    kwargs = {} if resolver is None else {"resolver": resolver}
+    addresses = check_webhook_url(url, allow_private=allow_private, **kwargs)
+    pinned, host_header, extensions = _pinned(url, addresses[0])
+    parts = urlsplit(url)
+    auth = (parts.username or "", parts.password or "") if parts.username else None
+    response = http.post(pinned, content=body, headers={**headers, **host_header}, extensions=extensions,
+                         timeout=timeout_s, auth=auth, follow_redirects=False)
+    return response.status_code
+
+
+class WebhookDispatcher:
+    """Watches enrolled batches and delivers each one's webhook once it ends.
+
+    Args:
+        client: Redis with ``decode_responses=True`` (the job-state store's).
+        secret: HMAC key; empty sends no signature header (a warning is logged at start).
+        allow_private: the SSRF policy's ``allow_private`` (``webhook_allow_private``).
+        max_attempts: attempts per batch before it is given up.
+        backoff_s: wait before the second attempt, seconds; doubles each time, capped at 300 s.
+        timeout_s: per-request timeout, seconds.
+        poll_s: seconds between two looks at the pending set.
+        concurrency: deliveries in flight at once (a slow receiver does not hold up the others).
+        ttl_s: how long the outcome record is kept, seconds.
+    """
+
+    def __init__(self, client: redis.Redis, *, secret: str = "", allow_private: bool = False, max_attempts: int = 5,
+                 backoff_s: float = 2.0, timeout_s: float = 10.0, poll_s: float = 1.0, concurrency: int = 4,
+                 ttl_s: int = 7 * 24 * 3600, batch_limit: int = 1000):
+        self.r = client
+        self.secret = secret
+        self.allow_private = allow_private
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.ttl_s = ttl_s
+        self.batch_limit = batch_limit
+        self.http = httpx.Client(headers={"User-Agent": "renderfarm-webhooks/1"}, trust_env=False)
+        self._locks = RedisLock(client)
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="renderfarm-webhook")
+        self._inflight: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self.loop = PeriodicLoop("renderfarm-webhooks", self.poll, poll_s, log)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, client: redis.Redis) -> "WebhookDispatcher":
+        """A dispatcher configured by the ``webhook_*`` settings."""
+        return cls(client, secret=settings.webhook_secret, allow_private=settings.webhook_allow_private,
+                   max_attempts=settings.webhook_max_attempts, backoff_s=settings.webhook_backoff_s,
+                   timeout_s=settings.webhook_timeout_s, poll_s=settings.webhook_poll_s, ttl_s=settings.job_ttl_s)
+
+    def _now(self) -> float:
+        return server_time(self.r)
+
+    # ---- one poll -------------------------------------------------------------------------
+    def poll(self, wait: bool = False) -> list[str]:
+        """Look at every due enrolled batch once; start a delivery for each that has ended.
+
+        Returns the ids of batches whose delivery was started. With ``wait``, blocks until those
+        deliveries are done (tests). Raises ``redis.RedisError`` when Redis is away.
+        """
+        now = self._now()
+        due = self.r.zrangebyscore(keys.WEBHOOKS_PENDING, "-inf", now, start=0, num=self.batch_limit)
+        if not due:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for batch_id in due:
+            pipe.hmget(keys.batch(batch_id), "webhook_url", "total", "created_at")
+            pipe.hmget(keys.batch_counts(batch_id), *_NOT_ENDED)
+        answers = pipe.execute()
+        started, futures = [], []
+        for i, batch_id in enumerate(due):
+            (url, total, _created), not_ended = answers[2 * i], answers[2 * i + 1]
+            if total is None or not url:  # the batch record expired, or it has no webhook
+                self.r.zrem(keys.WEBHOOKS_PENDING, batch_id)
+                continue
+            if any(int(n or 0) for n in not_ended):
+                continue
+            with self._inflight_lock:
+                if batch_id in self._inflight:
+                    continue
+                self._inflight.add(batch_id)
+            started.append(batch_id)
+            futures.append(self._pool.submit(self._deliver_guarded, batch_id))
+        if wait:
+            for future in futures:
+                future.result()
+        return started
+
+    def _deliver_guarded(self, batch_id: str) -> None:
+        try:
+            self.deliver(batch_id)
+        except Exception as exc:  # Redis away mid-delivery: the batch stays pending, tried next poll
+            log.warning("webhook of batch %s: %s: %s", batch_id, type(exc).__name__, exc)
+        finally:
+            with self._inflight_lock:
+                self._inflight.discard(batch_id)
+
+    def deliver(self, batch_id: str) -> str | None:
+        """Make one delivery attempt for an ended batch, under its claim.
+
+        Returns ``"delivered"``, ``"retry"`` (rescheduled), ``"failed"`` (given up), or None when
+        another replica holds the claim or the outcome was already recorded.
+        """
+        with self._locks.hold(keys.webhook_lock(batch_id), int((self.timeout_s * 3 + 30) * 1000)) as held:
+            return self._attempt(batch_id) if held else None
+
+    def _attempt(self, batch_id: str) -> str | None:
+        skey = keys.webhook(batch_id)
+        state = self.r.hgetall(skey)
+        if state.get("status") in ("delivered", "failed"):
+            self.r.zrem(keys.WEBHOOKS_PENDING, batch_id)
+            return None
+        meta = self.r.hgetall(keys.batch(batch_id))
+        url = meta.get("webhook_url")
+        if not url:
+            self.r.zrem(keys.WEBHOOKS_PENDING, batch_id)
+            return None
+        body = state.get("body")
+        if body is None:
+            counts = self.r.hgetall(keys.batch_counts(batch_id))
+            self.r.hsetnx(skey, "body", build_body(batch_id, meta, counts, self._now()).decode())
+            self.r.expire(skey, self.ttl_s)
+            body = self.r.hget(skey, "body")
+        attempt = int(self.r.hincrby(skey, "attempts", 1))
+        raw = body.encode()
+        timestamp = int(time.time())
+        headers = {"Content-Type": "application/json", TIMESTAMP_HEADER: str(timestamp),
+                   DELIVERY_HEADER: batch_id, ATTEMPT_HEADER: str(attempt)}
+        if self.secret:
+            headers[SIGNATURE_HEADER] = sign(self.secret, timestamp, raw)
+        permanent = False
+        try:
+            status = post_once(url, raw, headers, allow_private=self.allow_private, timeout_s=self.timeout_s,
+                               http=self.http)
+            error = None if 200 <= status < 300 else f"HTTP {status}"
+        except WebhookRefused as exc:
+            status, error, permanent = None, f"refused by the webhook policy: {exc.reason}", True
+        except httpx.HTTPError as exc:
+            status, error = None, f"{type(exc).__name__}: {exc}"[:500]
+        fields = {"last_attempt_at": repr(time.time())}
+        if status is not None:
+            fields["response_status"] = status
+        if error is None:
+            self.r.hset(skey, mapping={**fields, "status": "delivered", "delivered_at": fields["last_attempt_at"]})
+            self.r.zrem(keys.WEBHOOKS_PENDING, batch_id)
+            log.info("webhook of batch %s delivered (attempt %d, HTTP %s)", batch_id, attempt, status)
+            return "delivered"
+        fields["last_error"] = error
+        if permanent or attempt >= self.max_attempts:
+            self.r.hset(skey, mapping={**fields, "status": "failed"})
+            self.r.zrem(keys.WEBHOOKS_PENDING, batch_id)
+            log.error("webhook of batch %s given up after %d attempt(s): %s", batch_id, attempt, error)
+            return "failed"
+        delay = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (attempt - 1))
+        self.r.hset(skey, mapping=fields)
+        self.r.zadd(keys.WEBHOOKS_PENDING, {batch_id: self._now() + delay})
+        log.warning("webhook of batch %s attempt %d failed (%s); next in %.1fs", batch_id, attempt, error, delay)
+        return "retry"
+
+    # ---- running --------------------------------------------------------------------------
+    def start(self) -> "WebhookDispatcher":
+        """Poll every ``poll_s`` seconds in a daemon thread; errors are logged, never raised."""
+        if not self.secret:
+            log.warning("RENDERFARM_WEBHOOK_SECRET is empty: webhooks are sent without a signature")
+        self.loop.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop polling, wait (at most ``timeout`` seconds) for the poll thread and let deliveries
+        in flight finish; a batch not delivered stays pending for the next API to pick up."""
+        self.loop.stop(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.http.close()

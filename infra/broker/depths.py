@@ -1,0 +1,135 @@
+"""Queue depths per pool: the autoscaling signal and the dashboard's counters.
+
+Data flow: wait lanes (:mod:`infra.broker.dispatch`) + Redis broker lists + kombu's ``unacked``
+hash + worker registry → **here** → ``GET /v1/queues``, ``GET /v1/queues/{pool}`` and ``/metrics``
+(``renderfarm_outstanding_jobs{pool}``).
+
+``LLEN`` of a broker queue misses most of the work (the autoscaler then reads the wrong number,
+and scale-down takes workers that still hold jobs): the jobs the dispatcher
+still holds in its wait lanes, and what workers have already pulled. With ``acks_late``, every
+pulled message stays in kombu's ``unacked`` hash until its batch is done, whether it waits in
+the worker's prefetch buffer (reserved) or renders (running). So per pool:
+
+- ``queued``  = jobs in the wait lanes + messages in the broker lists (every priority);
+- ``running`` = jobs the pool's live workers report in their heartbeats;
+- ``reserved`` = unacked messages − running (prefetched, not started);
+- ``outstanding`` = queued + reserved + running: what an autoscaler must provide for. A
+  running batch is counted until it is acked, so scale-down never takes its worker for idle;
+- ``oldest_wait_s`` = seconds the longest-waiting job not yet started has waited (lanes,
+  broker lists, prefetch buffers), measured on the Redis server's clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from infra import keys
+from infra.background import server_time
+from infra.broker.dispatch import backlog
+from infra.broker.kombu_redis import message_job_id
+
+
+def _loads(raw: str | bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError):
+        return None
+
+
+def idle_row(pool: str) -> dict[str, Any]:
+    """The row of a pool with no job and no worker."""
+    return {"pool": pool, "queued": 0, "reserved": 0, "running": 0, "outstanding": 0, "workers": 0,
+            "oldest_wait_s": 0.0}
+
+
+def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
+                 pools: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Per pool: ``queued``, ``reserved``, ``running``, ``outstanding`` (jobs; see the module
+    docstring), ``workers`` (live) and ``oldest_wait_s`` (seconds). Sorted by pool name.
+
+    Args:
+        client: Redis with ``decode_responses=True``.
+        workers: the live workers (:func:`infra.state.registry.live_workers`).
+        pools: pools listed even when idle; None = the declared pools of the settings.
+
+    Raises:
+        redis.RedisError: Redis is unreachable.
+    """
+    if pools is None:
+        from infra.settings import get_settings
+
+        pools = [p.name for p in get_settings().pools]
+    now = server_time(client)
+    waiting_since: dict[str, float] = {}
+
+    def waited(pool: str, since: float | None) -> None:
+        if since is not None and (pool not in waiting_since or since < waiting_since[pool]):
+            waiting_since[pool] = since
+
+    # jobs the dispatcher still holds
+    lanes = backlog(client)
+    queued: Counter[str] = Counter({pool: n for pool, (n, _) in lanes.items()})
+    for pool, (_, oldest) in lanes.items():
+        waited(pool, oldest)
+
+    # broker lists: depth, and the oldest message of each (kombu pushes left, pops right)
+    names = [k for k in client.scan_iter(match=f"{keys.QUEUE_PREFIX}*", count=1000) if keys.pool_of_broker_list(k)]
+    pipe = client.pipeline(transaction=False)
+    for key in names:
+        pipe.type(key)
+    lists = [k for k, kind in zip(names, pipe.execute() if names else []) if kind == "list"]
+    pipe = client.pipeline(transaction=False)
+    for key in lists:
+        pipe.llen(key)
+        pipe.lindex(key, -1)
+    answers = iter(pipe.execute() if lists else [])
+    candidates: list[tuple[str, str]] = []  # (pool, job id) of messages whose job may wait
+    for key in lists:
+        length, last = next(answers), next(answers)
+        pool = keys.pool_of_broker_list(key)
+        queued[pool] += int(length)
+        if (job_id := message_job_id(last)) is not None:
+            candidates.append((pool, job_id))
+
+    # pulled by workers: prefetched or running
+    unacked: Counter[str] = Counter()
+    for raw in client.hvals(keys.UNACKED):
+        entry = _loads(raw)
+        if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], str):
+            continue
+        pool = keys.pool_of_broker_list(entry[2])
+        if pool is None:
+            continue
+        unacked[pool] += 1
+        if (job_id := message_job_id(entry)) is not None:
+            candidates.append((pool, job_id))
+
+    if candidates:
+        pipe = client.pipeline(transaction=False)
+        for _, job_id in candidates:
+            pipe.hmget(keys.job(job_id), "state", "created_at", "queued_at")
+        for (pool, _), (state, created, requeued) in zip(candidates, pipe.execute()):
+            if state == "queued":  # not a duplicate message of a job that started or ended
+                try:
+                    waited(pool, float(requeued or created))
+                except (TypeError, ValueError):
+                    pass
+
+    running: Counter[str] = Counter()
+    live: Counter[str] = Counter()
+    for w in workers:
+        live[w.get("pool", "?")] += 1
+        running[w.get("pool", "?")] += len(w.get("current_jobs") or [])
+    rows = []
+    for pool in sorted(set(queued) | set(unacked) | set(live) | set(pools)):
+        reserved = max(0, unacked[pool] - running[pool])
+        since = waiting_since.get(pool)
+        rows.append({"pool": pool, "queued": queued[pool], "reserved": reserved, "running": running[pool],
+                     "outstanding": queued[pool] + reserved + running[pool], "workers": live[pool],
+                     "oldest_wait_s": round(max(0.0, now - since), 3) if since is not None else 0.0})
+    return rows

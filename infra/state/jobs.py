@@ -1,0 +1,383 @@
+"""The job-state store: Redis hashes that are the farm's source of truth for every job.
+
+Data flow: the producer side creates jobs here (``queued``) before their Celery messages are
+published; workers move them ``running`` → ``succeeded`` | ``failed``; the reaper
+(:mod:`infra.broker.reaper`) moves a dead worker's jobs back to ``queued``; the status API reads
+them.
+
+Every transition is one Lua script (:mod:`infra.state.scripts`), so it is atomic and monotonic: a terminal state never
+changes (only an operator's dead-letter retry takes ``failed`` back to ``queued``). Each start
+of a job increments its ``attempts``; a worker's later writes carry the attempt number it was
+given, and a write from a stale attempt is discarded (fencing). Per-state counters of the batch
+move in the same script as the state, so they always add up to the batch's total.
+
+A running job holds a lease (``lease_until``, on the Redis server's clock), renewed by progress
+writes and the worker's heartbeat. Three sorted sets index the jobs the reaper must look at, so
+it never scans all jobs; the scripts keep them in step with the states.
+
+Keys (prefix ``rf:``; every key is named in :mod:`infra.keys`):
+    job:{id}          hash: batch_id, tenant, pool, priority, state, progress, attempts,
+                      attempt_base (attempts before the last dead-letter retry), worker,
+                      lease_until, created_at, started_at, finished_at, queued_at (epoch
+                      seconds), request/result/error/last_error (JSON)
+    batch:{id}        hash: created_at, total, priority, pool, tenant
+    batch:{id}:jobs   list of job ids in submission order
+    batch:{id}:counts hash: one counter per state, and ``done`` = Σ progress (terminal = 1)
+    leases            sorted set: running job id → lease_until
+    pending           sorted set: queued job id → when its message was last (re)published
+    dead              sorted set: failed job id → when it failed (the dead-letter set)
+    batches:{tenant}  sorted set: the tenant's newest batch ids → created_at (the dashboard's list)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis
+
+from infra import keys
+from infra.background import server_time
+from infra.schemas import JOB_STATES, BatchStatus, JobError, JobResult, JobStatus, RenderRequest
+from infra.state import scripts
+
+#: Answers of :meth:`JobStore.progress_many` / :meth:`JobStore.renew_leases`, per job.
+STALE, HELD, CANCELED = 0, 1, 2
+#: The tenant of anonymous requests when auth is off, and of records written before tenants.
+PUBLIC_TENANT = "public"
+#: Batch ids kept per tenant in its recent-batches index (the dashboard's list).
+RECENT_BATCHES_MAX = 1000
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    """A job a worker now holds: its ``attempt`` number fences every later write."""
+
+    job_id: str
+    batch_id: str
+    attempt: int
+    request: RenderRequest
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated request with its ids, ready to be recorded as ``queued``."""
+
+    job_id: str
+    request: RenderRequest
+    pool: str
+
+
+def _ts(value: str | None) -> datetime | None:
+    if not value or value == "0":
+        return None
+    return datetime.fromtimestamp(float(value), tz=UTC)
+
+
+class JobStore:
+    """Job and batch records in Redis, with atomic, fenced transitions.
+
+    Args:
+        client: a ``redis.Redis`` with ``decode_responses=True``.
+        job_ttl_s: seconds after creation that job and batch records expire.
+        lease_s: seconds a running job's lease lasts without renewal (progress and the
+            worker's heartbeat renew it); the reaper requeues a job whose lease ran out.
+        max_attempts: attempts a job may spend (worker lost, or a retryable error) before it
+            fails for good and is listed in the dead-letter set.
+    """
+
+    def __init__(self, client: redis.Redis, *, job_ttl_s: int = 7 * 24 * 3600, lease_s: float = 20.0,
+                 max_attempts: int = 3):
+        self.r = client
+        self.job_ttl_s = job_ttl_s
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+        self._start = client.register_script(scripts.START)
+        self._progress = client.register_script(scripts.PROGRESS)
+        self._finish = client.register_script(scripts.FINISH)
+        self._requeue = client.register_script(scripts.REQUEUE)
+        self._release = client.register_script(scripts.RELEASE)
+        self._retry = client.register_script(scripts.RETRY)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs) -> "JobStore":
+        """A store on the Redis at ``url`` (``redis://`` or ``rediss://``, password allowed)."""
+        return cls(redis.Redis.from_url(url, decode_responses=True), **kwargs)
+
+    def server_time(self) -> float:
+        """The Redis server's clock, epoch seconds (the clock every lease is measured on)."""
+        return server_time(self.r)
+
+    # ---- creation -------------------------------------------------------------------------
+    def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
+                     extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
+        """Record a batch and all its jobs as ``queued``, owned by ``tenant``, in one MULTI/EXEC
+        round trip (all or nothing), and index the jobs in ``rf:pending`` (their messages are
+        about to be published; the reaper republishes any that never arrive)."""
+        published = self.server_time()
+        now = repr(time.time())
+        pipe = self.r.pipeline(transaction=True)
+        bkey = keys.batch(batch_id)
+        pipe.hset(bkey, mapping={"created_at": now, "total": len(jobs), "priority": priority, "tenant": tenant,
+                                 **(extra or {})})
+        pipe.hset(keys.batch_counts(batch_id), mapping={"queued": len(jobs), "done": 0})
+        pipe.rpush(keys.batch_jobs(batch_id), *[j.job_id for j in jobs])
+        for job in jobs:
+            pipe.hset(keys.job(job.job_id), mapping={
+                "batch_id": batch_id, "tenant": tenant, "pool": job.pool, "state": "queued", "progress": 0,
+                "attempts": 0, "created_at": now, "request": job.request.model_dump_json(), "priority": priority,
+            })
+            pipe.expire(keys.job(job.job_id), self.job_ttl_s)
+        for key in (bkey, keys.batch_counts(batch_id), keys.batch_jobs(batch_id)):
+            pipe.expire(key, self.job_ttl_s)
+        pipe.zadd(keys.PENDING, {j.job_id: published for j in jobs})
+        pipe.zadd(keys.recent_batches(tenant), {batch_id: float(now)})
+        pipe.zremrangebyrank(keys.recent_batches(tenant), 0, -RECENT_BATCHES_MAX - 1)
+        pipe.expire(keys.recent_batches(tenant), self.job_ttl_s)
+        pipe.execute()
+
+    # ---- worker transitions (pipelined over a batch) --------------------------------------
+    def _keys(self, job_id: str, batch_id: str | None = None) -> list[str]:
+        if batch_id is None:
+            batch_id = self.r.hget(keys.job(job_id), "batch_id") or "_"
+        return [keys.job(job_id), keys.batch_counts(batch_id), keys.LEASES, keys.PENDING, keys.DEAD]
+
+    def _batch_ids(self, job_ids: Sequence[str]) -> list[str]:
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "batch_id")
+        return [b or "_" for b in pipe.execute()]
+
+    def start_many(self, job_ids: Sequence[str], worker: str, *, force: bool = False) -> dict[str, StartedJob | str]:
+        """Move each job to ``running`` for ``worker`` with a fresh lease; two round trips.
+
+        A repeated id is started once. Returns, per job id, a :class:`StartedJob`, or the reason
+        it must not run: ``missing``, a terminal state, or ``running`` (another attempt holds a
+        live lease). ``force`` takes over a running job whatever its lease (operators only).
+        """
+        job_ids = list(dict.fromkeys(job_ids))
+        batch_ids = self._batch_ids(job_ids)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, batch_id in zip(job_ids, batch_ids):
+            self._start(keys=self._keys(job_id, batch_id),
+                        args=[job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts],
+                        client=pipe)
+        out: dict[str, StartedJob | str] = {}
+        for job_id, batch_id, (attempt, payload) in zip(job_ids, batch_ids, pipe.execute()):
+            if int(attempt) == 0:
+                out[job_id] = payload
+            else:
+                out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload))
+        return out
+
+    def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> dict[str, int]:
+        """Record progress 0…1 for running jobs and renew their leases, in one round trip.
+
+        Returns, per job id, :data:`HELD` (this attempt still holds the job), :data:`CANCELED`
+        (canceled meanwhile: stop working on it) or :data:`STALE` (another attempt or a
+        terminal state owns it: discard this attempt's work).
+        """
+        return self._touch((job, repr(progress)) for job, progress in updates)
+
+    def renew_leases(self, jobs: Iterable[StartedJob]) -> dict[str, int]:
+        """Extend the leases of running jobs by ``lease_s`` from now, in one round trip; answers
+        as :meth:`progress_many` does, so it also tells whether each job is still held."""
+        return self._touch((job, "") for job in jobs)
+
+    def _touch(self, updates: Iterable[tuple[StartedJob, str]]) -> dict[str, int]:
+        pipe = self.r.pipeline(transaction=False)
+        ids = []
+        for job, progress in updates:
+            self._progress(keys=self._keys(job.job_id, job.batch_id),
+                           args=[job.job_id, job.attempt, repr(self.lease_s), progress], client=pipe)
+            ids.append(job.job_id)
+        return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
+
+    def succeed(self, job: StartedJob, result: JobResult) -> bool:
+        """``running`` → ``succeeded`` for this attempt. False when the attempt is stale."""
+        return bool(self._finish_one(job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(),
+                                     batch_id=job.batch_id))
+
+    def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
+        """``running`` → ``failed`` for this attempt, listed in the dead-letter set.
+
+        With ``retry`` (a transient error: storage or broker away, out of memory) and attempts
+        left, the job goes back to ``queued`` instead, its error kept as ``last_error``; the
+        caller republishes it. Returns ``"failed"``, ``"queued"``, or None when the attempt is stale.
+        """
+        code = self._finish_one(job.job_id, str(job.attempt), "failed", "error", error.model_dump_json(),
+                                batch_id=job.batch_id, retry=retry)
+        return {1: "failed", 2: "queued"}.get(code)
+
+    def cancel(self, job_id: str) -> bool:
+        """Any non-terminal state → ``canceled``. False when the job is unknown or already ended.
+
+        A running job's worker learns it at its next progress write and drops the job."""
+        return bool(self._finish_one(job_id, "*", "canceled", "", ""))
+
+    def _finish_one(self, job_id: str, attempt: str, state: str, field: str, payload: str,
+                    batch_id: str | None = None, retry: bool = False) -> int:
+        return int(self._finish(keys=self._keys(job_id, batch_id),
+                                args=[job_id, attempt, state, field, payload, "1" if retry else "0",
+                                      self.max_attempts]))
+
+    def release(self, jobs: Iterable[StartedJob]) -> list[tuple[str, str]]:
+        """Give running jobs back (worker shutting down): this attempt → ``queued``, without
+        spending the attempt budget. Returns ``(job_id, pool)`` of those released, to republish."""
+        jobs = list(jobs)
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            self._release(keys=self._keys(job.job_id, job.batch_id), args=[job.job_id, job.attempt], client=pipe)
+        return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
+
+    # ---- recovery (the reaper) ------------------------------------------------------------
+    def expired_leases(self, limit: int = 1000) -> list[str]:
+        """Ids of running jobs whose lease ran out by the Redis server's clock (oldest first)."""
+        return self.r.zrangebyscore(keys.LEASES, "-inf", repr(self.server_time()), start=0, num=limit)
+
+    def requeue_expired(self, job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """For each job, atomically: if it is still running with an expired lease, move it back
+        to ``queued`` (attempt kept) or, with its attempt budget spent, to ``failed`` with a
+        ``WorkerLost`` error and into the dead-letter set.
+
+        Returns, per job that moved, ``("queued", pool)`` (to republish) or ``("failed", "")``.
+        Safe with several reapers at once: a job moves at most once per expiry.
+        """
+        batch_ids = self._batch_ids(job_ids)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, batch_id in zip(job_ids, batch_ids):
+            self._requeue(keys=self._keys(job_id, batch_id), args=[job_id, self.max_attempts], client=pipe)
+        out = {}
+        for job_id, (code, pool) in zip(job_ids, pipe.execute() if job_ids else []):
+            if int(code) == 1:
+                out[job_id] = ("queued", pool)
+            elif int(code) == 2:
+                out[job_id] = ("failed", "")
+        return out
+
+    def stale_pending(self, older_than_s: float, limit: int = 1000) -> list[str]:
+        """Ids of ``queued`` jobs last (re)published more than ``older_than_s`` seconds ago."""
+        cutoff = self.server_time() - older_than_s
+        return self.r.zrangebyscore(keys.PENDING, "-inf", repr(cutoff), start=0, num=limit)
+
+    def mark_published(self, job_ids: Sequence[str]) -> None:
+        """Note that the messages of these still-``queued`` jobs were (re)published, or seen in a
+        queue, just now (jobs no longer pending are left alone)."""
+        if job_ids:
+            self.r.zadd(keys.PENDING, dict.fromkeys(job_ids, self.server_time()), xx=True)
+
+    def routes(self, job_ids: Sequence[str]) -> list[tuple[str, str, str, str]]:
+        """``(job_id, state, pool, priority)`` per known job, to republish its message."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), "state", "pool", "priority")
+        return [(j, state, pool, priority or "normal")
+                for j, (state, pool, priority) in zip(job_ids, pipe.execute()) if state and pool]
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job id from every index (its record has expired)."""
+        pipe = self.r.pipeline(transaction=False)
+        for key in (keys.LEASES, keys.PENDING, keys.DEAD):
+            pipe.zrem(key, job_id)
+        pipe.execute()
+
+    # ---- dead letters ---------------------------------------------------------------------
+    def dead_letters(self, offset: int = 0, limit: int = 100,
+                     tenant: str | None = None) -> tuple[bool, list[JobStatus]]:
+        """One page of the dead-letter set (failed jobs, newest first): ``(more pages follow,
+        statuses)``; with ``tenant``, only that tenant's jobs of the page. Expired ids are dropped."""
+        ids = self.r.zrevrange(keys.DEAD, offset, offset + limit)
+        more, ids = len(ids) > limit, ids[:limit]
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job(job_id))
+        jobs = []
+        for job_id, h in zip(ids, pipe.execute() if ids else []):
+            if not h:
+                self.forget(job_id)
+            elif (job := self._parse_job(job_id, h, tenant)) is not None:
+                jobs.append(job)
+        return more, jobs
+
+    def retry(self, job_id: str) -> str | None:
+        """A failed job → ``queued`` with a fresh attempt budget (the attempt counter, which
+        fences, keeps counting). Returns its pool, to republish its message; None when the job
+        is unknown or not failed."""
+        code, pool = self._retry(keys=self._keys(job_id), args=[job_id])
+        return pool if int(code) else None
+
+    # ---- reads ----------------------------------------------------------------------------
+    def get_job(self, job_id: str, tenant: str | None = None) -> JobStatus | None:
+        """The job's status, or None when the id is unknown (never a made-up ``queued``) or,
+        with ``tenant``, belongs to another tenant."""
+        return self._parse_job(job_id, self.r.hgetall(keys.job(job_id)), tenant)
+
+    def get_jobs(self, job_ids: Sequence[str]) -> list[JobStatus | None]:
+        """Statuses for many ids in one round trip, in the given order."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+        return [self._parse_job(j, h) for j, h in zip(job_ids, pipe.execute())]
+
+    @staticmethod
+    def _parse_job(job_id: str, h: dict[str, str], tenant: str | None = None) -> JobStatus | None:
+        if not h or "state" not in h:
+            return None
+        if tenant is not None and h.get("tenant", PUBLIC_TENANT) != tenant:
+            return None
+        return JobStatus(
+            job_id=job_id, batch_id=h["batch_id"], state=h["state"], pool=h.get("pool"),
+            progress=min(1.0, max(0.0, float(h.get("progress", 0)))), attempts=int(h.get("attempts", 0)),
+            worker=h.get("worker"), created_at=_ts(h["created_at"]), started_at=_ts(h.get("started_at")),
+            finished_at=_ts(h.get("finished_at")),
+            result=JobResult.model_validate_json(h["result"]) if h.get("result") else None,
+            error=JobError.model_validate_json(h["error"]) if h.get("error") else None,
+            request=RenderRequest.model_validate_json(h["request"]) if h.get("request") else None,
+        )
+
+    def batch_job_ids(self, batch_id: str, offset: int = 0, limit: int | None = None) -> list[str]:
+        """Job ids of a batch in submission order; ``limit`` None means all."""
+        end = -1 if limit is None else offset + limit - 1
+        return self.r.lrange(keys.batch_jobs(batch_id), offset, end)
+
+    def get_batch(self, batch_id: str, offset: int = 0, limit: int = 100,
+                  tenant: str | None = None) -> BatchStatus | None:
+        """Counts by state, progress 0…1 and one page of jobs; None when the id is unknown or,
+        with ``tenant``, belongs to another tenant."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.batch(batch_id))
+        pipe.hgetall(keys.batch_counts(batch_id))
+        if limit:  # LRANGE 0 -1 would be every job
+            pipe.lrange(keys.batch_jobs(batch_id), offset, offset + limit - 1)
+        meta, counts, *page = pipe.execute()
+        ids = page[0] if page else []
+        if not meta or (tenant is not None and meta.get("tenant", PUBLIC_TENANT) != tenant):
+            return None
+        total = int(meta["total"])
+        state_counts = {s: int(counts.get(s, 0)) for s in JOB_STATES}
+        done = sum(state_counts[s] for s in ("succeeded", "failed", "canceled"))
+        jobs = [j for j in self.get_jobs(ids) if j is not None]
+        progress = min(1.0, max(0.0, float(counts.get("done", 0)) / total)) if total else 1.0
+        return BatchStatus(
+            batch_id=batch_id, created_at=_ts(meta["created_at"]), total=total, counts=state_counts,
+            progress=1.0 if done == total else progress, done=done == total, jobs=jobs, offset=offset,
+            limit=limit, next_offset=offset + limit if offset + limit < total else None,
+        )
+
+    def batch_meta(self, batch_id: str) -> dict[str, str]:
+        """The batch's own hash (created_at, total, priority, …); empty when unknown."""
+        return self.r.hgetall(keys.batch(batch_id))
+
+    def recent_batches(self, tenant: str, limit: int = 20) -> list[BatchStatus]:
+        """The tenant's newest batches first (at most ``limit``), as :meth:`get_batch` answers
+        without jobs; ids whose records expired are dropped from the index."""
+        out = []
+        for batch_id in self.r.zrevrange(keys.recent_batches(tenant), 0, limit - 1):
+            status = self.get_batch(batch_id, limit=0, tenant=tenant)
+            if status is None:
+                self.r.zrem(keys.recent_batches(tenant), batch_id)
+            else:
+                out.append(status)
+        return out

@@ -1,0 +1,165 @@
+"""The job-state store's transitions as Redis Lua scripts: one script per transition.
+
+Place in the data flow: :class:`infra.state.jobs.JobStore` runs these for submission's records,
+the worker's start/progress/finish, the reaper's requeue and the operator's dead-letter retry.
+Each script is atomic over every key it touches and re-checks its condition, so a transition
+happens at most once whatever runs it concurrently (several workers, reapers or API replicas).
+"""
+
+# Every transition script gets the same keys, so each one is atomic over everything it touches:
+#   KEYS[1] job hash   KEYS[2] its batch's counts hash
+#   KEYS[3] rf:leases  KEYS[4] rf:pending  KEYS[5] rf:dead      ARGV[1] the job id
+# Times are the Redis server's clock (TIME), so a lease never depends on a worker's clock.
+_PRELUDE = """
+local id = ARGV[1]
+local function move(old, new)
+  redis.call('HINCRBY', KEYS[2], old, -1)
+  redis.call('HINCRBY', KEYS[2], new, 1)
+end
+local function terminal(s) return s == 'succeeded' or s == 'failed' or s == 'canceled' end
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function fmt(x) return string.format('%.6f', x) end
+local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') or 0 end
+local function used() return num('attempts') - num('attempt_base') end
+local function ours(attempt)
+  return redis.call('HGET', KEYS[1], 'state') == 'running' and redis.call('HGET', KEYS[1], 'attempts') == attempt
+end
+-- back to queued for another attempt; the attempt counter is kept (it fences)
+local function requeue(state, t, err)
+  local share = terminal(state) and 1 or num('progress')
+  move(state, 'queued')
+  redis.call('HINCRBYFLOAT', KEYS[2], 'done', -share)
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'progress', '0', 'lease_until', '0', 'queued_at', fmt(t))
+  if err ~= '' then redis.call('HSET', KEYS[1], 'last_error', err) end
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[4], t, id)
+end
+local function finish(state, new, t, field, payload)
+  local old = num('progress')
+  move(state, new)
+  redis.call('HINCRBYFLOAT', KEYS[2], 'done', 1 - old)
+  redis.call('HSET', KEYS[1], 'state', new, 'finished_at', fmt(t), 'lease_until', '0',
+             'progress', new == 'succeeded' and '1' or tostring(old))
+  if field ~= '' then redis.call('HSET', KEYS[1], field, payload) end
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+  if new == 'failed' then redis.call('ZADD', KEYS[5], t, id) end
+end
+"""
+
+# start: queued|running → running, attempts += 1. ARGV: id, worker, lease_s, force, max_attempts.
+# Returns {attempt, request} or {0, reason}. A running job is taken over only when its lease has
+# expired and its attempt budget is not spent (else the reaper fails it), or when forced.
+START = _PRELUDE + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+  return {0, 'missing'}
+end
+if terminal(state) then return {0, state} end
+local t = now()
+if state == 'running' and ARGV[4] ~= '1' then
+  if num('lease_until') > t or used() >= tonumber(ARGV[5]) then return {0, 'running'} end
+end
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+local old = num('progress')
+if state ~= 'running' then move(state, 'running') end
+redis.call('HINCRBYFLOAT', KEYS[2], 'done', -old)
+local lease = t + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', fmt(t), 'progress', '0',
+           'lease_until', fmt(lease))
+redis.call('ZADD', KEYS[3], lease, id)
+redis.call('ZREM', KEYS[4], id)
+return {attempt, redis.call('HGET', KEYS[1], 'request')}
+"""
+
+# progress / renew: only for the current attempt of a running job; both extend its lease.
+# ARGV: id, attempt, lease_s, progress ('' = leave it). Returns 1 (ours), 0 (stale), 2 (canceled).
+PROGRESS = _PRELUDE + """
+if redis.call('HGET', KEYS[1], 'state') == 'canceled' then return 2 end
+if not ours(ARGV[2]) then return 0 end
+local lease = now() + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'lease_until', fmt(lease))
+redis.call('ZADD', KEYS[3], lease, id)
+if ARGV[4] ~= '' then
+  local new, old = tonumber(ARGV[4]), num('progress')
+  if new > old then
+    redis.call('HSET', KEYS[1], 'progress', ARGV[4])
+    redis.call('HINCRBYFLOAT', KEYS[2], 'done', new - old)
+  end
+end
+return 1
+"""
+
+# finish: running (this attempt; '*' = any non-terminal state) → succeeded|failed|canceled.
+# ARGV: id, attempt|'*', state, field, json, retry ('1'), max_attempts.
+# Returns 1 (finished), 2 (a retryable failure went back to queued), 0 (stale or already ended).
+FINISH = _PRELUDE + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or terminal(state) then return 0 end
+if ARGV[2] ~= '*' and not ours(ARGV[2]) then return 0 end
+local t = now()
+if ARGV[3] == 'failed' and ARGV[6] == '1' and used() < tonumber(ARGV[7]) then
+  requeue(state, t, ARGV[5])
+  return 2
+end
+finish(state, ARGV[3], t, ARGV[4], ARGV[5])
+if ARGV[3] == 'failed' then redis.call('HSET', KEYS[1], 'last_error', ARGV[5]) end
+return 1
+"""
+
+# requeue (the reaper): running with an expired lease → queued, or → failed (dead letter) when
+# the attempt budget is spent. ARGV: id, max_attempts. Returns {1, pool} requeued,
+# {2, ''} failed, {0, ''} nothing to do (the index entry is repaired).
+REQUEUE = _PRELUDE + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'running' then
+  redis.call('ZREM', KEYS[3], id)
+  if not state then redis.call('ZREM', KEYS[4], id) end
+  return {0, ''}
+end
+local t = now()
+local lease = num('lease_until')
+if lease > t then
+  redis.call('ZADD', KEYS[3], lease, id)
+  return {0, ''}
+end
+local err = cjson.encode({type = 'WorkerLost', message = 'lease expired: worker ' ..
+  (redis.call('HGET', KEYS[1], 'worker') or '?') .. ' stopped renewing attempt ' .. num('attempts') ..
+  ' (' .. used() .. ' of ' .. ARGV[2] .. ' attempts used)'})
+if used() >= tonumber(ARGV[2]) then
+  finish(state, 'failed', t, 'error', err)
+  redis.call('HSET', KEYS[1], 'last_error', err)
+  return {2, ''}
+end
+requeue(state, t, err)
+return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
+"""
+
+# release (graceful shutdown): this attempt of a running job → queued, without spending the
+# attempt budget. ARGV: id, attempt. Returns {1, pool} or {0, ''}.
+RELEASE = _PRELUDE + """
+if not ours(ARGV[2]) then return {0, ''} end
+redis.call('HINCRBY', KEYS[1], 'attempt_base', 1)
+requeue('running', now(), '')
+return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
+"""
+
+# retry (dead letter): failed → queued with a fresh attempt budget. ARGV: id.
+# Returns {1, pool} or {0, state}.
+RETRY = _PRELUDE + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'failed' then
+  if not state then redis.call('ZREM', KEYS[5], id) end
+  return {0, state or 'missing'}
+end
+redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'))
+requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
+redis.call('HDEL', KEYS[1], 'error', 'finished_at')
+redis.call('ZREM', KEYS[5], id)
+return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
+"""

@@ -1,0 +1,177 @@
+"""S3-compatible object storage for rendered images (boto3).
+
+Data flow: worker → **storage** (one object per job, key ``{batch_id}/{job_id}.{ext}``) → the
+status API hands out presigned GET URLs for those keys.
+
+Uploads use botocore's ``adaptive`` retry mode, so a brief S3 outage is retried with backoff
+rather than failing a job. A job's image is written once (:meth:`Storage.put_once`), with two
+guarantees the worker relies on:
+
+- **Written once.** The PUT is conditional (``If-None-Match: *``, supported by AWS S3 and
+  SeaweedFS): when a job's object already exists (a duplicate delivery, or an earlier attempt
+  that uploaded and then died before recording success), the server refuses the second write
+  with 412 and the existing object stands. The image is a pure function of the request and its
+  seed, so the existing object is the one this attempt would have written.
+- **Outages are waited out.** Connection errors, timeouts and 5xx answers are retried with
+  exponential backoff (0.5 s doubling, at most 2 s apart) for up to ``retry_s`` seconds in all,
+  on top of botocore's own few retries, so S3 being down for tens of seconds delays a batch
+  but fails no job. Object metadata carries the generation parameters; S3 user metadata
+is ASCII and (on AWS) at most 2 KB, so values are percent-encoded and the full infotext is cut
+to fit, with ``parameters-truncated: true`` said when it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from urllib.parse import quote
+
+import boto3
+from botocore.client import Config
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from infra.settings import Settings
+
+log = logging.getLogger("renderfarm.storage")
+
+_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "503", "500"}
+
+_METADATA_BUDGET = 1800  # bytes of user metadata we allow ourselves under AWS's 2 KB cap
+
+
+def object_key(batch_id: str, job_id: str, output_format: str) -> str:
+    """The S3 key of a job's image: ``{batch_id}/{job_id}.{ext}`` (``jpeg`` → ``jpg``)."""
+    ext = "jpg" if output_format == "jpeg" else output_format
+    return f"{batch_id}/{job_id}.{ext}"
+
+
+def object_metadata(fields: dict[str, str], parameters: str) -> dict[str, str]:
+    """S3 user metadata: the given ASCII ``fields`` plus the percent-encoded infotext, cut to fit."""
+    meta = {k: quote(str(v), safe=" ,:=x") for k, v in fields.items()}
+    budget = _METADATA_BUDGET - sum(len(k) + len(v) for k, v in meta.items()) - len("parameters")
+    encoded = quote(parameters, safe=" ,:=x")
+    if len(encoded) > budget:
+        cut = encoded[: max(0, budget - len("parameters-truncated") - 4)]
+        meta["parameters"] = cut[: cut.rfind("%")] if "%" in cut[-3:] else cut
+        meta["parameters-truncated"] = "true"
+    else:
+        meta["parameters"] = encoded
+    return meta
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an S3 error may go away by itself: no connection, a timeout, or a 5xx answer."""
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or exc.response.get("Error", {}).get("Code") in _TRANSIENT_CODES
+    return False
+
+
+def _precondition_failed(exc: ClientError) -> bool:
+    error = exc.response.get("Error", {})
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status == 412 or error.get("Code") in ("PreconditionFailed", "412")
+
+
+class Storage:
+    """The farm's bucket on an S3-compatible server.
+
+    Args:
+        settings: endpoint (empty = AWS), bucket, region and presign lifetime come from here;
+            credentials from boto3's standard chain (``AWS_ACCESS_KEY_ID`` …).
+    """
+
+    def __init__(self, settings: Settings, *, max_attempts: int = 8, connect_timeout_s: float = 5.0):
+        self.bucket = settings.s3_bucket
+        self.presign_expires_s = settings.presign_expires_s
+        config = Config(
+            signature_version="s3v4", s3={"addressing_style": "path"},
+            retries={"mode": "adaptive", "max_attempts": max_attempts},
+            connect_timeout=connect_timeout_s, read_timeout=60,
+        )
+        self.client = boto3.client(
+            "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region, config=config
+        )
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket when it does not exist yet (idempotent)."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            try:
+                self.client.create_bucket(Bucket=self.bucket)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
+
+    def put(self, key: str, body: bytes, content_type: str, metadata: dict[str, str]) -> None:
+        """Upload one object. Raises botocore errors once retries are exhausted."""
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type, Metadata=metadata)
+
+    def put_once(self, key: str, body: bytes, content_type: str, metadata: dict[str, str], *,
+                 retry_s: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> bool:
+        """Upload ``body`` to ``key`` unless an object is already there (see the module docstring).
+
+        Returns:
+            True when this call wrote the object, False when it already existed.
+        Raises:
+            the last botocore error, when storage stayed unreachable for ``retry_s`` seconds or
+            refused the write for a reason that is not transient (e.g. AccessDenied).
+        """
+        deadline = time.monotonic() + retry_s
+        delay = 0.5
+        while True:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
+                                       Metadata=metadata, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                if _precondition_failed(exc):
+                    log.info("object %s already exists; kept the first write", key)
+                    return False
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                    raise
+                error: Exception = exc
+            except Exception as exc:  # connection refused, reset, timeouts
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                    raise
+                error = exc
+            log.warning("storage unavailable (%s: %s); retrying %s in %.1fs", type(error).__name__, error, key, delay)
+            sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def size(self, key: str) -> int:
+        """The size in bytes of an existing object."""
+        return int(self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error when it does not exist)."""
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is in the bucket."""
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes."""
+        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def presigned_url(self, key: str, expires_s: int | None = None) -> str:
+        """A presigned GET URL for ``key``, valid ``expires_s`` seconds (default from settings)."""
+        return self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s or self.presign_expires_s
+        )
+
+    def ping(self) -> None:
+        """Raise when the bucket cannot be reached (used by ``/healthz``)."""
+        self.client.head_bucket(Bucket=self.bucket)

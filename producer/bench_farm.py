@@ -1,0 +1,303 @@
+"""``renderfarm bench farm``: the whole path against a bare render loop, in one run.
+
+Place in the data flow: around it. It starts a private local stack (:class:`infra.localstack.LocalStack`
+with its own redis-server on a free port, SeaweedFS, the status API and real worker processes),
+so the producer → API → Redis → worker → S3 → job state path is the one production runs, and
+measures:
+
+* **full path**: images/s from submitting N jobs (one HTTP batch) until the last one's
+  ``finished_at``, against the same renders (same requests, seeds, batch size and recipe) in
+  a bare in-process loop of :class:`pipeline.render.Renderer` calls; the ratio is the farm's
+  efficiency. Rounds alternate the order (bare → farm, then farm → bare) so a drift in machine
+  load favours neither; medians are reported.
+* **queue + storage path**: the same with ``--model null`` (a constant 64×64 image, no model):
+  jobs/s, end to end and between the first start and the last finish on the workers.
+* **submission**: seconds for one ``POST /v1/batches`` of ``submit_jobs`` jobs (client JSON,
+  HTTP, validation, job records and wait lanes in Redis), with the workers stopped.
+* **overhead**: worker milliseconds per job beyond the pipeline call, from the farm's own metrics
+  (``GET /metrics``: ``renderfarm_batch_seconds`` and ``renderfarm_render_seconds_per_image``
+  sums, which every worker records per batch), read before and after the measured rounds.
+
+Times are wall seconds on a machine other processes share; the load average is recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from infra.schemas import RenderRequest
+
+PROMPTS = (
+    "a photograph of an astronaut riding a horse", "a red fox in the snow, golden hour",
+    "an isometric city map, pastel colors", "a bowl of ramen, studio lighting",
+    "portrait of an old sailor, oil on canvas", "a glass teapot on a wooden table",
+    "a lighthouse in a storm, dramatic sky", "a field guide plate of botanical ferns",
+)
+NULL_MODEL = "null"
+#: Sums of the farm's metrics that give the worker's time per batch (see :func:`farm_timing`).
+TIMING_SUMS = {"renderfarm_batch_seconds_sum": "worker_s", "renderfarm_render_seconds_per_image_sum": "render_s",
+               "renderfarm_batch_size_sum": "jobs", "renderfarm_batch_size_count": "batches"}
+
+
+@dataclass(frozen=True)
+class FarmBenchConfig:
+    """What to measure. ``jobs``/``batch_size`` None = 2000/64 for null, 16/4 for a model."""
+
+    model: str
+    jobs: int | None = None
+    workers: int = 1
+    batch_size: int | None = None
+    width: int = 256
+    height: int = 256
+    steps: int = 4
+    guidance_scale: float = 7.5
+    recipe: str = "exact"
+    submit_jobs: int = 10_000
+    submit_repeats: int = 3
+    rounds: int = 2
+    bare: bool = True
+    timeout_s: float = 3600.0
+
+    @property
+    def null(self) -> bool:
+        return self.model == NULL_MODEL
+
+    def resolved(self) -> "FarmBenchConfig":
+        """Defaults filled in."""
+        from dataclasses import replace
+
+        return replace(self, jobs=self.jobs or (2000 if self.null else 16),
+                       batch_size=self.batch_size or (64 if self.null else 4))
+
+
+def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[RenderRequest]:
+    """``n`` requests (prompt i ↔ seed i) of the configured size, steps and guidance."""
+    return [RenderRequest(prompt=PROMPTS[i % len(PROMPTS)], seed=i, model=config.model, width=config.width,
+                          height=config.height, num_inference_steps=config.steps,
+                          guidance_scale=config.guidance_scale) for i in range(offset, offset + n)]
+
+
+def _load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ---- the farm side -------------------------------------------------------------------------------
+
+def _run_farm(client, config: FarmBenchConfig, n: int, offset: int) -> dict:
+    """Submit ``n`` jobs in one batch and wait for all; times from the job records."""
+    requests = requests_for(config, n, offset)
+    t0 = time.time()
+    accepted = client.submit_batch(requests)
+    submitted = time.time()
+    deadline = time.monotonic() + config.timeout_s
+    while True:
+        status = client.batch(accepted.batch_id, limit=0)
+        if status.done:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"farm run not done after {config.timeout_s} s: {status.counts}")
+        time.sleep(0.05 if config.null else 0.5)
+    jobs = client.batch_jobs(accepted.batch_id)
+    failed = [j for j in jobs if j.state != "succeeded"]
+    if failed:
+        j = failed[0]
+        raise RuntimeError(f"{len(failed)} of {n} jobs did not succeed; first: {j.job_id} {j.state} {j.error}")
+    started = min(_epoch(j.started_at) for j in jobs)
+    finished = max(_epoch(j.finished_at) for j in jobs)
+    return {"jobs": n, "submit_s": round(submitted - t0, 4), "end_to_end_s": round(finished - t0, 4),
+            "worker_span_s": round(finished - started, 4),
+            "images_per_s": round(n / (finished - t0), 4),
+            "worker_images_per_s": round(n / max(finished - started, 1e-9), 4)}
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a live process has used, from ``/proc/<pid>/stat``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _cpu_snapshot(processes) -> dict[str, float]:
+    out = {}
+    for p in processes:
+        try:
+            out[p.name] = cpu_seconds(p.pid)
+        except (OSError, TypeError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _epoch(value: datetime | None) -> float:
+    if value is None:
+        raise RuntimeError("a succeeded job without started_at/finished_at")
+    return value.timestamp()
+
+
+def farm_timing(client) -> dict[str, float]:
+    """Worker seconds on pulled batches, render seconds inside them, jobs and batches, summed over
+    every pool and worker so far, from the API's ``GET /metrics`` (Prometheus text)."""
+    text = client.http.get("/metrics").text
+    sums = dict.fromkeys(TIMING_SUMS.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in TIMING_SUMS:
+                sums[TIMING_SUMS[sample.name]] += sample.value
+    return sums
+
+
+def _overhead(before: dict[str, float], after: dict[str, float]) -> dict:
+    jobs, total, render = (after[k] - before[k] for k in ("jobs", "worker_s", "render_s"))
+    return {"batches": int(after["batches"] - before["batches"]), "jobs": int(jobs), "worker_s": round(total, 4),
+            "render_s": round(render, 4),
+            "overhead_ms_per_job": round(1000 * (total - render) / jobs, 3) if jobs else None}
+
+
+# ---- the bare side -------------------------------------------------------------------------------
+
+def _bare_renderer(config: FarmBenchConfig):
+    from pipeline.warm import prepare_renderer
+
+    renderer, _profile = prepare_renderer(config.model, "auto", config.recipe)
+    return renderer
+
+
+def _run_bare(renderer, config: FarmBenchConfig, n: int, offset: int) -> dict:
+    """The same renders as the farm run, in batches of ``batch_size``, in this process."""
+    requests = requests_for(config, n, offset)
+    t0 = time.perf_counter()
+    for i in range(0, n, config.batch_size):
+        renderer.render(requests[i:i + config.batch_size])
+    seconds = time.perf_counter() - t0
+    return {"jobs": n, "seconds": round(seconds, 4), "images_per_s": round(n / seconds, 4)}
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
+    """Start a private stack, measure, stop it; returns the JSON-able result."""
+    from infra.localstack import LocalStack, free_port, patched_environ
+    from producer.client import RenderClient
+
+    config = config.resolved()
+    load_before = _load_average()
+    started = time.time()
+    # the bench's own knobs for its private stack: no rate limits, the recipe under test
+    env = {"RENDERFARM_RATE_LIMIT_JOBS_PER_S": "0", "RENDERFARM_RATE_LIMIT_REQUESTS_PER_S": "0",
+           "RENDERFARM_RECIPE": config.recipe}
+    result: dict = {"benchmark": "farm", "config": asdict(config)}
+    with patched_environ(env):
+        stack = LocalStack(workers=config.workers, model=config.model, batch_size=config.batch_size,
+                           redis_url=f"redis://127.0.0.1:{free_port()}/0")
+        log(f"starting a private stack in {stack.run_dir} ({config.workers} worker(s) of {config.model}) …")
+        with stack, patched_environ(stack.env), RenderClient(api_url=stack.api.url, timeout_s=600) as client:
+            warm = config.workers * config.batch_size
+            log(f"warm-up: {warm} job(s) …")
+            _run_farm(client, config, warm, offset=10_000_000)
+            bare = _bare_renderer(config) if config.bare and not config.null else None
+            if bare is not None:
+                _run_bare(bare, config, config.batch_size, offset=10_000_000)  # same warm-up as the workers
+            timing_before = farm_timing(client)  # after the warm-up's batches
+            farm_runs, bare_runs = [], []
+            cpu: dict[str, float] = {}
+            for r in range(config.rounds):
+                order = ("bare", "farm") if r % 2 == 0 else ("farm", "bare")
+                for what in order:
+                    if what == "farm":
+                        before = _cpu_snapshot(stack.processes)
+                        run = _run_farm(client, config, config.jobs, offset=r * config.jobs)
+                        for name, seconds in _cpu_snapshot(stack.processes).items():
+                            cpu[name] = cpu.get(name, 0.0) + seconds - before.get(name, seconds)
+                        farm_runs.append(run)
+                        log(f"round {r + 1} farm: {run['images_per_s']:.3f} img/s end to end, "
+                            f"{run['worker_images_per_s']:.3f} on the worker(s) (load {_load_average()[0]})")
+                    elif bare is not None:
+                        run = _run_bare(bare, config, config.jobs, offset=r * config.jobs)
+                        bare_runs.append(run)
+                        log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {_load_average()[0]})")
+            timing_after = farm_timing(client)
+            result["full_path"] = _summary(farm_runs)
+            if bare_runs:
+                result["bare_loop"] = _summary(bare_runs)
+                result["full_path"]["ratio_to_bare"] = round(
+                    result["full_path"]["images_per_s"] / result["bare_loop"]["images_per_s"], 4)
+            result["overhead"] = _overhead(timing_before, timing_after)
+            done = config.jobs * len(farm_runs)
+            result["cpu_ms_per_job"] = {name: round(1000 * s / done, 3) for name, s in sorted(cpu.items())}
+            result["cpu_ms_per_job"]["total"] = round(sum(result["cpu_ms_per_job"].values()), 3)
+            for worker in stack.workers:  # submission alone: nobody consumes
+                worker.stop()
+            if config.submit_jobs:
+                result["submission"] = _submission(client, config, log)
+    result["machine"] = {"load_average_before": load_before, "load_average_after": _load_average(),
+                         "nproc": os.cpu_count()}
+    result["seconds"] = round(time.time() - started, 1)
+    return result
+
+
+def _summary(runs: list[dict]) -> dict:
+    key = "images_per_s"
+    out = {"runs": runs, key: round(statistics.median(r[key] for r in runs), 4)}
+    if runs and "worker_images_per_s" in runs[0]:
+        out["worker_images_per_s"] = round(statistics.median(r["worker_images_per_s"] for r in runs), 4)
+    return out
+
+
+def _submission(client, config: FarmBenchConfig, log) -> dict:
+    """Median seconds of ``submit_repeats`` single-request submissions of ``submit_jobs`` jobs."""
+    seconds = []
+    for r in range(config.submit_repeats):
+        requests = requests_for(config, config.submit_jobs, offset=20_000_000 + r * config.submit_jobs)
+        t0 = time.perf_counter()
+        client.submit_batch(requests)
+        seconds.append(round(time.perf_counter() - t0, 4))
+        log(f"submitted {config.submit_jobs} jobs in {seconds[-1]:.3f} s (load {_load_average()[0]})")
+    median = statistics.median(seconds)
+    return {"jobs": config.submit_jobs, "runs_s": seconds, "median_s": round(median, 4),
+            "jobs_per_s": round(config.submit_jobs / median, 1)}
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+def result_table(result: dict):
+    """A rich Table of a :func:`run_farm_bench` result: metric, value, target."""
+    from rich.table import Table
+
+    c, m = result["config"], result["machine"]
+    what = "jobs" if c["model"] == NULL_MODEL else "img"
+    table = Table(title=f"bench farm: {c['model']}, {c['jobs']} jobs, {c['workers']} worker(s), batch "
+                        f"{c['batch_size']}" + ("" if c["model"] == NULL_MODEL else
+                                                f", {c['width']}x{c['height']}, {c['steps']} steps, "
+                                                f"recipe {c['recipe']}"))
+    for col in ("metric", "value", "target"):
+        table.add_column(col, justify="left" if col != "value" else "right")
+    full = result.get("full_path", {})
+    null = c["model"] == NULL_MODEL
+    if full:
+        table.add_row(f"full path, end to end ({what}/s)", f"{full['images_per_s']:.3f}",
+                      "≥ 500 jobs/s (1 worker)" if null else "")
+        table.add_row(f"full path, first start → last finish ({what}/s)", f"{full['worker_images_per_s']:.3f}", "")
+    if "bare_loop" in result:
+        table.add_row("bare in-process loop (img/s)", f"{result['bare_loop']['images_per_s']:.3f}", "")
+        table.add_row("full path / bare loop", f"{100 * full['ratio_to_bare']:.1f} %", "≥ 95 %")
+    ov = result.get("overhead", {})
+    if ov.get("jobs"):
+        table.add_row("worker overhead beyond the render (ms/job)", f"{ov['overhead_ms_per_job']:.2f}", "")
+        table.add_row("worker time in the render", f"{100 * ov['render_s'] / max(ov['worker_s'], 1e-9):.1f} %", "")
+    cpu = result.get("cpu_ms_per_job", {})
+    if cpu:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "total")
+        table.add_row(f"CPU ms per job, all farm processes ({parts})", f"{cpu['total']:.2f}",
+                      f"≤ {1000 * m['nproc'] / 500:.0f} for 500 jobs/s" if null else "")
+    sub = result.get("submission")
+    if sub:
+        table.add_row(f"submit {sub['jobs']} jobs, one POST (s, median of {len(sub['runs_s'])})",
+                      f"{sub['median_s']:.3f}", "≤ 2 s for 10,000" if sub["jobs"] == 10_000 else "")
+    table.caption = (f"load average {m['load_average_before'][0]} → {m['load_average_after'][0]} on "
+                     f"{m['nproc']} cores; {result['seconds']:.0f} s in all")
+    return table
