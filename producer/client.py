@@ -2,6 +2,13 @@
 
 Data flow: **client** → HTTP status API → (job-state store + pool queues) … workers … →
 client polls status, then downloads images through presigned URLs (no S3 credentials needed).
+
+Every call rides out a busy or restarting API (:class:`RetryPolicy`, with ``tenacity``): a 429
+is retried after its ``Retry-After``; a request that never reached the API (connection refused
+or timed out while connecting) is retried with exponential backoff; a 5xx answer or a
+connection lost mid-request is retried only for requests that are safe to repeat (reads,
+cancels, and batch submissions, which always carry an idempotency key, so a retry returns the
+batch the first attempt created instead of a second one).
 """
 
 from __future__ import annotations
@@ -9,11 +16,15 @@ from __future__ import annotations
 import io
 import sys
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from PIL import Image
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 from tqdm import tqdm
 
 from infra.schemas import (
@@ -42,6 +53,41 @@ class RenderFarmError(RuntimeError):
         self.retry_after = retry_after
 
 
+#: Answers worth another try of a request that is safe to repeat.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a :class:`RenderClient` call rides out a busy or restarting API.
+
+    ``attempts`` tries in all; between them, a 429's ``Retry-After`` (seconds) or else
+    ``backoff_s × 2^(try − 1)``, never more than ``max_backoff_s``. ``attempts=1`` turns retries
+    off. With the defaults a call gives up after about 2.5 minutes of an unreachable API.
+    """
+
+    attempts: int = 8
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+    def should_retry(self, exc: BaseException, idempotent: bool) -> bool:
+        """Whether ``exc`` from one attempt is worth another: always a 429 or a request that never
+        left (connect errors); 5xx answers and lost connections only when ``idempotent``."""
+        if isinstance(exc, RenderFarmError):
+            return exc.status_code == 429 or (idempotent and exc.status_code in RETRY_STATUSES)
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return True
+        return idempotent and isinstance(exc, httpx.TransportError)
+
+    def wait_s(self, state: RetryCallState) -> float:
+        """Seconds before the next attempt (a tenacity ``wait``)."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            return min(self.max_backoff_s, max(0.0, float(retry_after)))
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (state.attempt_number - 1))
+
+
 class RenderClient:
     """A client of the renderfarm API.
 
@@ -49,13 +95,18 @@ class RenderClient:
         api_url: base URL; default ``RENDERFARM_API_URL``.
         api_key: sent as ``X-API-Key``; default ``RENDERFARM_API_KEY``.
         timeout_s: per-request HTTP timeout, seconds.
+        retry: how calls ride out 429s, 5xx answers and restarts (:class:`RetryPolicy`).
+        sleep: how to wait between attempts (tests pass a recorder).
     """
 
-    def __init__(self, api_url: str | None = None, api_key: str | None = None, timeout_s: float = 60.0):
+    def __init__(self, api_url: str | None = None, api_key: str | None = None, timeout_s: float = 60.0,
+                 retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep):
         settings = get_settings()
         headers = {"X-API-Key": api_key or settings.api_key} if (api_key or settings.api_key) else {}
         self.http = httpx.Client(base_url=(api_url or settings.api_url).rstrip("/"), headers=headers,
                                  timeout=timeout_s)
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
 
     def close(self) -> None:
         self.http.close()
@@ -66,7 +117,20 @@ class RenderClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kwargs) -> dict | list:
+    def _call(self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any) -> Any:
+        """One API call under the retry policy; ``idempotent`` defaults to True for GET and DELETE.
+
+        Raises:
+            NotFoundError: 404. RenderFarmError: another 4xx/5xx, once retries are spent.
+            httpx.TransportError: the API stayed unreachable.
+        """
+        safe = method in ("GET", "DELETE") if idempotent is None else idempotent
+        retrying = Retrying(stop=stop_after_attempt(max(1, self.retry.attempts)), wait=self.retry.wait_s,
+                            retry=retry_if_exception(lambda exc: self.retry.should_retry(exc, safe)),
+                            sleep=self._sleep, reraise=True)
+        return retrying(self._send, method, path, **kwargs)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.http.request(method, path, **kwargs)
         if response.status_code == 404:
             raise NotFoundError(response.json().get("detail", path))
@@ -92,21 +156,24 @@ class RenderClient:
                      idempotency_key: str | None = None, webhook_url: str | None = None) -> BatchAccepted:
         """Submit up to 10,000 renders as one batch, in one HTTP request.
 
+        Without an ``idempotency_key`` the client makes one, so that a retry after a lost answer
+        returns the batch the first attempt created.
+
         Raises:
             pydantic.ValidationError: naming the job index, field and rule; nothing is sent.
             RenderFarmError: the API refused the batch.
         """
-        body = BatchSubmission(jobs=list(requests), priority=priority, idempotency_key=idempotency_key,
-                               webhook_url=webhook_url)
+        body = BatchSubmission(jobs=list(requests), priority=priority,
+                               idempotency_key=idempotency_key or f"client-{uuid.uuid4().hex}", webhook_url=webhook_url)
         return BatchAccepted.model_validate(self._call(
-            "POST", "/v1/batches", content=body.model_dump_json(exclude_none=True),
+            "POST", "/v1/batches", idempotent=True, content=body.model_dump_json(exclude_none=True),
             headers={"Content-Type": "application/json"}))
 
     def catalog_lookup(self, keys: Sequence[str]) -> dict[str, dict | None]:
         """Per catalog key (up to 10,000), this tenant's job for it as a dict (``job_id``,
         ``batch_id``, ``state``, ``result_key``, ``error``), or None when no image exists and no
         job renders it. See ``POST /v1/catalog/lookup``."""
-        return self._call("POST", "/v1/catalog/lookup", json={"keys": list(keys)})["entries"]
+        return self._call("POST", "/v1/catalog/lookup", idempotent=True, json={"keys": list(keys)})["entries"]
 
     # ---- status ---------------------------------------------------------------------------
     def job(self, job_id: str) -> JobStatus:

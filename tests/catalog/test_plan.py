@@ -1,4 +1,4 @@
-"""Catalog planning without a farm (producer/catalog.py): reading CSV and JSON Lines, templates,
+"""Catalog planning without a farm (producer/catalog/): reading CSV and JSON Lines, templates,
 content keys and derived seeds, per-item parameters and the errors that name the item."""
 
 from __future__ import annotations
@@ -8,7 +8,14 @@ import json
 import pytest
 
 from producer.catalog import (
-    CatalogError, Template, content_key, derive_seed, plan_item, plan_items, prepare_catalog, read_catalog,
+    CatalogError,
+    Template,
+    content_key,
+    derive_seed,
+    plan_item,
+    plan_items,
+    prepare_catalog,
+    read_catalog,
 )
 
 DEFAULTS = {"model": "tiny", "width": 64, "height": 64, "num_inference_steps": 2}
@@ -167,19 +174,19 @@ def test_state_dir_skips_without_asking_the_farm(tmp_path):
     assert run.report()["skipped"] == 4 and run.report()["rendered"] == 0
 
 
-def test_run_skips_succeeded_resubmits_failed_and_rides_out_429_and_413(tmp_path, monkeypatch):
+def test_run_skips_succeeded_resubmits_failed_and_splits_on_413(tmp_path):
+    """(429s and restarts are RenderClient's to ride out: tests/security/test_client_retry.py.)"""
     from producer import catalog
 
-    monkeypatch.setattr(catalog.time, "sleep", lambda s: None)
     plans = _plans(tmp_path, 6)
     k = [p.key for p in plans]
     known = {k[0]: {"job_id": "old", "batch_id": "x", "state": "succeeded"},
              k[1]: {"job_id": "dead", "batch_id": "x", "state": "failed"}}
-    client = _FakeClient(known, refuse=[(429, "slow down", 2.0), (413, "too big", None)])
+    client = _FakeClient(known, refuse=[(413, "too big", None)])
     run = catalog.CatalogRun(client, plans, poll_s=0.01, chunk_size=10).run()
     report = run.report()
     assert (report["rendered"], report["skipped"], report["failed"]) == (5, 1, 0)
-    # the 429 was retried, the 413 split the 5 keys into 2 + 3
+    # the 413 split the 5 keys into 2 + 3
     assert sorted(len(keys) for _, keys, _ in client.submitted) == [2, 3]
     assert {key for _, keys, _ in client.submitted for key in keys} == set(k[1:])
 

@@ -1,0 +1,134 @@
+"""Planning a catalog: each item's request, seed and content key, or why it has none.
+
+Place in the data flow: items + template → **plan** → the run, which looks the content keys up
+in the farm's catalog index and submits only what has no image.
+
+Content-addressed keys: an item's key is the SHA-256 of its model, prompt, negative prompt,
+parameters (size, steps, guidance, scheduler, format) and seed. Its seed is the item's ``seed``
+field, or else derived from that same content, so a re-run computes the same keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from infra.schemas import RenderRequest
+from infra.state.catalog import CATALOG_KEY_FIELD
+from producer.catalog.items import CatalogError, Item, read_catalog
+from producer.catalog.templates import Template, TemplateFieldError
+
+#: Item fields that set request parameters (field name → RenderRequest field).
+PARAM_FIELDS = {"seed": "seed", "width": "width", "height": "height", "steps": "num_inference_steps",
+                "num_inference_steps": "num_inference_steps", "guidance_scale": "guidance_scale",
+                "negative_prompt": "negative_prompt", "scheduler": "scheduler", "output_format": "output_format",
+                "model": "model"}
+#: The request fields a content key covers (with ``seed``); metadata is not part of it.
+KEY_FIELDS = ("model", "prompt", "negative_prompt", "width", "height", "num_inference_steps", "guidance_scale",
+              "scheduler", "output_format")
+
+
+def _canonical(request: RenderRequest, with_seed: bool) -> bytes:
+    data = {k: getattr(request, k) for k in KEY_FIELDS}
+    if with_seed:
+        data["seed"] = request.seed
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def derive_seed(request: RenderRequest) -> int:
+    """A seed in 0…2³²−1 derived from the request's content (``KEY_FIELDS``, not its seed)."""
+    return int.from_bytes(hashlib.sha256(b"renderfarm-catalog-seed\0" + _canonical(request, False)).digest()[:4],
+                          "big")
+
+
+def content_key(request: RenderRequest) -> str:
+    """The catalog key of a request: hex SHA-256 of its ``KEY_FIELDS`` and seed (which must be set)."""
+    if request.seed is None:
+        raise ValueError("a content key needs a seed")
+    return hashlib.sha256(_canonical(request, True)).hexdigest()
+
+
+@dataclass
+class Plan:
+    """An item, and either its request and key or why it cannot be rendered (``error``:
+    ``{"type", "message"}``)."""
+
+    item: Item
+    request: RenderRequest | None = None
+    key: str | None = None
+    error: dict[str, str] | None = None
+
+
+def _value(v: Any) -> Any:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False) if isinstance(v, (dict, list)) else v
+
+
+def plan_item(item: Item, template: Template, defaults: Mapping[str, Any],
+              negative: Template | None = None) -> Plan:
+    """The request and content key of one item, or the reason it has none.
+
+    ``defaults`` are RenderRequest fields from the command line (``model`` is required, so that
+    the key never depends on the farm's default model); the item's parameter fields override them.
+    """
+    if item.problem:
+        return Plan(item, error={"type": "InvalidItem", "message": item.problem})
+    values = {k: _value(v) for k, v in item.fields.items()}
+    try:
+        params: dict[str, Any] = {"prompt": template.render(values), **defaults}
+        if negative is not None and "negative_prompt" not in values:
+            params["negative_prompt"] = negative.render(values)
+    except TemplateFieldError as exc:
+        have = ", ".join(sorted(values)) or "none"
+        return Plan(item, error={"type": "TemplateError", "message": f"item {item.id!r} (line {item.line}) has no "
+                                 f"field {exc.args[0]!r} for the template; its fields: {have}"})
+    except (ValueError, TypeError) as exc:
+        return Plan(item, error={"type": "TemplateError", "message": f"item {item.id!r} (line {item.line}): {exc}"})
+    for name, target in PARAM_FIELDS.items():
+        if name in values:
+            params[target] = values[name]
+    try:
+        request = RenderRequest.model_validate({**params, "seed": None})
+        seed = params.get("seed")
+        seed = derive_seed(request) if seed is None else seed
+        request = RenderRequest.model_validate({**params, "seed": seed})
+    except ValidationError as exc:
+        message = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'request'}: {e['msg']}" for e in exc.errors())
+        return Plan(item, error={"type": "ValidationError", "message": message})
+    key = content_key(request)
+    metadata = {CATALOG_KEY_FIELD: key, "catalog_item": item.id[:1024]}
+    return Plan(item, request.model_copy(update={"metadata": metadata}), key)
+
+
+def plan_items(items: Sequence[Item], template: Template, defaults: Mapping[str, Any],
+               negative: Template | None = None) -> list[Plan]:
+    """:func:`plan_item` for every item.
+
+    Raises:
+        CatalogError: a template field that no item has (a typo, or the wrong catalog).
+    """
+    for tmpl in (template, negative):
+        for name in (tmpl.fields if tmpl else ()):
+            if not any(name in it.fields for it in items if not it.problem):
+                raise CatalogError(f"{tmpl.option} {tmpl.text!r}: no item has a field {name!r}")
+    return [plan_item(item, template, defaults, negative) for item in items]
+
+
+def prepare_catalog(path: str | Path, template: str, *, model: str, params: Mapping[str, Any] | None = None,
+                    negative_template: str | None = None, input_format: str = "auto") -> tuple[list[Plan], dict]:
+    """Read and plan a catalog; returns the plans and the report's context (file, format,
+    template, model). ``params`` are RenderRequest defaults (``width``, ``num_inference_steps``, …).
+
+    Raises:
+        CatalogError: the file or a template is unusable (nothing has been sent).
+    """
+    tmpl = Template(template)
+    negative = Template(negative_template, "--negative-template") if negative_template is not None else None
+    fmt, items = read_catalog(path, input_format)
+    plans = plan_items(items, tmpl, {"model": model, **(params or {})}, negative)
+    return plans, {"catalog": str(path), "format": fmt, "template": template, "model": model}

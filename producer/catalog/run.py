@@ -1,0 +1,272 @@
+"""The catalog run loop: skip what has an image, wait for what is in flight, submit the rest.
+
+Place in the data flow: plans (:mod:`producer.catalog.plan`) → ``POST /v1/catalog/lookup`` →
+``POST /v1/batches`` in chunks → batch polling → outcomes per content key → the report
+(:mod:`producer.catalog.report`). Every API call goes through :class:`RenderClient`, whose retry
+policy rides out 429s and API restarts; chunks carry an idempotency key derived from their keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from infra.state.catalog import MAX_LOOKUP_KEYS
+from producer.catalog.plan import Plan
+from producer.catalog.report import Outcome, build_report
+from producer.client import NotFoundError, RenderClient, RenderFarmError
+
+#: Most jobs one chunk (one POST /v1/batches) may carry.
+MAX_CHUNK = 10_000
+
+
+class StateDir:
+    """``--state-dir``: an append-only ``succeeded.jsonl`` of keys known to have an image."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.file = self.path / "succeeded.jsonl"
+
+    def load(self) -> dict[str, str]:
+        """Key → job id of every recorded success (a torn last line is ignored)."""
+        out = {}
+        if self.file.exists():
+            for line in self.file.read_text(encoding="utf-8").splitlines():
+                try:
+                    rec = json.loads(line)
+                    out[rec["key"]] = rec["job_id"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return out
+
+    def add(self, records: Iterable[tuple[str, str]]) -> None:
+        """Append ``(key, job_id)`` successes and flush them to disk."""
+        lines = "".join(json.dumps({"key": k, "job_id": j}) + "\n" for k, j in records)
+        if lines:
+            with self.file.open("a", encoding="utf-8") as f:
+                f.write(lines)
+                f.flush()
+
+
+@dataclass
+class CatalogRun:
+    """One run over planned items (see the module docstring for what is skipped, waited for and
+    submitted). Call :meth:`run`; read :attr:`outcomes` and :meth:`report`."""
+
+    client: RenderClient
+    plans: list[Plan]
+    chunk_size: int = 1000
+    concurrency: int = 4
+    poll_s: float = 1.0
+    polls_per_round: int = 10
+    timeout_s: float | None = None
+    priority: str = "normal"
+    progress: bool = False
+    state: StateDir | None = None
+    outcomes: dict[str, Outcome] = field(default_factory=dict)      # key → outcome
+    batches: list[str] = field(default_factory=list)
+    resumed: int = 0
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+    def __post_init__(self):
+        self.requests = {p.key: p.request for p in self.plans if p.key}
+        self.job_key: dict[str, str] = {}                            # job id → key (jobs we wait for)
+        self.waiting: dict[str, set[str]] = defaultdict(set)         # batch id → keys
+        self.prev_job: dict[str, str] = {}                           # key → its failed/canceled job
+        self.submitted_ok = 0
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _lookup(self, keys: list[str], pool: ThreadPoolExecutor) -> list[str]:
+        """Sort keys into skipped / waited-for; return those to submit."""
+        chunks = [keys[i:i + MAX_LOOKUP_KEYS] for i in range(0, len(keys), MAX_LOOKUP_KEYS)]
+        to_submit = []
+        for chunk, entries in zip(chunks, pool.map(lambda chunk: self.client.catalog_lookup(chunk), chunks)):
+            for key in chunk:
+                entry = entries.get(key)
+                if entry is None:
+                    to_submit.append(key)
+                elif entry["state"] == "succeeded":
+                    self.outcomes[key] = Outcome("skipped", entry["job_id"])
+                elif entry["state"] in ("queued", "running"):
+                    self._wait_for(key, entry["job_id"], entry["batch_id"])
+                    self.resumed += 1
+                else:
+                    self.prev_job[key] = entry["job_id"]
+                    to_submit.append(key)
+        return to_submit
+
+    def _wait_for(self, key: str, job_id: str, batch_id: str) -> None:
+        self.job_key[job_id] = key
+        self.waiting[batch_id].add(key)
+        if batch_id not in self.batches:
+            self.batches.append(batch_id)
+
+    def _submit(self, keys: list[str]) -> tuple[list[tuple[str, str, str]], dict[str, dict]]:
+        """POST one chunk; returns ``([(key, job_id, batch_id)…], {key: error})``. A 413 splits
+        the chunk in halves; a 422 fails its items with the API's reason."""
+        ident = hashlib.sha256("\n".join(f"{k}:{self.prev_job.get(k, '')}" for k in keys).encode()).hexdigest()
+        try:
+            accepted = self.client.submit_batch([self.requests[k] for k in keys], priority=self.priority,
+                                                idempotency_key=f"catalog-{ident}")
+        except RenderFarmError as exc:
+            if exc.status_code == 413 and len(keys) > 1:
+                half = len(keys) // 2
+                (ok1, err1), (ok2, err2) = self._submit(keys[:half]), self._submit(keys[half:])
+                return ok1 + ok2, {**err1, **err2}
+            return [], self._refusal(keys, exc)
+        except httpx.HTTPError as exc:
+            return [], {k: {"type": "SubmitError", "message": f"{type(exc).__name__}: {exc}"} for k in keys}
+        return [(k, j, accepted.batch_id) for k, j in zip(keys, accepted.job_ids)], {}
+
+    @staticmethod
+    def _refusal(keys: list[str], exc: RenderFarmError) -> dict[str, dict]:
+        per_job: dict[int, str] = {}
+        if exc.status_code == 422 and isinstance(exc.detail, list):
+            for err in exc.detail:
+                loc = err.get("loc", []) if isinstance(err, dict) else []
+                if len(loc) > 2 and loc[:2] == ["body", "jobs"] and isinstance(loc[2], int):
+                    per_job[loc[2]] = f"{'.'.join(str(x) for x in loc[3:])}: {err.get('msg')}"
+        general = f"HTTP {exc.status_code}: {exc.detail}"
+        return {k: {"type": "Refused", "message": per_job.get(i, general)[:2000]} for i, k in enumerate(keys)}
+
+    def _poll(self, batch_id: str) -> None:
+        """Resolve the keys of ``batch_id`` once it is done; a vanished batch's keys are resubmitted."""
+        try:
+            status = self.client.batch(batch_id, limit=0)
+        except NotFoundError:
+            self._orphans.extend(self.waiting.pop(batch_id, ()))
+            return
+        self._terminal[batch_id] = sum(status.counts.get(s, 0) for s in ("succeeded", "failed", "canceled"))
+        if not status.done:
+            return
+        jobs = self.client.batch_jobs(batch_id)
+        done = []
+        for job in jobs:
+            key = self.job_key.get(job.job_id)
+            if key is None or key in self.outcomes:
+                continue
+            if job.state == "succeeded":
+                self.outcomes[key] = Outcome("rendered", job.job_id)
+                done.append((key, job.job_id))
+            else:
+                error = job.error.model_dump() if job.error else {"type": "Canceled", "message": f"job {job.state}"}
+                self.outcomes[key] = Outcome("failed", job.job_id, error)
+        if self.state is not None:
+            self.state.add(done)
+        for key in self.waiting.pop(batch_id, ()):
+            self.outcomes.setdefault(key, Outcome("failed", None, {"type": "Lost", "message":
+                                                                    f"job not found in batch {batch_id}"}))
+        self._terminal.pop(batch_id, None)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> "CatalogRun":
+        """Skip, submit and wait until every key has an outcome (or ``timeout_s`` passes).
+
+        Raises ``KeyboardInterrupt`` after recording ``interrupted`` (jobs already submitted keep
+        rendering; a re-run waits for them). API errors other than refusals propagate.
+        """
+        started = time.monotonic()
+        self._orphans: list[str] = []
+        self._terminal: dict[str, int] = {}
+        keys = list(self.requests)
+        known = self.state.load() if self.state else {}
+        for key in keys:
+            if key in known:
+                self.outcomes[key] = Outcome("skipped", known[key])
+        bar = tqdm(total=len(keys), unit="img", desc="catalog", disable=not self.progress, file=sys.stderr,
+                   dynamic_ncols=True)
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="catalog")
+        try:
+            pending = self._lookup([k for k in keys if k not in self.outcomes], pool)
+            tqdm.write(f"catalog: {len(self.plans)} items, {len(keys)} distinct images: {len(self.outcomes)} already "
+                       f"rendered, {self.resumed} in flight from an earlier run, {len(pending)} to submit",
+                       file=sys.stderr)
+            sys.stderr.flush()
+            futures: set[Future] = set()
+            round_robin: list[str] = []
+            last_log = time.monotonic()
+            while True:
+                if self._orphans:
+                    pending.extend(self._orphans)
+                    self._orphans = []
+                while pending:
+                    chunk, pending = pending[:self.chunk_size], pending[self.chunk_size:]
+                    futures.add(pool.submit(self._submit, chunk))
+                for future in [f for f in futures if f.done()]:
+                    futures.discard(future)
+                    ok, errors = future.result()
+                    for key, job_id, batch_id in ok:
+                        self._wait_for(key, job_id, batch_id)
+                    self.submitted_ok += len(ok)
+                    for key, error in errors.items():
+                        self.outcomes[key] = Outcome("failed", None, error)
+                if not round_robin:
+                    round_robin = [b for b in self.waiting]
+                for batch_id in round_robin[:self.polls_per_round]:
+                    self._poll(batch_id)
+                round_robin = [b for b in round_robin[self.polls_per_round:] if b in self.waiting]
+                self._show(bar, len(keys))
+                if not futures and not self.waiting and not self._orphans:
+                    break
+                if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                    self._time_out()
+                    break
+                if not self.progress and time.monotonic() - last_log > 30:
+                    last_log = time.monotonic()
+                    print(f"catalog: {self._done_count()}/{len(keys)} images done, {self._counts()}", file=sys.stderr)
+                if futures:
+                    wait_futures(futures, timeout=self.poll_s, return_when=FIRST_COMPLETED)
+                else:
+                    time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise
+        finally:
+            pool.shutdown(wait=not self.interrupted, cancel_futures=True)
+            self._show(bar, len(keys))
+            bar.close()
+            self.wall_s = time.monotonic() - started
+        return self
+
+    def _time_out(self) -> None:
+        for keys in self.waiting.values():
+            for key in keys:
+                self.outcomes.setdefault(key, Outcome("failed", None, {
+                    "type": "Timeout", "message": f"not finished after {self.timeout_s:g} s; "
+                                                  f"a re-run waits for it"}))
+        self.waiting.clear()
+
+    def _counts(self) -> dict[str, int]:
+        counts = {"rendered": 0, "skipped": 0, "failed": 0}
+        for outcome in self.outcomes.values():
+            counts[outcome.state] += 1
+        return counts
+
+    def _done_count(self) -> int:
+        in_flight = sum(min(self._terminal.get(b, 0), len(ks)) for b, ks in self.waiting.items())
+        return len(self.outcomes) + in_flight
+
+    def _show(self, bar: tqdm, total: int) -> None:
+        bar.n = min(total, self._done_count())
+        bar.set_postfix(self._counts(), refresh=False)
+        bar.refresh()
+
+    # -- the report ------------------------------------------------------------------------------
+    def report(self, **context: Any) -> dict[str, Any]:
+        """The JSON report of this run (:func:`producer.catalog.report.build_report`), with
+        ``context`` (file, template, model, times) first."""
+        return build_report(self, context)
