@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -59,6 +60,25 @@ def redis_server(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     server = RedisServer(free_port(), appendonly=True, dir=tmp_path_factory.mktemp("redis"), run_dir=run_dir)
     with server:
         yield server
+
+
+@pytest.fixture
+def redis_db(redis_server: RedisServer) -> Iterator[Callable[[int], Any]]:
+    """``redis_db(n)``: a client (``decode_responses=True``) on database ``n`` of the session's
+    redis-server, flushed now and again after the test. Database 0 is the session farm's (its API,
+    reaper and workers); tests that need a Redis of their own take another number."""
+    opened: list[Any] = []
+
+    def open_db(db: int) -> Any:
+        client = redis_server.client(db)
+        client.flushdb()
+        opened.append(client)
+        return client
+
+    yield open_db
+    for client in opened:
+        client.flushdb()
+        client.close()
 
 
 @pytest.fixture(scope="session")

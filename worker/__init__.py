@@ -1,0 +1,6 @@
+"""The worker process: one accelerator, one warm pipeline, one pool's queue.
+
+Place in the data flow: queue → **worker** (consume batches, heartbeat, circuit breaker, the batch
+runner) → pipeline → storage → job-state store. The pipeline's lifecycle (load, optimize, warm
+up, size the batch) is :mod:`pipeline.warm`'s; the worker keeps only the process around it.
+"""

@@ -95,6 +95,10 @@ class RedisServer(ManagedProcess):
     def __repr__(self) -> str:
         return super().__repr__().replace(quote(self.password, safe=""), "***") if self.password else super().__repr__()
 
+    def db_url(self, db: int) -> str:
+        """:attr:`url` pointing at database ``db`` instead of 0."""
+        return f"{self.url.rsplit('/', 1)[0]}/{db}"
+
     def client(self, db: int = 0) -> Any:
         """A ``redis.Redis`` client for this server (``decode_responses=True``)."""
         import redis

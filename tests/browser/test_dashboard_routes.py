@@ -12,23 +12,20 @@ import pytest
 from fastapi.testclient import TestClient
 
 from infra.api.app import create_app
+from infra.api.submission import new_id
 from infra.schemas import RenderRequest
 from infra.settings import Settings
 from infra.state.jobs import JobStore, NewJob
-from infra.api.submission import new_id
 
 DB = 4
 
 
 @pytest.fixture
-def api(redis_server):
-    r = redis_server.client(DB)
-    r.flushdb()
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{DB}"
-    settings = Settings(redis_url=url, s3_endpoint_url="http://127.0.0.1:9", reaper_enabled=False)
+def api(redis_server, redis_db):
+    redis_db(DB)
+    settings = Settings(redis_url=redis_server.db_url(DB), s3_endpoint_url="http://127.0.0.1:9", reaper_enabled=False)
     with TestClient(create_app(settings)) as client:
         yield client
-    r.flushdb()
 
 
 def _jobs(n: int, prompt: str = "a kite") -> dict:

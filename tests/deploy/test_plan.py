@@ -7,8 +7,17 @@ import math
 
 import pytest
 
-from infra.plan import (Behavior, Policy, PoolModel, images_per_s_from_bench, parse_clock, pool_from_values,
-                        pool_model_from_values, read_arrivals_csv, simulate)
+from infra.plan import (
+    Behavior,
+    Policy,
+    PoolModel,
+    images_per_s_from_bench,
+    parse_clock,
+    pool_from_values,
+    pool_model_from_values,
+    read_arrivals_csv,
+    simulate,
+)
 from tests.deploy.conftest import CHART, THREE_POOLS
 
 FAST_UP = Behavior(0, (Policy("Percent", 1000, 15),))
@@ -111,8 +120,9 @@ def test_values_files_drive_the_model():
 
 
 def test_cli_json(capsys):
-    from infra.plan import register
     import argparse
+
+    from infra.plan import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
@@ -124,8 +134,9 @@ def test_cli_json(capsys):
 
 
 def test_cli_sweep_table(capsys):
-    from infra.plan import register
     import argparse
+
+    from infra.plan import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))

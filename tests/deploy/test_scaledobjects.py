@@ -103,8 +103,8 @@ def test_metrics_api_value_location_resolves_on_the_route(redis_server):
     zeros for an idle pool (so KEDA reads 0, not an error), the /v1/queues row otherwise."""
     from fastapi.testclient import TestClient
 
-    from infra.api.app import create_app
     from infra import keys
+    from infra.api.app import create_app
     from infra.settings import Settings
 
     settings = Settings(redis_url=redis_server.url, s3_endpoint_url="http://127.0.0.1:9")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.schemas import JobStatus, RenderRequest
+from infra import keys
 from infra.localstack import (
     ApiServer,
     RedisServer,
@@ -24,9 +24,9 @@ from infra.localstack import (
     free_port,
     stack_env,
 )
+from infra.schemas import JobStatus, RenderRequest
 from infra.state.jobs import JobStore
 from producer import RenderClient
-from infra import keys
 
 ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "faults.json"
 TERMINAL = ("succeeded", "failed", "canceled")
@@ -65,7 +65,7 @@ class FaultFarm:
         self.redis_server, self.s3_server, self.run_dir = redis_server, s3_server, run_dir
         self.bucket = f"faults-{name}-{secrets.token_hex(3)}"
         self.db = next(_databases)  # farms alive at once (a module's and a test's) must not share queues
-        self.env = stack_env(redis_url=f"{redis_server.url.rsplit('/', 1)[0]}/{self.db}",
+        self.env = stack_env(redis_url=redis_server.db_url(self.db),
                              s3_endpoint_url=s3_server.url, access_key=s3_server.access_key, secret_key=s3_server.secret_key, bucket=self.bucket,
                              api_url=f"http://127.0.0.1:{free_port()}", cache_dir=cache_dir)
         self.env.update(FAULT_SETTINGS)

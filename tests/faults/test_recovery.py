@@ -19,9 +19,8 @@ import pytest
 
 from infra.broker.app import TASK_NAME
 from infra.broker.publish import publish_jobs
-from infra.localstack import ensure_bucket
-from infra.storage.s3 import Storage
 from infra.settings import Settings
+from infra.storage.s3 import Storage
 from worker.breaker import CircuitBreaker
 from worker.faults import POISON_ENV
 

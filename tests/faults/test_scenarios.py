@@ -18,8 +18,9 @@ import time
 
 import pytest
 
-from .farm import LEASE_S, request
 from worker.faults import OOM_ENV, POISON_ENV
+
+from .farm import LEASE_S, request
 
 pytestmark = pytest.mark.faults
 

@@ -40,7 +40,7 @@ def r(fault_redis):
 
 @pytest.fixture
 def app(fault_redis):
-    celery = make_celery(Settings(redis_url=f"{fault_redis.url.rsplit('/', 1)[0]}/{DB}"))
+    celery = make_celery(Settings(redis_url=fault_redis.db_url(DB)))
     yield celery
     celery.close()
 

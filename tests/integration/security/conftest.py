@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from infra.api.auth import KeyStore
-from infra.schemas import JobResult
 from infra.localstack import ApiServer, RedisServer, free_port
+from infra.schemas import JobResult
 from infra.state.jobs import JobStore
 
 #: A model no test worker serves: jobs for it stay queued until a test moves them.

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from infra.storage.images import read_parameters, request_from_parameters
 from infra.schemas import RenderRequest
+from infra.storage.images import read_parameters, request_from_parameters
 from producer import NotFoundError, RenderClient
 
 pytestmark = pytest.mark.integration

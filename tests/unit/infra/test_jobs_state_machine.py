@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 
-from infra.schemas import JOB_STATES, TERMINAL_STATES, JobError, JobResult, RenderRequest
 from infra import keys
+from infra.schemas import JOB_STATES, TERMINAL_STATES, JobError, JobResult, RenderRequest
 from infra.state.jobs import CANCELED, HELD, STALE, JobStore, NewJob
 
 pytestmark = pytest.mark.integration

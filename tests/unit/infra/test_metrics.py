@@ -16,10 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.api import metrics as read_side
-from infra.state import metrics as write_side
-from infra.schemas import RenderRequest
-from infra.state.jobs import JobStore, NewJob
 from infra.api.submission import new_id
+from infra.schemas import RenderRequest
+from infra.state import metrics as write_side
+from infra.state.jobs import JobStore, NewJob
 
 DB = 3
 
@@ -35,11 +35,8 @@ def types(text: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def r(redis_server):
-    client = redis_server.client(DB)
-    client.flushdb()
-    yield client
-    client.flushdb()
+def r(redis_db):
+    return redis_db(DB)
 
 
 def _started_batch(r, n: int, pool: str = "p1", wait_s: float = 0.0) -> list[str]:

@@ -13,9 +13,9 @@ import pytest
 
 from infra import keys
 from infra.api import webhooks
+from infra.api.webhooks import WebhookDispatcher, verify_signature
 from infra.schemas import JobError, JobResult, RenderRequest
 from infra.state.jobs import JobStore, NewJob
-from infra.api.webhooks import WebhookDispatcher, verify_signature
 
 from .conftest import SECRET, UNSERVED_MODEL
 

@@ -12,8 +12,8 @@ import redis
 from infra import keys
 from infra.broker import app as broker_app
 from infra.broker import publish
-from infra.settings import Settings
 from infra.localstack import RedisServer, free_port
+from infra.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,8 @@ from producer.demo import register as register_demo
 from producer.demo import select_prompts
 from producer.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
-PARTI_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "partiprompts" / "PartiPrompts.tsv"
-REPO = Path(__file__).resolve().parents[1]
+PARTI_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "partiprompts" / "PartiPrompts.tsv"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
@@ -454,11 +454,11 @@ def test_demo_renders_a_small_batch_end_to_end(cache_dir, tmp_path):
 
 @pytest.mark.integration
 def test_local_stack_reuses_an_answering_redis_and_renders(redis_server, cache_dir, tmp_path):
-    from producer import RenderClient
     from infra.schemas import RenderRequest
+    from producer import RenderClient
 
     # Database 1: the session's workers serve the same queue names on database 0.
-    redis_url = redis_server.url.rsplit("/", 1)[0] + "/1"
+    redis_url = redis_server.db_url(1)
     stack = LocalStack(workers=1, redis_url=redis_url, bucket="stack-reuse", cache_dir=cache_dir,
                        run_dir=tmp_path, console=Console(file=io.StringIO()))  # fmt: skip
     with stack:
@@ -478,8 +478,8 @@ def test_local_stack_reuses_an_answering_redis_and_renders(redis_server, cache_d
 
 @pytest.mark.integration
 def test_session_fixtures_bring_up_a_working_farm(farm_env, api_server, workers, redis_server, s3_server):
-    from infra.state.registry import live_workers
     from infra.settings import get_settings
+    from infra.state.registry import live_workers
 
     assert os.environ["RENDERFARM_REDIS_URL"] == redis_server.url == get_settings().redis_url
     assert get_settings().api_url == api_server.url

@@ -5,8 +5,14 @@ import io
 import pytest
 from PIL import Image
 
-from infra.storage.images import encode_image, format_parameters, parse_parameters, read_parameters, request_from_parameters
 from infra.schemas import RenderRequest
+from infra.storage.images import (
+    encode_image,
+    format_parameters,
+    parse_parameters,
+    read_parameters,
+    request_from_parameters,
+)
 from infra.storage.s3 import object_metadata
 
 

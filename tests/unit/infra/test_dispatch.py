@@ -13,30 +13,27 @@ from collections import Counter
 import pytest
 
 from infra import keys
+from infra.api.submission import Submitter, new_id
 from infra.background import server_time
 from infra.broker.app import broker_keys, make_celery
-from infra.broker.dispatch import Dispatcher, broker_depth, enqueue
 from infra.broker.depths import queue_depths
+from infra.broker.dispatch import Dispatcher, broker_depth, enqueue
 from infra.schemas import RenderRequest
 from infra.settings import Settings
 from infra.state.jobs import JobStore, NewJob
-from infra.api.submission import Submitter, new_id
 
 DB = 4
 POOL = "unit-pool"
 
 
 @pytest.fixture
-def r(redis_server):
-    client = redis_server.client(DB)
-    client.flushdb()
-    yield client
-    client.flushdb()
+def r(redis_db):
+    return redis_db(DB)
 
 
 @pytest.fixture
 def app(redis_server):
-    celery = make_celery(Settings(redis_url=redis_server.url.rsplit("/", 1)[0] + f"/{DB}"))
+    celery = make_celery(Settings(redis_url=redis_server.db_url(DB)))
     yield celery
     celery.close()
 

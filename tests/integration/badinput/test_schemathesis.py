@@ -23,8 +23,8 @@ from schemathesis.checks import not_a_server_error
 
 from infra.api.app import create_app
 from infra.api.auth import KeyStore
-from infra.settings import Settings
 from infra.localstack import ApiServer, free_port
+from infra.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ TALLY: dict[str, collections.Counter] = collections.defaultdict(collections.Coun
 
 @pytest.fixture(scope="module")
 def fuzz_api(farm_env, run_dir, redis_server, request):
-    redis_url = redis_server.url.rsplit("/", 1)[0] + "/1"
+    redis_url = redis_server.db_url(1)
     env = {**farm_env, "RENDERFARM_REDIS_URL": redis_url, "RENDERFARM_AUTH_REQUIRED": "true",
            "RENDERFARM_RATE_LIMIT_REQUESTS_PER_S": "0", "RENDERFARM_RATE_LIMIT_JOBS_PER_S": "0",
            "RENDERFARM_DEFAULT_MODEL": "fuzz-unserved"}

@@ -31,7 +31,7 @@ CHART_POOLS = [
 ]
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _req(model: str, width: int = 512, height: int = 512) -> RenderRequest:

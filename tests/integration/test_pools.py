@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from infra.api.auth import KeyStore
 from infra import keys
+from infra.api.auth import KeyStore
 from infra.broker.app import make_celery
 from infra.broker.dispatch import backlog, broker_depth
-from infra.settings import Settings
 from infra.localstack import ApiServer, WorkerProcess, free_port, start_workers
+from infra.settings import Settings
 
 pytestmark = pytest.mark.integration
 DB = 3
@@ -42,7 +42,7 @@ def job(i: int, size: int = 64, steps: int = 1) -> dict:
 @pytest.fixture(scope="module")
 def env(farm_env, redis_server) -> dict[str, str]:
     redis_server.client(DB).flushdb()
-    return {**farm_env, "RENDERFARM_REDIS_URL": redis_server.url.rsplit("/", 1)[0] + f"/{DB}",
+    return {**farm_env, "RENDERFARM_REDIS_URL": redis_server.db_url(DB),
             "RENDERFARM_API_URL": f"http://127.0.0.1:{free_port()}", "RENDERFARM_POOLS": json.dumps(POOLS),
             "RENDERFARM_HEARTBEAT_INTERVAL_S": "0.5", "RENDERFARM_PRIORITY_AGING_S": "1"}
 

@@ -21,9 +21,9 @@ import redis
 
 from infra.broker.app import make_celery
 from infra.broker.publish import publish_jobs
-from infra.settings import Settings
 from infra.localstack import LOCALHOST, ApiServer, ProcessExited, RedisServer, free_port, redis_answers
 from infra.schemas import RenderRequest
+from infra.settings import Settings
 from infra.state.jobs import JobStore, NewJob
 
 pytestmark = pytest.mark.integration

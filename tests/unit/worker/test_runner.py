@@ -1,0 +1,212 @@
+"""BatchRunner, one pulled batch at a time: grouping, bisection, OOM splits, timeouts,
+cancellation, fencing and storage outages.
+
+The runner's collaborators are real: the job-state store on the session's redis-server (its own
+database) and the bucket on the session's SeaweedFS. Only the renderer is scripted (a test
+double that paints one colour per seed and fails, runs out of memory or slows down on cue), since
+what is under test is what the runner does with each outcome of a render.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+
+import pytest
+from PIL import Image
+
+from infra.api.submission import new_id
+from infra.schemas import RenderRequest
+from infra.settings import Settings
+from infra.state.jobs import JobStore, NewJob
+from infra.storage.images import read_parameters
+from infra.storage.s3 import Storage
+from worker.runner import BatchRunner
+
+DB = 6  # the session farm uses database 0
+POISON = "poison-for-the-runner"
+
+
+class ScriptedRenderer:
+    """Renders each request as a flat colour derived from its seed, after ``steps`` callbacks.
+
+    ``fail_on`` (a prompt substring) raises RuntimeError for any group holding it; ``oom_above``
+    raises MemoryError for a group larger than that; ``step_s`` sleeps per step; ``at_step(step,
+    requests)`` runs a test's action (a cancel, a takeover) before the step is reported.
+    """
+
+    model = "scripted"
+
+    def __init__(self, *, fail_on: str = "", oom_above: int = 0, step_s: float = 0.0,
+                 at_step: Callable[[int, Sequence[RenderRequest]], None] | None = None):
+        self.fail_on, self.oom_above, self.step_s, self.at_step = fail_on, oom_above, step_s, at_step
+        self.calls: list[list[str]] = []
+        self.steps_run: list[int] = []
+
+    def render(self, requests: Sequence[RenderRequest], on_step=None) -> list[Image.Image]:
+        self.calls.append([r.prompt for r in requests])
+        if self.fail_on and any(self.fail_on in r.prompt for r in requests):
+            raise RuntimeError(f"poison request: prompt contains {self.fail_on!r}")
+        if self.oom_above and len(requests) > self.oom_above:
+            raise MemoryError(f"out of memory on a group of {len(requests)}")
+        total = requests[0].num_inference_steps
+        for step in range(1, total + 1):
+            time.sleep(self.step_s)
+            if self.at_step is not None:
+                self.at_step(step, requests)
+            self.steps_run.append(step)
+            if on_step is not None:
+                on_step(step, total)
+        return [Image.new("RGB", (r.width, r.height), ((r.seed or 0) % 256, 40, 90)) for r in requests]
+
+
+@pytest.fixture
+def store(redis_db) -> JobStore:
+    return JobStore(redis_db(DB), lease_s=30.0, max_attempts=3)
+
+
+@pytest.fixture
+def storage(farm_env) -> Storage:
+    """The session bucket (objects go under each test's own batch id)."""
+    return Storage(Settings())
+
+
+def submit(store: JobStore, prompts: Sequence[str], **params) -> list[str]:
+    """Record one queued job per prompt (a batch of its own), as submission does."""
+    params = {"model": "scripted", "num_inference_steps": 4, "width": 64, "height": 64, **params}
+    jobs = [NewJob(new_id(), RenderRequest(prompt=p, seed=i, **params), "scripted") for i, p in enumerate(prompts)]
+    store.create_batch(new_id(), jobs)
+    return [j.job_id for j in jobs]
+
+
+def messages(job_ids: Sequence[str]) -> list[SimpleNamespace]:
+    """What celery-batches hands the task: one request per message, the job id in its kwargs."""
+    return [SimpleNamespace(id=f"m{i}", kwargs={"job_id": j}, args=()) for i, j in enumerate(job_ids)]
+
+
+def runner(store: JobStore, storage: Storage, renderer: ScriptedRenderer, **kw) -> BatchRunner:
+    return BatchRunner(store, storage, renderer, "test-runner", progress_interval_s=0.0, redis_retry_s=2.0, **kw)
+
+
+def image_of(storage: Storage, key: str) -> Image.Image:
+    return Image.open(io.BytesIO(storage.get(key)))
+
+
+def test_one_render_per_group_and_every_job_recorded_with_its_image(store, storage):
+    small = submit(store, [f"a fox {i}" for i in range(3)])
+    wide = submit(store, ["a wide lighthouse", "a wide field"], width=128)
+    renderer = ScriptedRenderer()
+    outcome = runner(store, storage, renderer).run(messages(small + wide))
+    assert (outcome.started, outcome.succeeded, outcome.failed, outcome.dropped) == (5, 5, 0, 0)
+    assert sorted(len(call) for call in renderer.calls) == [2, 3]  # one pipeline call per compat key
+    for job_id in small + wide:
+        status = store.get_job(job_id)
+        assert status.state == "succeeded" and status.progress == 1.0 and status.worker == "test-runner"
+        image = image_of(storage, status.result.key)
+        assert image.size == (status.request.width, 64) == (status.result.width, status.result.height)
+        assert status.result.bytes == storage.size(status.result.key)
+        assert image.getpixel((0, 0)) == (status.request.seed % 256, 40, 90)
+        assert f"Seed: {status.request.seed}" in read_parameters(storage.get(status.result.key))
+
+
+def test_a_poison_request_fails_alone_and_its_batch_mates_succeed(store, storage):
+    ids = submit(store, [f"a kite {i}" for i in range(7)] + [f"{POISON} here"])
+    renderer = ScriptedRenderer(fail_on=POISON)
+    outcome = runner(store, storage, renderer).run(messages(ids))
+    assert (outcome.succeeded, outcome.failed, outcome.requeued) == (7, 1, [])
+    poison = store.get_job(ids[-1])
+    assert poison.state == "failed" and poison.error.type == "RuntimeError" and POISON in poison.error.message
+    assert all(store.get_job(j).state == "succeeded" for j in ids[:-1])
+    # bisection: the group holding the poison halves until it is alone (8 → 4 → 2 → 1)
+    assert [len(c) for c in renderer.calls if any(POISON in p for p in c)] == [8, 4, 2, 1]
+    assert store.dead_letters()[1][0].job_id == ids[-1]
+
+
+def test_out_of_memory_splits_the_group_and_reports_the_sizes_that_failed(store, storage):
+    ids = submit(store, [f"a bowl {i}" for i in range(8)])
+    too_big: list[int] = []
+    outcome = runner(store, storage, ScriptedRenderer(oom_above=2), on_oom=too_big.append).run(messages(ids))
+    assert (outcome.succeeded, outcome.failed) == (8, 0)
+    assert too_big == [8, 4, 4]  # every group above 2 that ran out; the worker lowers its batch size from these
+
+
+def test_a_render_over_the_timeout_fails_its_group_without_bisection(store, storage):
+    ids = submit(store, ["slow 1", "slow 2"], num_inference_steps=20)
+    renderer = ScriptedRenderer(step_s=0.05)
+    outcome = runner(store, storage, renderer, job_timeout_s=0.3).run(messages(ids))
+    assert (outcome.succeeded, outcome.failed) == (0, 2)
+    assert len(renderer.calls) == 1 and len(renderer.steps_run) < 20  # stopped between steps, not retried
+    for job_id in ids:
+        error = store.get_job(job_id).error
+        assert error.type == "TimeoutError" and "job timeout" in error.message
+
+
+def test_a_job_canceled_mid_render_loses_its_image_and_the_others_keep_theirs(store, storage):
+    ids = submit(store, ["keep 1", "cancel me", "keep 2"])
+
+    def cancel(step: int, requests) -> None:
+        if step == 2:
+            store.cancel(ids[1])
+
+    outcome = runner(store, storage, ScriptedRenderer(at_step=cancel)).run(messages(ids))
+    assert (outcome.succeeded, outcome.dropped) == (2, 1)
+    canceled = store.get_job(ids[1])
+    assert canceled.state == "canceled" and canceled.result is None
+    listed = storage.client.list_objects_v2(Bucket=storage.bucket, Prefix=f"{canceled.batch_id}/")
+    assert {o["Key"] for o in listed.get("Contents", [])} == {store.get_job(j).result.key for j in (ids[0], ids[2])}
+
+
+def test_a_group_whose_jobs_are_all_canceled_stops_between_steps(store, storage):
+    ids = submit(store, ["gone 1", "gone 2"], num_inference_steps=10)
+
+    def cancel_all(step: int, requests) -> None:
+        if step == 2:
+            for job_id in ids:
+                store.cancel(job_id)
+
+    renderer = ScriptedRenderer(at_step=cancel_all)
+    outcome = runner(store, storage, renderer).run(messages(ids))
+    assert (outcome.succeeded, outcome.failed, outcome.dropped) == (0, 0, 2)
+    assert max(renderer.steps_run) == 2  # the step callback stopped the loop at once
+
+
+def test_a_stale_attempt_records_and_writes_nothing(store, storage):
+    """Another worker took the job over (its lease had expired) while this one rendered: the
+    attempt number fences it, so this attempt's image is discarded before the upload."""
+    (job_id,) = submit(store, ["taken over"])
+
+    def take_over(step: int, requests) -> None:
+        if step == 1:
+            store.start_many([job_id], "other-worker", force=True)
+
+    outcome = runner(store, storage, ScriptedRenderer(at_step=take_over)).run(messages([job_id]))
+    assert (outcome.succeeded, outcome.dropped) == (0, 1)
+    status = store.get_job(job_id)
+    assert status.state == "running" and status.worker == "other-worker" and status.attempts == 2
+    assert not storage.exists(f"{status.batch_id}/{job_id}.png")
+
+
+def test_storage_away_sends_the_jobs_back_to_the_queue(store, farm_env):
+    ids = submit(store, ["no bucket 1", "no bucket 2"])
+    away = Storage(Settings(s3_endpoint_url="http://127.0.0.1:9"), max_attempts=1, connect_timeout_s=0.5)
+    requeued: list[list[str]] = []
+    outcome = runner(store, away, ScriptedRenderer(), upload_retry_s=0.0,
+                     on_requeued=requeued.append).run(messages(ids))
+    assert (outcome.succeeded, outcome.failed) == (0, 0) and sorted(outcome.requeued) == sorted(ids)
+    assert requeued == [outcome.requeued]  # handed back for republishing
+    for job_id in ids:
+        status = store.get_job(job_id)
+        assert status.state == "queued" and status.attempts == 1  # an attempt spent, the job kept
+
+
+def test_malformed_duplicate_and_unknown_messages_start_nothing_twice(store, storage):
+    (job_id,) = submit(store, ["only once"])
+    bad = [SimpleNamespace(id="x1", kwargs={"job_id": 42}, args=()),
+           SimpleNamespace(id="x2", kwargs="not a dict", args=()),
+           SimpleNamespace(id="x3", kwargs={"job_id": "../../etc"}, args=())]
+    renderer = ScriptedRenderer()
+    outcome = runner(store, storage, renderer).run([*messages([job_id, job_id, "f" * 32]), *bad])
+    assert (outcome.started, outcome.succeeded) == (1, 1)  # the duplicate and the unknown id are skipped
+    assert renderer.calls == [["only once"]]
