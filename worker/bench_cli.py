@@ -183,14 +183,19 @@ def _register_farm(sub) -> None:
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m worker.bench_cli WHAT …``: the bench commands alone (see the module docstring)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The bench commands alone: ``pipeline``, ``profile`` and ``farm`` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="renderfarm bench", description="renderfarm benchmarks")
     sub = parser.add_subparsers(dest="bench", required=True, metavar="WHAT")
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m worker.bench_cli WHAT …``: the bench commands without the CLI root."""
+    args = build_parser().parse_args(argv)
     args.func(args)
 
 

@@ -31,7 +31,7 @@ CATEGORIES = ("attention", "gemm", "norm", "elementwise/other")
 _ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax", re.I)
 _GEMM = re.compile(r"gemm|gemv|cutlass|cublas|nvjet|xmma|wgmma|sm\d{2,3}_|matmul|\bmm\b|addmm|bmm|_mm\b|mm_|"
                    r"triton_tem|conv|cudnn|mkldnn|linear", re.I)
-_NORM = re.compile(r"norm", re.I)
+_NORM = re.compile(r"norm|RowwiseMoments|ComputeFusedParams|welford", re.I)  # ATen group norm: moments + apply
 _FUSED_POINTWISE = ("triton_poi", "triton_per", "triton_red")  # Inductor's non-matmul kernels
 LAUNCH = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
 SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
