@@ -52,7 +52,11 @@ def _pipeline(args: argparse.Namespace) -> int:
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
         recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,
         cache_dir=args.cache_dir, count_flops=not args.no_flops, sequential=args.sequential, table=args.table)
-    result = run_pipeline_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    try:
+        result = run_pipeline_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    except ValueError as exc:  # a bad spec, recipe, override or allocator setting: say which, no traceback
+        console.print(f"[red]bench pipeline: {exc}[/]", highlight=False)
+        return 2
     console.print(result_table(result))
     if args.json:
         write_json(result, args.json)
@@ -67,7 +71,11 @@ def _profile(args: argparse.Namespace) -> int:
     config = ProfileConfig(model=args.model, recipe=args.recipe, width=args.width, height=args.height,
                            steps=args.steps, batch_size=args.batch_size, guidance_scale=args.guidance_scale,
                            device=args.device, cache_dir=args.cache_dir, trace=args.trace)
-    result = run_profile(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    try:
+        result = run_profile(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    except ValueError as exc:
+        console.print(f"[red]bench profile: {exc}[/]", highlight=False)
+        return 2
     for table in profile_tables(result):
         console.print(table)
     if args.json:

@@ -13,8 +13,9 @@
 # prints nvidia-smi and the torch/triton/CUDA versions; runs each invocation with
 # `python3 -m worker.bench_cli` (the bench commands without the CLI root, whose other commands
 # need Celery/Redis/FastAPI), each writing its JSON into the results folder; after every
-# invocation packs the results into $OUT/results.tgz and keeps the log in $OUT/bench-gpu.log
-# (so a call stopped at its time limit still returns what finished). Each invocation gets the
+# invocation packs the results into $OUT/results.tgz (and copies the JSONs into $OUT while there
+# are at most 6: a call returns 8 files) and keeps the log in $OUT/bench-gpu.log (so a call
+# stopped at its time limit still returns what finished). Each invocation gets the
 # time left before $BENCH_DEADLINE_S (default 540 s after the start), so the call ends inside a
 # 10-minute limit; an invocation that runs out is stopped and the next stage is skipped.
 # At the end: a one-line-per-row summary of every JSON (the reply keeps only the output's tail).
@@ -141,6 +142,8 @@ for c in "${commands[@]}"; do
   echo "=== exit $rc after $(( $(date +%s) - start )) s"
   [ "$rc" -eq 0 ] || status=1
   tar czf "$OUT/results.tgz" -C "$results" . 2>/dev/null
+  # a device call returns at most 8 files: the JSONs themselves too while they fit beside log + tgz
+  if [ "$(find "$results" -maxdepth 1 -name '*.json' | wc -l)" -le 6 ]; then cp "$results"/*.json "$OUT"/ 2>/dev/null; fi
 done
 
 python3 - "$results" <<'PY'

@@ -2,7 +2,7 @@
 recipe is resolved and applied, how the farm renders, what batch the pool would pick.
 
 Place in the data flow: :mod:`pipeline.bench.subjects` → **here** → ``pipeline.models``
-(``load_pipeline``, ``build_offline_model``, ``OFFLINE_MODELS``), ``pipeline.recipes``
+(``load_pipeline``, ``OFFLINE_MODELS``), ``pipeline.recipes``
 (``recipe_for``, ``apply_overrides``), ``pipeline.optimize`` (``apply_recipe``),
 ``pipeline.render`` (``Renderer``) and ``pipeline.warm`` (``batch_size_from_memory``). Every
 other bench module reaches those packages only through the functions below, so a change of
@@ -16,8 +16,11 @@ What the bench assumes today, and where a later pipeline may differ:
   table in ``pipeline`` replaces it when there is one.
 * :func:`default_batch_invariant`: the batch-invariant kernels (:mod:`pipeline.invariance`) are
   on by default on the CPU only (they are CPU kernels; on CUDA they only add per-sample GEMMs).
-* Offline ``*-arch`` models are built with :func:`pipeline.models.build_offline_model` (saved
-  once to the cache, in float32) and loaded from there in the dtype asked for.
+* Every row loads through :func:`pipeline.models.load_pipeline`, in the dtype asked for, on the
+  device (the reference too: loading applies no optimization); offline ``*-arch`` models come
+  from ``pipeline.models``' builds.
+* Recipes are resolved for the device alone (``recipe_for(profile, name)``), with the offline
+  ``taesd-arch`` as the tiny VAE of the offline models.
 """
 
 from __future__ import annotations
@@ -65,27 +68,17 @@ def is_offline(model: str) -> bool:
 
 
 def load_reference(model: str, dtype: str, device: str, cache: str | None):
-    """``model`` loaded as a user of diffusers does: ``AutoPipelineForText2Image.from_pretrained``
-    (``DiffusionPipeline`` when no auto class maps it) in ``dtype``, moved to ``device``, the
+    """``model`` loaded as a user of diffusers loads it, with nothing of the farm's recipes:
+    ``pipeline.models.load_pipeline`` (``AutoPipelineForText2Image.from_pretrained`` for hub ids
+    and directories; the offline builds from their cache) in ``dtype``, on ``device``, with the
     default attention processors (SDPA), progress bars off.
 
     Raises:
-        ValueError / OSError: the model cannot be loaded (diffusers' own errors).
+        ValueError / FileNotFoundError: the model cannot be loaded (``load_pipeline``'s errors).
     """
-    from diffusers import AutoPipelineForText2Image, DiffusionPipeline
+    from pipeline.models import load_pipeline
 
-    source = model
-    if is_offline(model):
-        from pipeline.models import build_offline_model
-
-        source = str(build_offline_model(model, cache_dir(cache)))
-    try:
-        pipe = AutoPipelineForText2Image.from_pretrained(source, dtype=DTYPES[dtype])
-    except ValueError:  # no text-to-image auto class maps this pipeline
-        pipe = DiffusionPipeline.from_pretrained(source, dtype=DTYPES[dtype])
-    pipe = pipe.to(device)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return load_pipeline(model, device=device, torch_dtype=DTYPES[dtype], cache_dir=cache_dir(cache))
 
 
 def farm_recipe(name: str, overrides: dict[str, Any], profile: DeviceProfile, model: str):
@@ -98,12 +91,15 @@ def farm_recipe(name: str, overrides: dict[str, Any], profile: DeviceProfile, mo
     Raises:
         ValueError: unknown recipe, unknown knob, or an approximate override on ``exact``.
     """
-    from pipeline.optimize import OFFLINE_TINY_VAES
     from pipeline.recipes import apply_overrides, recipe_for
 
+    try:
+        from pipeline.optimize import OFFLINE_TINY_VAES
+    except ImportError:  # a pipeline that picks the offline tiny VAE itself
+        OFFLINE_TINY_VAES = {}
     recipe = recipe_for(profile, name)
     overrides = dict(overrides)
-    if is_offline(model) and recipe.tiny_vae and "tiny_vae" not in overrides:
+    if is_offline(model) and recipe.tiny_vae and "tiny_vae" not in overrides and OFFLINE_TINY_VAES:
         overrides["tiny_vae"] = next(iter(OFFLINE_TINY_VAES))
     return apply_overrides(recipe, overrides, allow_approximate=name != "exact")
 

@@ -259,7 +259,9 @@ def _references(run: _Run) -> dict[int, np.ndarray]:
 def _finish(run: _Run) -> None:
     rates = {k: statistics.median(v) for k, v in run.gemm.items() if v}
     refs = _references(run)
-    by_kind_batch = {(row.kind, row.batch_size): row for row in run.rows.values()}
+    by_kind_batch: dict[tuple[str, int], Row] = {}
+    for row in run.rows.values():  # the first reference / peer row is the one compared with
+        by_kind_batch.setdefault((row.kind, row.batch_size), row)
     for (text, b), row in run.rows.items():
         summary = Summary.of(row.hot_s_per_img)
         row.hot_mean_s_per_img, row.hot_median_s_per_img, row.hot_best_s_per_img = \

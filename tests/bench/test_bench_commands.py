@@ -81,12 +81,12 @@ def test_bench_pipeline_sequential_runs_one_spec_at_a_time(tmp_path, bench_cache
     assert rows["exact"]["denoiser_calls"] == 1 and rows["exact"]["flops_per_image"] is None  # --no-flops
 
 
-def test_bench_pipeline_refuses_a_bad_spec_before_loading(bench_cache):
-    from pipeline.bench import PipelineBenchConfig, run_pipeline_bench
-
-    with pytest.raises(ValueError, match="unknown flag"):
-        run_pipeline_bench(PipelineBenchConfig(model="tiny", recipes=("exact+warp_speed",), device="cpu",
-                                               cache_dir=str(bench_cache)))
+def test_bench_pipeline_refuses_a_bad_spec_with_its_reason(bench_cache, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "pipeline", "--model", "tiny", "--recipes", "reference,exact+warp_speed", "--device", "cpu",
+              "--cache-dir", str(bench_cache)])
+    assert exit_info.value.code == 2
+    assert "unknown flag 'warp_speed' in bench spec 'exact+warp_speed'" in capsys.readouterr().out
 
 
 def test_bench_farm_on_tiny_writes_its_json(tmp_path, bench_cache, monkeypatch, capsys):

@@ -29,7 +29,7 @@ def test_pipeline_on_cuda_reports_allocator_peaks_and_the_bf16_rate(tmp_path, be
     result = json.loads(out.read_text())
     assert result["machine"]["gemm_size"] == 8192 and result["machine"]["gemm_flops_per_s"]["bfloat16"] > 0
     for row in result["rows"]:
-        assert row["peak_reserved_mib"] >= row["peak_allocated_mib"] > 0 or row["peak_reserved_mib"] > 0
+        assert row["peak_reserved_mib"] >= row["peak_allocated_mib"] > 0  # reserved: the whole process
         assert row["pct_of_bf16_matmul"] > 0 and row["it_per_s"] > 0
     assert {r["dtype"] for r in result["rows"] if r["kind"] == "reference"} == {"float16"}
 
