@@ -100,8 +100,10 @@ SPEC_HELP = ("reference (diffusers at the model's recommended dtype, eager, SDPA
              "fast-diffusion tutorial: bf16, fused QKV, channels_last, torch.compile max-autotune), sdnq-uint4 (the "
              "SDNQ uint4 model card: uint4 weights, explicit quantized matmul), or a farm recipe (exact, fast, a "
              "device class). Flags after '+': batch_invariant. Options after ':' as key=value, several joined "
-             "with '+': 'exact:fuse_qkv=false+num_threads=1', 'peer:compile_mode=default', 'exact:sdpa=cudnn', "
-             "'reference:dtype=float32'")
+             "with '+': 'exact:fuse_qkv=false+num_threads=1', 'peer:compile_mode=default', 'reference:dtype=float32'; "
+             "experiments on any row: sdpa=flash|cudnn|efficient|math (pin PyTorch's attention backend), fp8=true "
+             "(torchao float8 on the denoiser, CUDA cc >= 8.9), first_block_cache=0.1 (diffusers' First Block "
+             "Cache, approximate)")
 def _farm(args: argparse.Namespace) -> int:
     from pipeline.bench import write_json
     from worker.bench_farm import FarmBenchConfig, result_table, run_farm_bench

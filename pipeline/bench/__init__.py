@@ -9,6 +9,7 @@ and report:
 * :mod:`~pipeline.bench.adapter`: the only coupling to the rest of ``pipeline/``.
 * :mod:`~pipeline.bench.public`: the public recipes measured against (diffusers' fast-diffusion
   tutorial, the SDNQ uint4 model card).
+* :mod:`~pipeline.bench.knobs`: experiments on any row (SDPA backend, fp8, First Block Cache).
 * :mod:`~pipeline.bench.subjects`: one loaded row and its render.
 * :mod:`~pipeline.bench.measure` and :mod:`~pipeline.bench.probes`: timers, memory windows,
   GEMM rate, PSNR; denoiser-call and FLOP counts, profiler ranges.

@@ -20,7 +20,8 @@ Syntax: ``NAME[+FLAG…][:key=value[+key=value…]]`` (commas separate specs on 
   subject (:data:`SUBJECT_OPTIONS`).
 
 Examples: ``exact+batch_invariant``, ``exact:fuse_qkv=false+num_threads=1``,
-``peer:compile_mode=default``, ``reference:dtype=float32``, ``exact:sdpa=cudnn``.
+``peer:compile_mode=default``, ``reference:dtype=float32``, ``exact:sdpa=cudnn``,
+``fast:fp8=true``, ``exact:first_block_cache=0.1``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ DIFFUSERS_KINDS = ("reference", "peer", "sdnq-uint4")
 ALIASES = {"baseline": "reference"}
 #: Flags allowed after ``+`` in the name part.
 FLAGS = ("batch_invariant",)
-#: Keys the bench itself handles, for every kind of subject.
-BENCH_KEYS = ("batch_invariant", "sdpa")
+#: Keys the bench itself handles, for every kind of subject (:mod:`pipeline.bench.knobs`).
+BENCH_KEYS = ("batch_invariant", "sdpa", "fp8", "first_block_cache")
 #: ``torch.nn.attention.SDPBackend`` members a spec may pin with ``sdpa=…``.
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 #: Options of the diffusers subjects, with their types.
@@ -52,7 +53,8 @@ class BenchSpec:
     :data:`DIFFUSERS_KINDS` or ``"farm"``; ``recipe`` the farm recipe name (None otherwise);
     ``options`` the recipe overrides (farm) or subject options (diffusers kinds);
     ``batch_invariant`` None means the device's default (see :mod:`pipeline.bench.adapter`);
-    ``sdpa`` pins one SDPA backend for the renders (None: PyTorch chooses)."""
+    ``sdpa`` pins one SDPA backend for the renders (None: PyTorch chooses); ``fp8`` and
+    ``first_block_cache`` (a threshold) are the approximate knobs of :mod:`pipeline.bench.knobs`."""
 
     text: str
     kind: str
@@ -60,6 +62,8 @@ class BenchSpec:
     options: dict[str, Any] = field(default_factory=dict)
     batch_invariant: bool | None = None
     sdpa: str | None = None
+    fp8: bool = False
+    first_block_cache: float | None = None
 
     @property
     def is_reference(self) -> bool:
@@ -103,6 +107,12 @@ def parse_spec(text: str) -> BenchSpec:
     sdpa = values.pop("sdpa", None)
     if sdpa is not None and sdpa not in SDPA_BACKENDS:
         raise ValueError(f"sdpa={sdpa!r} in {text!r}; expected one of {', '.join(SDPA_BACKENDS)}")
+    fp8 = values.pop("fp8", False)
+    if not isinstance(fp8, bool):
+        raise ValueError(f"fp8 must be true or false in {text!r}, got {fp8!r}")
+    cache = values.pop("first_block_cache", None)
+    if cache is not None and (isinstance(cache, bool) or not isinstance(cache, (int, float)) or not 0 < cache < 1):
+        raise ValueError(f"first_block_cache must be a threshold in (0, 1) in {text!r}, got {cache!r}")
     kind = name if name in DIFFUSERS_KINDS else "farm"
     if kind != "farm":
         allowed = SUBJECT_OPTIONS[kind]
@@ -112,7 +122,8 @@ def parse_spec(text: str) -> BenchSpec:
             if not isinstance(value, allowed[key]):
                 raise ValueError(f"{kind} option {key} must be {allowed[key].__name__}, got {value!r} in {text!r}")
     return BenchSpec(text=text.strip(), kind=kind, recipe=name if kind == "farm" else None, options=values,
-                     batch_invariant=batch_invariant, sdpa=sdpa)
+                     batch_invariant=batch_invariant, sdpa=sdpa, fp8=fp8,
+                     first_block_cache=None if cache is None else float(cache))
 
 
 def parse_specs(texts: tuple[str, ...] | list[str]) -> list[BenchSpec]:

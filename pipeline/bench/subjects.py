@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.bench import adapter, public
+from pipeline.bench import adapter, knobs, public
 from pipeline.bench.measure import DeviceTimer, MemoryWindow, device_kind, sync, weights_bytes
 from pipeline.bench.specs import BenchSpec
 from pipeline.device import DeviceProfile
@@ -58,16 +58,6 @@ def prompts_for(seeds: list[int]) -> list[str]:
     return [PROMPTS[s % len(PROMPTS)] for s in seeds]
 
 
-def _sdpa_context(backend: str | None):
-    if backend is None:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    member = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
-              "math": "MATH"}[backend]
-    return sdpa_kernel(getattr(SDPBackend, member))
-
-
 class Subject:
     """A loaded row. Attributes: ``spec``, ``pipe``, ``device``, ``dtype`` (name), ``resolved``
     (what the spec became), ``approximations`` (approximate knobs in force, relative to the
@@ -100,6 +90,12 @@ class Subject:
         """Load and prepare the pipeline, timing it and taking its peak memory."""
         with self.load_memory, DeviceTimer("cpu") as timer:  # host clock: loading is host work
             self._load()
+            if self.spec.fp8 or self.spec.first_block_cache is not None:
+                report, approximations = knobs.apply_knobs(self.pipe, self.device, fp8=self.spec.fp8,
+                                                           first_block_cache=self.spec.first_block_cache)
+                self.report.setdefault("applied", {}).update(report["applied"])
+                self.report.setdefault("skipped", {}).update(report["skipped"])
+                self.approximations = [*self.approximations, *approximations]
             sync(self.device)
         self.load_s = timer.seconds
         self.weights_bytes = weights_bytes(self.pipe)
@@ -118,7 +114,7 @@ class Subject:
         """Render one call with ``seeds`` (prompt i ↔ seed i); returns uint8 HWC arrays.
         ``on_step(done, total)`` runs after each denoising step (``total`` 0 when unknown)."""
         torch.set_num_threads(self.threads)
-        with _sdpa_context(self.spec.sdpa), self._context():
+        with knobs.sdpa_context(self.spec.sdpa), self._context():
             images = self._call(prompts_for(seeds), seeds, on_step)
         return [np.asarray(im.convert("RGB")) for im in images]
 

@@ -71,14 +71,19 @@ def test_bench_pipeline_on_tiny_writes_its_json(tmp_path, bench_cache, capsys):
 
 def test_bench_pipeline_sequential_runs_one_spec_at_a_time(tmp_path, bench_cache):
     out = tmp_path / "sequential.json"
+    knobs = "exact:fp8=true+first_block_cache=0.2"
     run_cli(["bench", "pipeline", "--model", "tiny", "--width", "64", "--height", "64", "--steps", "1",
-             "--batch-sizes", "1", "--recipes", "exact,reference", "--repeats", "2", "--sequential", "--no-flops",
-             "--device", "cpu", "--cache-dir", str(bench_cache), "--json", str(out)])
+             "--batch-sizes", "1", "--recipes", f"exact,reference,{knobs}", "--repeats", "2", "--sequential",
+             "--no-flops", "--device", "cpu", "--cache-dir", str(bench_cache), "--json", str(out)])
     result = json.loads(out.read_text())
     rows = {r["recipe"]: r for r in result["rows"]}
-    assert list(rows) == ["reference", "exact"]  # the reference first: the others are compared with it
+    assert list(rows) == ["reference", "exact", knobs]  # the reference first: the others are compared with it
     assert len(rows["exact"]["hot_s_per_img"]) == 2 and rows["exact"]["psnr_db"] is not None
     assert rows["exact"]["denoiser_calls"] == 1 and rows["exact"]["flops_per_image"] is None  # --no-flops
+    # knobs that cannot apply here are skipped with their reason, and the row stays what it is
+    skipped = result["reports"][knobs]["skipped"]
+    assert "compute capability >= 8.9" in skipped["fp8"] and "no transformer blocks" in skipped["first_block_cache"]
+    assert rows[knobs]["approximations"] == [] and rows[knobs]["exact"]
 
 
 def test_bench_pipeline_refuses_a_bad_spec_with_its_reason(bench_cache, capsys):

@@ -24,6 +24,16 @@ def test_batch_invariant_flag_and_key_and_recipe_overrides():
     assert keyed.options == {"fuse_qkv": False, "num_threads": 1}  # left for apply_overrides to validate
 
 
+def test_experiment_knobs():
+    spec = parse_spec("fast:fp8=true+first_block_cache=0.1")
+    assert spec.fp8 is True and spec.first_block_cache == 0.1 and spec.options == {}
+    assert parse_spec("peer:first_block_cache=0.05").first_block_cache == 0.05  # any kind of row
+    with pytest.raises(ValueError, match="threshold in"):
+        parse_spec("exact:first_block_cache=2")
+    with pytest.raises(ValueError, match="fp8 must be true or false"):
+        parse_spec("exact:fp8=e4m3")
+
+
 def test_diffusers_subject_options_are_typed():
     assert parse_spec("peer:compile_mode=default+compile=false").options == {"compile_mode": "default",
                                                                             "compile": False}
