@@ -20,11 +20,12 @@
 # 10-minute limit; an invocation that runs out is stopped and the next stage is skipped.
 # At the end: a one-line-per-row summary of every JSON (the reply keeps only the output's tail).
 #
-# Stages (seconds are estimates on one H100, compile included; run the smoke pass first):
-#   smoke        tiny: every row kind at 256², 1 round; profile; model-card table with
-#                sdnq-uint4; sd15-arch 512² 4 steps reference vs exact          (~3-4 min)
-#   sd15         sd15-arch 512², 20 steps, batch 1, all five rows, 3 rounds     (~6-9 min:
-#                peer and fast compile with max-autotune)
+# Stages (run the smoke pass first; times are guesses for one H100 until a run says):
+#   smoke        tiny: every row kind at 256², 1 round, compile mode default; profile;
+#                model-card table with sdnq-uint4; sd15-arch 512² 4 steps, no compile
+#   sd15         sd15-arch 512², 20 steps, batch 1, all five rows, 3 rounds (four rows compile
+#                the UNet and the VAE decoder with max-autotune: minutes each; with
+#                COMPILE_MODE=max-autotune-no-cudagraphs or default, much less)
 #   sd15-pool    sd15-arch 512², 20 steps, the pool's batch size, reference/peer/exact/fast
 #   sdturbo      sd-turbo-arch 512², 1 step, guidance 0, batch 1 and the pool's
 #   sdxl         sdxl-arch 1024², 30 steps, batch 1
@@ -32,6 +33,8 @@
 #   ernie        ernie-image-turbo-arch 1024², 8 steps, guidance 1: the SDNQ model card's table
 #                (reference bf16 vs sdnq-uint4), and the side-by-side table
 #   profile-sd15 profile-sdxl profile-flux   `bench profile` of exact and fast (and peer for sd15)
+# Inductor's caches live in $TORCHINDUCTOR_CACHE_DIR (/tmp/inductor-cache): a stage run again on the
+# same (still warm) machine compiles from its cache.
 # sdxl-arch, flux-schnell-arch and ernie-image-turbo-arch are the model-family builds of the
 # pipeline package (built on the GPU in bf16); until they exist those stages fail at load.
 set -uo pipefail
@@ -51,38 +54,53 @@ export RENDERFARM_CACHE_DIR=${RENDERFARM_CACHE_DIR:-/tmp/renderfarm-cache}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
 
 R=@
-ALL5="reference,peer,exact,fast,exact+batch_invariant"
+# rows LIST: the specs, each compiled row given compile_mode=$COMPILE_MODE when that is set (e.g.
+# COMPILE_MODE=max-autotune-no-cudagraphs or default: minutes less of compiling per row and shape
+# than max-autotune, the peer's tutorial mode and the cuda recipes' own)
+rows() {
+  local out=() spec
+  IFS=, read -ra list <<< "$1"
+  for spec in "${list[@]}"; do
+    if [ -n "${COMPILE_MODE:-}" ] && [ "$spec" != reference ] && [ "${spec%%:*}" = "$spec" ]; then
+      spec="$spec:compile_mode=$COMPILE_MODE"
+    fi
+    out+=("$spec")
+  done
+  (IFS=,; echo "${out[*]}")
+}
+ALL5=$(rows "reference,peer,exact,fast,exact+batch_invariant")
+NOCOMPILE="compile_unet=false+compile_vae=false"
 stage_commands() {  # one invocation per line
   case "$1" in
-    smoke)
-      echo "pipeline --model tiny --device cuda --width 256 --height 256 --steps 4 --batch-sizes 1,2 --repeats 1 --recipes reference,peer:compile_mode=default,exact,fast,exact+batch_invariant --json $R/smoke-pipeline-tiny.json"
-      echo "profile --model tiny --device cuda --width 256 --height 256 --steps 4 --recipe exact --json $R/smoke-profile-tiny.json"
+    smoke)  # cheap compiles: this checks the paths, not the speed
+      echo "pipeline --model tiny --device cuda --width 256 --height 256 --steps 4 --batch-sizes 1,2 --repeats 1 --recipes reference,peer:compile_mode=default,exact:compile_mode=default,fast:compile_mode=default,exact+batch_invariant:$NOCOMPILE --json $R/smoke-pipeline-tiny.json"
+      echo "profile --model tiny --device cuda --width 256 --height 256 --steps 4 --recipe exact:compile_mode=default --json $R/smoke-profile-tiny.json"
       echo "pipeline --table modelcard --model tiny --device cuda --width 256 --height 256 --steps 4 --guidance-scale 1 --repeats 2 --recipes reference,sdnq-uint4 --json $R/smoke-modelcard-tiny.json"
-      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 4 --batch-sizes 1 --repeats 1 --recipes reference,exact --json $R/smoke-pipeline-sd15-arch.json" ;;
+      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 4 --batch-sizes 1 --repeats 1 --recipes reference,exact:$NOCOMPILE --json $R/smoke-pipeline-sd15-arch.json" ;;
     sd15)
       echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --batch-sizes 1 --repeats 3 --recipes $ALL5 --json $R/pipeline-sd15-arch-b1.json" ;;
     sd15-pool)
-      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --batch-sizes pool --repeats 3 --recipes reference,peer,exact,fast --json $R/pipeline-sd15-arch-pool.json" ;;
+      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --batch-sizes pool --repeats 3 --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-sd15-arch-pool.json" ;;
     sdturbo)
       echo "pipeline --model sd-turbo-arch --device cuda --width 512 --height 512 --steps 1 --guidance-scale 0 --batch-sizes 1,pool --repeats 3 --recipes $ALL5 --json $R/pipeline-sd-turbo-arch.json" ;;
     sdxl)
       echo "pipeline --model sdxl-arch --device cuda --width 1024 --height 1024 --steps 30 --batch-sizes 1 --repeats 3 --recipes $ALL5 --json $R/pipeline-sdxl-arch-b1.json" ;;
     flux)
-      echo "pipeline --model flux-schnell-arch --device cuda --width 1024 --height 1024 --steps 4 --guidance-scale 0 --batch-sizes 1 --repeats 3 --sequential --recipes reference,peer,exact,fast --json $R/pipeline-flux-schnell-arch.json" ;;
+      echo "pipeline --model flux-schnell-arch --device cuda --width 1024 --height 1024 --steps 4 --guidance-scale 0 --batch-sizes 1 --repeats 3 --sequential --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-flux-schnell-arch.json" ;;
     ernie)
       echo "pipeline --table modelcard --model ernie-image-turbo-arch --device cuda --width 1024 --height 1024 --steps 8 --guidance-scale 1 --repeats 3 --recipes reference,sdnq-uint4 --json $R/modelcard-ernie-image-turbo-arch.json"
-      echo "pipeline --model ernie-image-turbo-arch --device cuda --width 1024 --height 1024 --steps 8 --guidance-scale 1 --batch-sizes 1 --repeats 3 --sequential --recipes reference,peer,exact,fast --json $R/pipeline-ernie-image-turbo-arch.json" ;;
+      echo "pipeline --model ernie-image-turbo-arch --device cuda --width 1024 --height 1024 --steps 8 --guidance-scale 1 --batch-sizes 1 --repeats 3 --sequential --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-ernie-image-turbo-arch.json" ;;
     profile-sd15)
-      for spec in exact fast peer; do
-        echo "profile --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --recipe $spec --json $R/profile-sd15-arch-$spec.json"
+      for spec in $(rows exact,fast,peer | tr , ' '); do
+        echo "profile --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --recipe $spec --json $R/profile-sd15-arch-${spec%%:*}.json"
       done ;;
     profile-sdxl)
-      for spec in exact fast; do
-        echo "profile --model sdxl-arch --device cuda --width 1024 --height 1024 --steps 30 --recipe $spec --json $R/profile-sdxl-arch-$spec.json"
+      for spec in $(rows exact,fast | tr , ' '); do
+        echo "profile --model sdxl-arch --device cuda --width 1024 --height 1024 --steps 30 --recipe $spec --json $R/profile-sdxl-arch-${spec%%:*}.json"
       done ;;
     profile-flux)
-      for spec in exact fast; do
-        echo "profile --model flux-schnell-arch --device cuda --width 1024 --height 1024 --steps 4 --guidance-scale 0 --recipe $spec --json $R/profile-flux-schnell-arch-$spec.json"
+      for spec in $(rows exact,fast | tr , ' '); do
+        echo "profile --model flux-schnell-arch --device cuda --width 1024 --height 1024 --steps 4 --guidance-scale 0 --recipe $spec --json $R/profile-flux-schnell-arch-${spec%%:*}.json"
       done ;;
     custom)
       if [ -z "${BENCH_CMDS:-}" ]; then echo "custom: set BENCH_CMDS" >&2; return 1; fi

@@ -44,8 +44,14 @@ def test_fetch_wheels_lists_one_pinned_version_of_each_and_matches_the_tested_ve
     assert "--no-deps" in listing.stdout and "--python-version 3.12" in listing.stdout
 
 
-def test_every_staged_invocation_is_a_valid_bench_command():
-    listing = _run(BENCH, "--dry-run", *STAGES)
+@pytest.mark.parametrize("compile_mode", [None, "max-autotune-no-cudagraphs"])
+def test_every_staged_invocation_is_a_valid_bench_command(compile_mode):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "COMPILE_MODE"}
+    if compile_mode:
+        env["COMPILE_MODE"] = compile_mode
+    listing = _run(BENCH, "--dry-run", *STAGES, env=env)
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     assert len(lines) >= len(STAGES)
@@ -55,7 +61,10 @@ def test_every_staged_invocation_is_a_valid_bench_command():
         assert words[:3] == ["python3", "-m", "worker.bench_cli"]
         args = parser.parse_args(words[3:])
         assert args.device == "cuda" and args.json.startswith("/tmp/bench-results/")
-        parse_specs(args.recipes if args.bench == "pipeline" else [args.recipe])
+        specs = parse_specs(args.recipes if args.bench == "pipeline" else [args.recipe])
+        if compile_mode and "smoke" not in args.json:  # every compiled row of a full stage takes the mode
+            assert all(s.options.get("compile_mode") == compile_mode for s in specs
+                       if s.kind in ("peer", "farm"))
 
 
 def test_custom_invocations_and_unknown_stages():
