@@ -159,16 +159,31 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * float(np.log10(255.0**2 / mse))
 
 
+def _storages(t: torch.Tensor):
+    """(key, bytes) of the storages under ``t``; a tensor subclass (torchao's float8 or
+    quantized weights) is opened into its inner tensors."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _storages(getattr(t, name))
+        return
+    try:
+        storage = t.untyped_storage()
+        yield (storage.data_ptr(), str(t.device)), storage.nbytes()
+    except (NotImplementedError, RuntimeError):  # a wrapper without storage: count its elements
+        yield (id(t), str(t.device)), t.numel() * t.element_size()
+
+
 def weights_bytes(pipe) -> int:
     """Bytes of every parameter and buffer of the pipeline's modules (shared storages once)."""
     seen, total = set(), 0
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             for t in (*module.parameters(), *module.buffers()):
-                key = (t.untyped_storage().data_ptr(), t.device)
-                if key not in seen:
-                    seen.add(key)
-                    total += t.untyped_storage().nbytes()
+                for key, nbytes in _storages(t):
+                    if key not in seen:
+                        seen.add(key)
+                        total += nbytes
     return total
 
 
