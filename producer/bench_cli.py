@@ -1,10 +1,15 @@
-"""``renderfarm bench pipeline …`` and ``renderfarm bench farm …``: the benchmark commands.
+"""``renderfarm bench pipeline|profile|farm …``: the benchmark commands.
 
 Place in the data flow: beside it. ``bench pipeline`` measures the pipeline package alone
-(:mod:`pipeline.bench`); ``bench farm`` measures the whole path, producer → Redis → worker →
-S3 → job state (:mod:`producer.bench_farm`). This module only registers the arguments: the CLI
-root imports it at start, so the heavy modules (torch, diffusers, celery) are imported inside
-the handlers.
+against diffusers (:mod:`pipeline.bench`); ``bench profile`` shows where one hot render's time,
+kernels and host-device syncs go; ``bench farm`` measures the whole path, producer → Redis →
+worker → S3 → job state (:mod:`producer.bench_farm`). This module only registers the arguments:
+the CLI root imports it at start, so the heavy modules (torch, diffusers, celery) are imported
+inside the handlers.
+
+``python -m producer.bench_cli pipeline|profile …`` runs the same commands without the CLI root,
+whose other commands import Celery, Redis and FastAPI: for a GPU machine that carries only what
+the pipeline needs (``deploy/gpu/bench-gpu.sh``).
 """
 
 from __future__ import annotations
@@ -16,24 +21,42 @@ import sys
 def _csv(cast):
     def parse(text: str):
         try:
-            return tuple(cast(x) for x in text.split(",") if x.strip())
+            return tuple(cast(x.strip()) for x in text.split(",") if x.strip())
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
 
 
-def _pipeline(args: argparse.Namespace) -> int:
+def _batch(text: str):
+    """A batch size: an integer >= 1, or ``pool``."""
+    if text == "pool":
+        return text
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"batch size must be >= 1 or pool, got {value}")
+    return value
+
+
+def _console():
     from rich.console import Console
 
+    return Console(width=max(Console().width, 200))
+
+
+def _pipeline(args: argparse.Namespace) -> int:
     from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
 
-    console = Console(stderr=False, width=max(Console().width, 180))
+    console = _console()
     config = PipelineBenchConfig(
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
         recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,
-        cache_dir=args.cache_dir, count_flops=not args.no_flops)
-    result = run_pipeline_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+        cache_dir=args.cache_dir, count_flops=not args.no_flops, sequential=args.sequential, table=args.table)
+    try:
+        result = run_pipeline_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    except ValueError as exc:  # a bad spec, recipe, override or allocator setting: say which, no traceback
+        console.print(f"[red]bench pipeline: {exc}[/]", highlight=False)
+        return 2
     console.print(result_table(result))
     if args.json:
         write_json(result, args.json)
@@ -41,13 +64,51 @@ def _pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _farm(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def _profile(args: argparse.Namespace) -> int:
+    from pipeline.bench import ProfileConfig, profile_tables, run_profile, write_json
 
+    console = _console()
+    config = ProfileConfig(model=args.model, recipe=args.recipe, width=args.width, height=args.height,
+                           steps=args.steps, batch_size=args.batch_size, guidance_scale=args.guidance_scale,
+                           device=args.device, cache_dir=args.cache_dir, trace=args.trace)
+    try:
+        result = run_profile(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    except ValueError as exc:
+        console.print(f"[red]bench profile: {exc}[/]", highlight=False)
+        return 2
+    for table in profile_tables(result):
+        console.print(table)
+    if args.json:
+        write_json(result, args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _render_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="offline name (tiny, sd15-arch, sd-turbo-arch, …), hub id or path")
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--height", type=int, default=256)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--guidance-scale", type=float, default=None,
+                   help="default: a render request's default (7.5), for every row alike")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, …")
+    p.add_argument("--cache-dir", default=None, help="offline model cache (default RENDERFARM_CACHE_DIR)")
+    p.add_argument("--json", default=None, help="write the result here")
+
+
+SPEC_HELP = ("reference (diffusers at the model's recommended dtype, eager, SDPA; alias baseline), peer (diffusers' "
+             "fast-diffusion tutorial: bf16, fused QKV, channels_last, torch.compile max-autotune), sdnq-uint4 (the "
+             "SDNQ uint4 model card: uint4 weights, explicit quantized matmul), or a farm recipe (exact, fast, a "
+             "device class). Flags after '+': batch_invariant. Options after ':' as key=value, several joined "
+             "with '+': 'exact:fuse_qkv=false+num_threads=1', 'peer:compile_mode=default', 'reference:dtype=float32'; "
+             "experiments on any row: sdpa=flash|cudnn|efficient|math (pin PyTorch's attention backend), fp8=true "
+             "(torchao float8 on the denoiser, CUDA cc >= 8.9), first_block_cache=0.1 (diffusers' First Block "
+             "Cache, approximate)")
+def _farm(args: argparse.Namespace) -> int:
     from pipeline.bench import write_json
     from producer.bench_farm import FarmBenchConfig, result_table, run_farm_bench
 
-    console = Console(width=max(Console().width, 160))
+    console = _console()
     config = FarmBenchConfig(
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
         height=args.height, steps=args.steps, guidance_scale=args.guidance_scale, recipe=args.recipe,
@@ -62,32 +123,54 @@ def _farm(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``bench pipeline`` and ``bench farm`` to the CLI."""
-    bench = subparsers.add_parser("bench", help="benchmarks: the pipeline's recipes, or the whole farm")
+    """Add ``bench pipeline``, ``bench profile`` and ``bench farm`` to the CLI."""
+    bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    _register_pipeline(sub)
+    _register_profile(sub)
+    _register_farm(sub)
+    return bench
 
-    p = sub.add_parser("pipeline", help="recipes against the diffusers baseline, one process, interleaved",
-                       description="Load the model once per recipe and render the same prompts and seeds "
-                                   "through each, interleaved over --repeats rounds. Prints the ERNIE-Image-Turbo SDNQ model card's columns, "
-                                   "speed-up, PSNR against the baseline, and a roofline; --json writes it all.")
-    p.add_argument("--model", required=True, help="offline name (tiny, sd15-arch, sd-turbo-arch, …), hub id or path")
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--height", type=int, default=256)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--guidance-scale", type=float, default=None, help="default: the pipeline's (7.5)")
-    p.add_argument("--batch-sizes", type=_csv(int), default=(1, 4), help="comma list (default 1,4); the baseline "
-                   "always renders one image per call")
-    p.add_argument("--recipes", type=_csv(str), default=("baseline", "exact", "fast"),
-                   help="comma list of baseline, exact, fast or a recipe name, each optionally with overrides: "
-                        "'exact:compile_unet=true' (several overrides: separate them with '+', e.g. "
-                        "'exact:channels_last=false+fuse_qkv=false')")
+
+def _register_pipeline(sub) -> None:
+    from_recipes = "reference,peer,exact,fast,exact+batch_invariant"
+    p = sub.add_parser("pipeline", help="the farm's recipes beside diffusers and its tutorial's recipe, one process",
+                       description="Load the model once per spec and render the same prompts and seeds through "
+                                   "each, interleaved over --repeats rounds (or one spec after another with "
+                                   "--sequential). Prints load/cold/hot seconds, it/s, images/s, peak allocated and "
+                                   "reserved MiB, PSNR against the reference, FLOPs per image and the % of the "
+                                   "measured bf16 GEMM rate; --table modelcard prints the SDNQ model card's table "
+                                   "instead; --json writes it all.")
+    _render_arguments(p)
+    p.add_argument("--batch-sizes", type=_csv(_batch), default=(1, 4),
+                   help="comma list of integers and/or 'pool' (the batch a worker of the first farm recipe would "
+                        "pick at this size); default 1,4")
+    p.add_argument("--recipes", type=_csv(str), default=tuple(from_recipes.split(",")),
+                   help=f"comma list of specs (default {from_recipes}): " + SPEC_HELP)
     p.add_argument("--repeats", type=int, default=3, help="hot rounds (default 3)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--cache-dir", default=None, help="offline model cache (default RENDERFARM_CACHE_DIR)")
-    p.add_argument("--no-flops", action="store_true", help="skip the FLOP count (one extra render per recipe)")
-    p.add_argument("--json", default=None, help="write the result here")
+    p.add_argument("--sequential", action="store_true",
+                   help="one spec loaded at a time (for models of which several copies do not fit on the device)")
+    p.add_argument("--table", choices=("pipeline", "modelcard"), default="pipeline",
+                   help="modelcard: the SDNQ model card's columns, batch 1, one spec at a time")
+    p.add_argument("--no-flops", action="store_true", help="skip the FLOP count (the denoiser calls are still counted)")
     p.set_defaults(func=lambda args: sys.exit(_pipeline(args)))
 
+
+def _register_profile(sub) -> None:
+    p = sub.add_parser("profile", help="kernels, syncs and time by category per denoising step (torch.profiler)",
+                       description="Load one spec, render twice (cold, hot), then profile one hot render: kernel "
+                                   "launches per denoising step, per scheduler.step and per denoiser call, host-"
+                                   "device synchronizations (trace events and torch.cuda.set_sync_debug_mode), and "
+                                   "device time by category (attention, GEMM, norm, elementwise/other); CPU time "
+                                   "on the CPU.")
+    _render_arguments(p)
+    p.add_argument("--recipe", default="exact", help="one spec (default exact): " + SPEC_HELP)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--trace", default=None, help="also save the Chrome trace here (gzip if it ends in .gz)")
+    p.set_defaults(func=lambda args: sys.exit(_profile(args)))
+
+
+def _register_farm(sub) -> None:
     f = sub.add_parser("farm", help="end-to-end images/s through the local stack against a bare loop",
                        description="Start a private local stack (its own redis-server, SeaweedFS, the API, "
                                    "real workers), push --jobs renders through it, and compare with the same "
@@ -108,4 +191,23 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     f.add_argument("--no-bare", action="store_true", help="skip the bare in-process loop")
     f.add_argument("--json", default=None, help="write the result here")
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))
-    return bench
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The bench commands alone: ``pipeline``, ``profile`` and ``farm`` (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="renderfarm bench", description="renderfarm benchmarks")
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    _register_pipeline(sub)
+    _register_profile(sub)
+    _register_farm(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m producer.bench_cli WHAT …``: the bench commands without the CLI root."""
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,9 +12,13 @@ from infra.cli import main
 
 pytestmark = pytest.mark.bench
 
-ROW_COLUMNS = {"recipe", "batch_size", "load_s", "cold_s", "hot_mean_s_per_img", "hot_median_s_per_img", "peak_mib",
-               "images_per_s", "speedup", "psnr_db", "flops_per_image", "floor_s_per_img", "pct_of_floor",
-               "exact", "approximations"}
+#: The issue's columns, plus the ones the ratios and the roofline need.
+ROW_COLUMNS = {"recipe", "kind", "resolved", "batch_size", "dtype", "exact", "approximations", "load_s", "cold_s",
+               "hot_mean_s_per_img", "hot_median_s_per_img", "it_per_s", "images_per_s", "peak_allocated_mib",
+               "peak_reserved_mib", "psnr_db", "flops_per_image", "denoiser_flops_per_image", "pct_of_bf16_matmul",
+               "denoiser_calls", "speedup", "vs_peer", "floor_s_per_img", "pct_of_floor"}
+SPECS = ("reference", "peer", "exact", "fast", "exact+batch_invariant", "exact:fuse_qkv=false")
+STEPS = 2  # tiny's scheduler is DDIM: one UNet call per step, classifier-free guidance batched
 
 
 def run_cli(argv: list[str]) -> None:
@@ -24,31 +28,70 @@ def run_cli(argv: list[str]) -> None:
 
 
 def test_bench_pipeline_on_tiny_writes_its_json(tmp_path, bench_cache, capsys):
+    from pipeline.device import probe
+    from pipeline.recipes import recipe_for
+
     out = tmp_path / "pipeline.json"
-    run_cli(["bench", "pipeline", "--model", "tiny", "--width", "64", "--height", "64", "--steps", "2",
-             "--batch-sizes", "1,2", "--recipes", "baseline,exact,fast,exact:fuse_qkv=false", "--repeats", "1",
+    run_cli(["bench", "pipeline", "--model", "tiny", "--width", "64", "--height", "64", "--steps", str(STEPS),
+             "--batch-sizes", "1,2", "--recipes", ",".join(SPECS), "--repeats", "1", "--device", "cpu",
              "--cache-dir", str(bench_cache), "--json", str(out)])
     assert "bench pipeline: tiny 64x64" in capsys.readouterr().out
     result = json.loads(out.read_text())
     rows = {(r["recipe"], r["batch_size"]): r for r in result["rows"]}
-    assert set(rows) == {("baseline", 1), ("exact", 1), ("exact", 2), ("fast", 1), ("fast", 2),
-                         ("exact:fuse_qkv=false", 1), ("exact:fuse_qkv=false", 2)}
+    assert set(rows) == {(spec, b) for spec in SPECS for b in (1, 2)}
     for row in rows.values():
         assert ROW_COLUMNS <= set(row)
-        assert row["hot_median_s_per_img"] > 0 and row["images_per_s"] > 0 and row["peak_mib"] > 0
-        assert row["flops_per_image"] > 0 and 0 < row["pct_of_floor"]
-    assert rows["baseline", 1]["speedup"] == 1.0 and rows["baseline", 1]["psnr_db"] == "inf"
-    for key in (("exact", 1), ("exact", 2), ("exact:fuse_qkv=false", 2)):
+        assert row["hot_median_s_per_img"] > 0 and row["images_per_s"] > 0 and row["peak_allocated_mib"] > 0
+        assert row["peak_reserved_mib"] is None  # a CUDA allocator figure: null on the CPU
+        assert row["denoiser_calls"] == STEPS
+        assert row["it_per_s"] == pytest.approx(STEPS / (row["hot_median_s_per_img"] * row["batch_size"]), rel=0.01)
+        assert 0 < row["denoiser_flops_per_image"] < row["flops_per_image"] and row["pct_of_bf16_matmul"] > 0
+    reference = rows["reference", 1]
+    assert reference["kind"] == "reference" and reference["dtype"] == "float32"  # the CPU's recommended dtype
+    assert reference["speedup"] == 1.0 and reference["psnr_db"] == "inf" and reference["exact"]
+    assert rows["exact", 2]["speedup"] > 0 and rows["exact", 2]["vs_peer"] > 0
+    peer = result["reports"]["peer"]
+    assert rows["peer", 1]["dtype"] == "bfloat16" and rows["peer", 1]["approximations"] == ["dtype"]
+    assert peer["applied"]["fuse_qkv"] == ["unet", "vae"] and set(peer["applied"]["channels_last"]) == {"unet", "vae"}
+    assert "compile" in peer["skipped"]  # the tutorial's torch.compile is for CUDA; opt-in on the CPU
+    for key in (("exact", 1), ("exact", 2), ("exact:fuse_qkv=false", 2), ("exact+batch_invariant", 2)):
         assert rows[key]["exact"] and rows[key]["approximations"] == []
         assert rows[key]["psnr_db"] == "inf" or rows[key]["psnr_db"] >= 40.0
-    assert not rows["fast", 2]["exact"] and "dtype" in rows["fast", 2]["approximations"]
+    assert "batch-invariant" in result["reports"]["exact+batch_invariant"]["resolved"]
+    fast = recipe_for(probe("cpu"), "fast")  # what fast approximates depends on the CPU (bf16 with AMX)
+    assert set(rows["fast", 2]["approximations"]) == set(fast.approximations()) and not rows["fast", 2]["exact"]
     assert math.isfinite(rows["fast", 2]["psnr_db"])
     assert result["reports"]["fast"]["applied"]["tiny_vae"] == "taesd-arch"  # the offline TAESD architecture
     assert result["reports"]["exact"]["recipe"]["scheduler_precompute"] is True
     machine = result["machine"]
     assert machine["gemm_flops_per_s"]["float32"] > 0 and machine["gemm_flops_per_s"]["bfloat16"] > 0
-    assert len(machine["load_average_before"]) == 3
-    assert {"CLIPTextModel", "UNet2DConditionModel", "Decoder"} <= set(result["flops_by_module"]["baseline"])
+    assert machine["gemm_size"] == 2048 and len(machine["load_average_before"]) == 3
+    assert {"CLIPTextModel", "UNet2DConditionModel", "Decoder"} <= set(result["flops_by_module"]["reference"])
+
+
+def test_bench_pipeline_sequential_runs_one_spec_at_a_time(tmp_path, bench_cache):
+    out = tmp_path / "sequential.json"
+    knobs = "exact:fp8=true+first_block_cache=0.2"
+    run_cli(["bench", "pipeline", "--model", "tiny", "--width", "64", "--height", "64", "--steps", "1",
+             "--batch-sizes", "1", "--recipes", f"exact,reference,{knobs}", "--repeats", "2", "--sequential",
+             "--no-flops", "--device", "cpu", "--cache-dir", str(bench_cache), "--json", str(out)])
+    result = json.loads(out.read_text())
+    rows = {r["recipe"]: r for r in result["rows"]}
+    assert list(rows) == ["reference", "exact", knobs]  # the reference first: the others are compared with it
+    assert len(rows["exact"]["hot_s_per_img"]) == 2 and rows["exact"]["psnr_db"] is not None
+    assert rows["exact"]["denoiser_calls"] == 1 and rows["exact"]["flops_per_image"] is None  # --no-flops
+    # knobs that cannot apply here are skipped with their reason, and the row stays what it is
+    skipped = result["reports"][knobs]["skipped"]
+    assert "compute capability >= 8.9" in skipped["fp8"] and "no transformer blocks" in skipped["first_block_cache"]
+    assert rows[knobs]["approximations"] == [] and rows[knobs]["exact"]
+
+
+def test_bench_pipeline_refuses_a_bad_spec_with_its_reason(bench_cache, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "pipeline", "--model", "tiny", "--recipes", "reference,exact+warp_speed", "--device", "cpu",
+              "--cache-dir", str(bench_cache)])
+    assert exit_info.value.code == 2
+    assert "unknown flag 'warp_speed' in bench spec 'exact+warp_speed'" in capsys.readouterr().out
 
 
 def test_bench_farm_on_tiny_writes_its_json(tmp_path, bench_cache, monkeypatch, capsys):

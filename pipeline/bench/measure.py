@@ -1,0 +1,210 @@
+"""Measuring instruments of the bench: device timers, memory windows, the machine's GEMM rate,
+PSNR, the weights' bytes, the load average.
+
+Place in the data flow: :mod:`pipeline.bench.run`, :mod:`pipeline.bench.modelcard` and
+:mod:`pipeline.bench.profile` wrap renders in these; nothing here renders.
+
+Timing on CUDA uses CUDA events recorded on the current stream around the render, read after
+``Event.synchronize()`` (device work is asynchronous; a host clock would stop early); elsewhere
+``time.perf_counter`` after the device's ``synchronize``. Memory on CUDA is
+``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` after ``reset_peak_memory_stats``
+(one window per measured render); on the CPU the process RSS and its high-water mark
+(:mod:`pipeline.memory`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.memory import current_bytes, peak_bytes, reset_peak
+
+MIB = 2**20
+#: GEMM sizes (M = N = K) of the machine's matmul rate: a large one fills an H100 (METHOD: "use a
+#: size that fills the chip"); the CPU keeps the 2048³ of the earlier CPU tables.
+GEMM_SIZES = {"cuda": 8192, "cpu": 2048}
+
+
+def device_kind(device: str) -> str:
+    """``"cuda:0"`` → ``"cuda"``."""
+    return device.partition(":")[0]
+
+
+def _accelerator(device: str):
+    kind = device_kind(device)
+    mod = getattr(torch, kind, None) if kind in ("cuda", "xpu", "npu", "mps") else None
+    return mod if mod is not None and hasattr(mod, "synchronize") else None
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work (no-op on the CPU)."""
+    mod = _accelerator(device)
+    if mod is not None:
+        mod.synchronize()
+
+
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``), so RSS growth is real use."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class DeviceTimer:
+    """``with DeviceTimer(device) as t: …`` → ``t.seconds`` (device time on CUDA, from events;
+    wall time elsewhere) and ``t.cpu_seconds`` (this process's CPU time, all threads)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.cuda = device_kind(device) == "cuda"
+        self.seconds = 0.0
+        self.cpu_seconds = 0.0
+
+    def __enter__(self) -> DeviceTimer:
+        sync(self.device)
+        self._cpu0 = time.process_time()
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self._end.record()
+            self._end.synchronize()
+            self.seconds = self._start.elapsed_time(self._end) / 1000
+        else:
+            sync(self.device)
+            self.seconds = time.perf_counter() - self._t0
+        self.cpu_seconds = time.process_time() - self._cpu0
+
+
+class MemoryWindow:
+    """Peak memory of the ``with`` block, in bytes.
+
+    ``before``: allocated bytes (CUDA) or RSS (CPU) at entry; ``peak_allocated``: the peak since
+    entry (CUDA: ``max_memory_allocated``; CPU: ``VmHWM``, the RSS high-water mark); ``peak_reserved``:
+    ``max_memory_reserved`` on CUDA (the caching allocator's segments), None elsewhere. Both are
+    the process's: every pipeline resident in it counts.
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.before = 0
+        self.peak_allocated = 0
+        self.peak_reserved: int | None = None
+
+    def __enter__(self) -> MemoryWindow:
+        if device_kind(self.device) == "cpu":
+            trim_heap()
+        sync(self.device)
+        self.before = current_bytes(self.device)
+        reset_peak(self.device)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sync(self.device)
+        self.peak_allocated = peak_bytes(self.device)
+        mod = _accelerator(self.device)
+        if mod is not None and hasattr(mod, "max_memory_reserved"):
+            self.peak_reserved = int(mod.max_memory_reserved(self.device))
+
+    @property
+    def growth(self) -> int:
+        """Bytes the block added on top of what was held at entry (never negative)."""
+        return max(0, self.peak_allocated - self.before)
+
+
+def matmul_flops_per_s(dtype: torch.dtype, device: str = "cpu", n: int | None = None, reps: int = 5,
+                       warmup: int = 1) -> float:
+    """Median FLOP/s of ``torch.mm`` on two random n×n matrices (2·n³ FLOPs per call) in ``dtype``.
+
+    ``n`` defaults to :data:`GEMM_SIZES` for the device (8192 on CUDA, as the device notes measure
+    the H100/H200 bf16 rate; 2048 on the CPU, every core). Random data, never zeros (zeros run
+    faster on some GPUs). Each call is timed alone (events on CUDA).
+    """
+    n = n or GEMM_SIZES.get(device_kind(device), GEMM_SIZES["cpu"])
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(warmup):
+        torch.mm(a, b)
+    times = []
+    for _ in range(reps):
+        with DeviceTimer(device) as t:
+            torch.mm(a, b)
+        times.append(t.seconds)
+    del a, b
+    return 2 * n**3 / statistics.median(times)
+
+
+def gemm_rates(device: str) -> dict[str, float]:
+    """FLOP/s of dense ``float32`` and ``bfloat16`` GEMMs on ``device`` (see :func:`matmul_flops_per_s`)."""
+    reps, warmup = (10, 3) if device_kind(device) == "cuda" else (5, 1)
+    return {name: matmul_flops_per_s(dtype, device, reps=reps, warmup=warmup)
+            for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Peak signal-to-noise ratio of two uint8 images in dB (peak 255); inf when identical."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * float(np.log10(255.0**2 / mse))
+
+
+def _storages(t: torch.Tensor):
+    """(key, bytes) of the storages under ``t``; a tensor subclass (torchao's float8 or
+    quantized weights) is opened into its inner tensors."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _storages(getattr(t, name))
+        return
+    try:
+        storage = t.untyped_storage()
+        yield (storage.data_ptr(), str(t.device)), storage.nbytes()
+    except (NotImplementedError, RuntimeError):  # a wrapper without storage: count its elements
+        yield (id(t), str(t.device)), t.numel() * t.element_size()
+
+
+def weights_bytes(pipe) -> int:
+    """Bytes of every parameter and buffer of the pipeline's modules (shared storages once)."""
+    seen, total = set(), 0
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            for t in (*module.parameters(), *module.buffers()):
+                for key, nbytes in _storages(t):
+                    if key not in seen:
+                        seen.add(key)
+                        total += nbytes
+    return total
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (runnable processes; compare with ``nproc``)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def mib(value: int | None) -> float | None:
+    """Bytes → MiB, one decimal; None stays None."""
+    return None if value is None else round(value / MIB, 1)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean, median and best of per-image seconds, rounded to 4 decimals."""
+
+    mean: float
+    median: float
+    best: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Summary:
+        return cls(round(statistics.fmean(values), 4), round(statistics.median(values), 4), round(min(values), 4))

@@ -1,0 +1,118 @@
+"""Public recipes the farm is measured against, applied to a plain diffusers pipeline exactly as
+their authors publish them (not through the farm's recipes).
+
+Place in the data flow: :mod:`pipeline.bench.subjects` loads the reference pipeline, then calls
+one of these on it for the ``peer`` and ``sdnq-uint4`` rows.
+
+* :func:`apply_fast_diffusion`: diffusers' tutorial "Accelerate inference of text-to-image
+  diffusion models" (``docs/source/en/tutorials/fast_diffusion.md``; SDXL on an A100, "up to
+  3x" with PyTorch 2 alone): bfloat16, SDPA, the four Inductor flags below,
+  ``fuse_qkv_projections()``, ``channels_last`` for the UNet and the VAE, then
+  ``torch.compile(…, mode="max-autotune", fullgraph=True)`` of the denoiser and of
+  ``vae.decode``. Transformer pipelines (FLUX, SD3, ERNIE-Image) get the same steps where their
+  classes offer them (``transformer.fuse_qkv_projections``; channels_last only where there are
+  convolutions).
+* :func:`apply_sdnq_uint4`: the ERNIE-Image-Turbo SDNQ uint4 model card
+  (WaveCut/ERNIE-Image-Turbo-SDNQ-uint4-static): uint4 weights for ``pe``, ``text_encoder`` and
+  ``transformer``, ``dequantize_fp32=False``, and quantized matmul switched on explicitly with
+  ``apply_sdnq_options_to_model(…, use_quantized_matmul=True)``, which the card says current
+  loaders need. The card quantized its checkpoint offline; random-weight models are quantized
+  here after loading (``sdnq_post_load_quant``), on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+
+import torch
+
+from pipeline.bench.probes import denoiser_attr
+
+#: The Inductor settings of the tutorial's torch.compile section.
+TUTORIAL_INDUCTOR_FLAGS = {
+    "conv_1x1_as_mm": True,
+    "coordinate_descent_tuning": True,
+    "epilogue_fusion": False,
+    "coordinate_descent_check_all_directions": True,
+}
+#: Components the SDNQ model card quantizes (plus ``unet`` for UNet families).
+SDNQ_COMPONENTS = ("pe", "text_encoder", "transformer", "unet")
+
+
+def inductor_flags():
+    """A context in which Inductor compiles with :data:`TUTORIAL_INDUCTOR_FLAGS` (the flags that
+    this torch has). Scoped, so the farm's own compiled rows in the same process keep the defaults;
+    Inductor's cache keys include its config, so no compiled graph crosses over."""
+    import torch._inductor.config as inductor
+
+    flags = {k: v for k, v in TUTORIAL_INDUCTOR_FLAGS.items() if hasattr(inductor, k)}
+    return inductor.patch(flags) if flags else contextlib.nullcontext()
+
+
+def apply_fast_diffusion(pipe, *, compile: bool = True, mode: str = "max-autotune", fullgraph: bool = True) -> dict:
+    """Apply the tutorial's steps to ``pipe`` in place (already in bfloat16 on its device).
+
+    ``torch.compile`` is lazy: the first render compiles, so renders must run inside
+    :func:`inductor_flags`. Returns ``{"applied": {step: value}, "skipped": {step: reason}}``.
+    """
+    from diffusers import AutoencoderKL
+
+    applied: dict[str, object] = {}
+    skipped: dict[str, str] = {}
+    name = denoiser_attr(pipe)
+    denoiser = getattr(pipe, name)
+    vae = getattr(pipe, "vae", None)
+    fuse_vae = isinstance(vae, AutoencoderKL)
+    try:
+        if name == "unet" and hasattr(pipe, "fuse_qkv_projections"):
+            pipe.fuse_qkv_projections(unet=True, vae=fuse_vae)
+            applied["fuse_qkv"] = ["unet", "vae"] if fuse_vae else ["unet"]
+        else:
+            denoiser.fuse_qkv_projections()
+            applied["fuse_qkv"] = [name]
+    except (AttributeError, ValueError, NotImplementedError) as e:
+        skipped["fuse_qkv"] = f"{type(e).__name__}: {e}"
+    layout = []
+    for part, module in ((name, denoiser), ("vae", vae)):
+        if module is not None and any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
+            module.to(memory_format=torch.channels_last)
+            layout.append(part)
+    applied["channels_last"] = layout
+    if not compile:
+        skipped["compile"] = "turned off (peer:compile=false; the default on the CPU)"
+        return {"applied": applied, "skipped": skipped}
+    setattr(pipe, name, torch.compile(denoiser, mode=mode, fullgraph=fullgraph))
+    compiled = [name]
+    if vae is not None:
+        vae.decode = torch.compile(vae.decode, mode=mode, fullgraph=fullgraph)
+        compiled.append("vae.decode")
+    applied["compile"] = {"mode": mode, "fullgraph": fullgraph, "modules": compiled,
+                          "inductor": TUTORIAL_INDUCTOR_FLAGS}
+    return {"applied": applied, "skipped": skipped}
+
+
+def apply_sdnq_uint4(pipe, dtype: torch.dtype, quantized_matmul: bool = True) -> dict:
+    """Quantize ``pipe``'s card components to SDNQ uint4 in place, then switch quantized matmul
+    on explicitly, as the model card's usage section does.
+
+    Raises:
+        ModuleNotFoundError: the ``sdnq`` package is not installed.
+    """
+    if importlib.util.find_spec("sdnq") is None:
+        raise ModuleNotFoundError("sdnq-uint4 needs the sdnq package (pip install --no-deps sdnq)")
+    from sdnq import sdnq_post_load_quant
+    from sdnq.loader import apply_sdnq_options_to_model
+
+    done = []
+    for name in SDNQ_COMPONENTS:
+        module = getattr(pipe, name, None)
+        if not isinstance(module, torch.nn.Module):
+            continue
+        module = sdnq_post_load_quant(module, weights_dtype="uint4", torch_dtype=dtype, dequantize_fp32=False,
+                                      use_quantized_matmul=quantized_matmul)
+        module = apply_sdnq_options_to_model(module, use_quantized_matmul=quantized_matmul)
+        setattr(pipe, name, module)
+        config = getattr(module, "quantization_config", None)
+        done.append({"component": name, "use_quantized_matmul": getattr(config, "use_quantized_matmul", None)})
+    return {"applied": {"sdnq_uint4": done}, "skipped": {}}
