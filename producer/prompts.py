@@ -12,6 +12,8 @@ import csv
 import io
 from pathlib import Path
 
+from producer.textfiles import read_text_file
+
 __all__ = ["DEFAULT_PROMPTS", "PromptFileError", "load_prompts"]
 
 #: Sixteen varied prompts for demos: subjects, styles, lighting and text rendering.
@@ -51,16 +53,7 @@ def load_prompts(path: str | Path) -> list[str]:
             ``Prompt`` column, or holds no prompt.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise PromptFileError(f"prompt file {path} does not exist") from None
-    except IsADirectoryError:
-        raise PromptFileError(f"prompt file {path} is a directory") from None
-    except UnicodeDecodeError as exc:
-        raise PromptFileError(f"prompt file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise PromptFileError(f"prompt file {path} cannot be read: {exc.strerror or exc}") from None
+    text = read_text_file(path, "prompt file", PromptFileError)
 
     lines = text.splitlines()
     header = lines[0].split("\t") if lines else []

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from producer.textfiles import read_text_file
+
 
 class CatalogError(ValueError):
     """The catalog file or the template cannot be used at all (exit status 2); the message says why."""
@@ -57,14 +59,7 @@ def read_catalog(path: str | Path, fmt: str = "auto") -> tuple[str, list[Item]]:
         CatalogError: the file is missing, not UTF-8, empty, or a CSV header is unusable.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise CatalogError(f"catalog {path} does not exist") from None
-    except UnicodeDecodeError as exc:
-        raise CatalogError(f"catalog {path} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise CatalogError(f"catalog {path} cannot be read: {exc.strerror or exc}") from None
+    text = read_text_file(path, "catalog", CatalogError)
     fmt = detect_format(path, text) if fmt == "auto" else fmt
     items = _read_jsonl(text) if fmt == "jsonl" else _read_csv(path, text)
     if not items:

@@ -29,12 +29,6 @@ UNSERVED = "catalog-unserved"
 
 
 @pytest.fixture(scope="module")
-def client(api_server, workers):
-    with RenderClient() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def store(redis_server) -> JobStore:
     return JobStore(redis_server.client())
 

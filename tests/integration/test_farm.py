@@ -17,16 +17,10 @@ from pydantic import ValidationError
 
 from infra.schemas import RenderRequest
 from infra.storage.images import read_parameters, request_from_parameters
-from producer import NotFoundError, RenderClient
+from producer import NotFoundError
 
 pytestmark = pytest.mark.integration
 MODEL = "tiny"
-
-
-@pytest.fixture(scope="module")
-def client(api_server, workers):
-    with RenderClient() as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
