@@ -17,8 +17,10 @@
 #   open-clip-torch          only its BPE table (pipeline/tokenizer.py); never imported
 #   tenacity                 producer/__init__ imports RenderClient (python -m producer.bench_cli)
 #
-# usage: deploy/gpu/fetch-wheels.sh [--dry-run] [--dest DIR]   (default DIR: .whl in the repo root)
+# usage: deploy/gpu/fetch-wheels.sh [--dry-run] [--farm] [--dest DIR]   (default DIR: .whl in the repo root)
 #   --dry-run  print the wheels and the pip command, download nothing
+#   --farm     the lighter set deploy/gpu/farm-gpu.sh carries beside .gpu-carry/ (into .whl-farm):
+#              no torchao, and the image's own transformers, so that all fits in 64 MiB
 # Keep the total under 40 MiB: a device call carries at most 64 MiB with the repository.
 set -euo pipefail
 
@@ -38,6 +40,7 @@ WHEELS=(
   open-clip-torch==3.3.0
   tenacity==9.2.1
 )
+FARM_SKIP=(transformers regex torchao)
 LIMIT_MIB=40
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64
            manylinux2014_x86_64 manylinux1_x86_64)
@@ -45,9 +48,11 @@ PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 man
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dest="$root/.whl"
 dry=0
+farm=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry=1 ;;
+    --farm) farm=1; dest="$root/.whl-farm" ;;
     --dest) dest="$2"; shift ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -58,6 +63,16 @@ done
 python=${PYTHON:-}
 if [ -z "$python" ]; then
   if [ -x "$root/.venv/bin/python" ]; then python="$root/.venv/bin/python"; else python=python3; fi
+fi
+if [ "$farm" = 1 ]; then
+  kept=()
+  for spec in "${WHEELS[@]}"; do
+    skip=0
+    for name in "${FARM_SKIP[@]}"; do [ "${spec%%==*}" = "$name" ] && skip=1; done
+    [ "$skip" = 1 ] || kept+=("$spec")
+  done
+  WHEELS=("${kept[@]}")
+  LIMIT_MIB=12
 fi
 platform_args=()
 for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done
