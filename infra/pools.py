@@ -91,14 +91,15 @@ OFFLINE_FAMILIES: dict[str, str] = {
 NEUTRAL_GUIDANCE = (0.0, 1.0, 7.5)
 
 
-def capability_errors(request: Any, family: str | None) -> list[dict[str, Any]]:
-    """What ``request`` (a ``RenderRequest``) asks of ``family`` that it cannot do, as error
-    dicts (``type``, ``field``, ``msg``, ``input``); empty when it can, or the family is unknown."""
-    caps = FAMILIES.get(family) if family else None
+def capability_errors(request: Any, family: "str | Capabilities | None") -> list[dict[str, Any]]:
+    """What ``request`` (a ``RenderRequest``) asks of ``family`` (a name in :data:`FAMILIES`, or a
+    record) that it cannot do, as error dicts (``type``, ``field``, ``msg``, ``input``); empty
+    when it can, or the family is unknown."""
+    caps = family if isinstance(family, Capabilities) else FAMILIES.get(family) if family else None
     if caps is None:
         return []
     errors = []
-    name = f"model {request.model!r} (family {family})"
+    name = f"model {request.model!r}" + (f" (family {family})" if isinstance(family, str) else "")
     if request.negative_prompt and not caps.negative_prompt:
         errors.append({"type": "unsupported_negative_prompt", "field": "negative_prompt",
                        "input": request.negative_prompt, "msg": f"{name} takes no negative prompt"})

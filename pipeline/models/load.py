@@ -65,6 +65,7 @@ def load_pipeline(spec: str, *, device: str = "cpu", torch_dtype: torch.dtype = 
                              f"{type(exc).__name__}: {exc}") from exc
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
+    pipe._renderfarm_offline = spec in OFFLINE_MODELS  # the tiny-VAE step picks offline builds for these
     return pipe
 
 
