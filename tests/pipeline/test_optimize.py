@@ -64,7 +64,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.fixture
 def exact_recipe():
     recipe = select_recipe(CPU_AMX, allow_approximate=False)
-    assert not recipe.compile_unet  # CPU compile is opt-in: a minute of Inductor work per shape
+    assert not recipe.compile_denoiser  # CPU compile is opt-in: a minute of Inductor work per shape
     return recipe
 
 
@@ -100,7 +100,8 @@ def test_fast_recipe_runs_and_names_its_approximations(tmp_path):
     report = apply_recipe(pipe, fast)
     assert report["approximations"] == ["dtype", "tiny_vae"]
     assert pipe.unet.dtype == torch.bfloat16
-    assert "tiny_vae" in report["applied"] or "locally" in report["skipped"]["tiny_vae"]
+    # a hand-built pipeline is no offline model: "auto" resolves to madebyollin/taesd, absent offline
+    assert "tiny_vae" in report["applied"] or "madebyollin/taesd not available" in report["skipped"]["tiny_vae"]
     assert render(pipe).shape == (1, 64, 64, 3)
 
 
@@ -117,8 +118,11 @@ def test_missing_packages_and_devices_are_skipped_with_reasons(tmp_path, exact_r
         assert skipped["quantization"] == "sdnq not installed"
     assert "needs an accelerator" in skipped["placement"]
     if importlib.util.find_spec("torchao") is None:
-        r = apply_recipe(tiny_pipeline(tmp_path), dataclasses.replace(exact_recipe, quantization="torchao_int8"))
+        r = apply_recipe(tiny_pipeline(tmp_path), dataclasses.replace(exact_recipe, quantization="torchao_int8",
+                                                                      compile_denoiser=True))
         assert r["skipped"]["quantization"] == "torchao not installed"
+    with pytest.raises(ValueError, match="needs compile_denoiser"):  # torchao without compile: refused
+        dataclasses.replace(exact_recipe, quantization="torchao_int8_dynamic")
     assert render(pipe).shape == (1, 64, 64, 3)  # still usable
 
 
@@ -134,14 +138,14 @@ def test_sliced_attention_and_vae_memory_knobs(tmp_path, exact_recipe):
 
 
 def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
-    recipe = dataclasses.replace(exact_recipe, compile_unet=True, compile_vae=True)
+    recipe = dataclasses.replace(exact_recipe, compile_denoiser=True, compile_vae=True)
     monkeypatch.setattr("shutil.which", lambda name: None)
     report = apply_recipe(tiny_pipeline(tmp_path), recipe)
     assert "needs a C++ compiler" in report["skipped"]["compile"]
     monkeypatch.undo()
     pipe = tiny_pipeline(tmp_path)
     report = apply_recipe(pipe, recipe)  # compiles lazily: nothing is run here
-    assert report["applied"]["compile"] == {"mode": "default", "modules": ["unet", "vae.decoder"]}
+    assert report["applied"]["compile"] == {"mode": "default", "dynamic": False, "modules": ["unet", "vae.decoder"]}
     assert pipe.unet._compiled_call_impl is not None
 
 
