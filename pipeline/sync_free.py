@@ -183,8 +183,10 @@ class _DispatchSpy(TorchDispatchMode):
         devices = {t.device.type for t in tensors}
         if name in _SYNC_OPS and self.spy.device in devices:
             self.spy.events.append(f"{name} {[tuple(t.shape) for t in tensors]}")
-            if name == "aten._local_scalar_dense.default":
-                return torch.zeros((), dtype=tensors[0].dtype).item()  # keep going: record every one
+            if name == "aten._local_scalar_dense.default":  # keep going with stand-in values: record every one
+                return torch.zeros((), dtype=tensors[0].dtype).item()
+            if name == "aten.nonzero.default":
+                return torch.zeros((1, tensors[0].dim()), dtype=torch.long, device=tensors[0].device)
         elif name in ("aten._to_copy.default", "aten.copy_.default") and not kwargs.get("non_blocking", False):
             target = kwargs.get("device")
             src = tensors[-1].device.type if tensors else None
@@ -193,3 +195,38 @@ class _DispatchSpy(TorchDispatchMode):
             if {src, dst} == {"cpu", self.spy.device}:
                 self.spy.events.append(f"{name} {src}->{dst} {tuple(tensors[-1].shape)}")
         return func(*args, **kwargs)
+
+
+def spy_scheduler_loop(scheduler, steps: int = 4, host_timesteps: bool = False, batch: int = 2,
+                       channels: int = 4) -> list[str]:
+    """Run ``scheduler``'s denoising loop the way the pipelines drive it, on ``meta`` tensors with a
+    stand-in denoiser, and return what would synchronize on CUDA (empty = nothing).
+
+    ``set_timesteps`` runs with ``device="meta"``; schedulers that read their own device tensors
+    back while setting up (DDIM, PNDM, Euler's twins) are set up on the host and their device-side
+    tables moved to ``meta``, as ``set_timesteps(device=...)`` would place them. Noise comes from
+    CPU generators through :func:`install_pinned_noise`, as in the farm.
+    """
+    install_pinned_noise()
+    make_sync_free(scheduler, host_timesteps)
+    host = getattr(scheduler, _MARK)
+    try:
+        scheduler.set_timesteps(steps, device="meta")
+    except NotImplementedError:  # "Cannot copy out of meta tensor": this setup reads its tables back
+        scheduler.set_timesteps(steps, device="cpu")
+        if not host:
+            scheduler.timesteps = scheduler.timesteps.to("meta")
+        if getattr(scheduler, "_pc_tables", None):
+            scheduler._pc_tables = {k: v.to("meta") for k, v in scheduler._pc_tables.items()}
+    import inspect
+
+    generators = [torch.Generator().manual_seed(i) for i in range(batch)]
+    extra = {"generator": generators} if "generator" in inspect.signature(scheduler.step).parameters else {}
+    x = torch.zeros(batch, channels, 8, 8, device="meta")
+    with SyncSpy() as spy:
+        for t in scheduler.timesteps:
+            if host:  # the pipeline reads t on the host (ERNIE-Image's t.item(), LCM's comparisons)
+                float(t.item())
+            model_in = scheduler.scale_model_input(x, t) if hasattr(scheduler, "scale_model_input") else x
+            x = scheduler.step(model_in * 0.5, t, x, return_dict=False, **extra)[0]
+    return spy.events
