@@ -130,20 +130,17 @@ ERNIE_TRANSFORMER: dict = {}
 
 # ---- tiny builds (diffusers' fast-test shapes, real classes, real VAE scaling factors) ---------
 
-TINY_SDXL_UNET = {
-    "sample_size": 32, "in_channels": 4, "out_channels": 4, "layers_per_block": 1, "block_out_channels": [32, 64],
-    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"], "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"],
-    "transformer_layers_per_block": [1, 2], "attention_head_dim": [2, 4], "cross_attention_dim": 64,
-    "use_linear_projection": True, "addition_embed_type": "text_time", "addition_time_embed_dim": 8,
-    "projection_class_embeddings_input_dim": 32 + 6 * 8, "norm_num_groups": 32,
-}
-TINY_SD3_TRANSFORMER = {"sample_size": 32, "patch_size": 2, "in_channels": 16, "num_layers": 2,
-                        "attention_head_dim": 8, "num_attention_heads": 4, "joint_attention_dim": 64,
-                        "caption_projection_dim": 32, "pooled_projection_dim": 64, "out_channels": 16,
-                        "pos_embed_max_size": 96}
-TINY_FLUX_TRANSFORMER = {"patch_size": 1, "in_channels": 64, "num_layers": 1, "num_single_layers": 2,
-                         "attention_head_dim": 16, "num_attention_heads": 2, "joint_attention_dim": 32,
-                         "pooled_projection_dim": 32, "guidance_embeds": False, "axes_dims_rope": [4, 6, 6]}
+TINY_SDXL_UNET = {**SDXL_UNET, "sample_size": 32, "layers_per_block": 1, "block_out_channels": [32, 64],
+                  "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+                  "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "transformer_layers_per_block": [1, 2],
+                  "attention_head_dim": [2, 4], "cross_attention_dim": 64, "addition_time_embed_dim": 8,
+                  "projection_class_embeddings_input_dim": 32 + 6 * 8}
+TINY_SD3_TRANSFORMER = {**SD3_TRANSFORMER, "sample_size": 32, "num_layers": 2, "attention_head_dim": 8,
+                        "num_attention_heads": 4, "joint_attention_dim": 64, "caption_projection_dim": 32,
+                        "pooled_projection_dim": 64, "pos_embed_max_size": 96}
+TINY_FLUX_TRANSFORMER = {**FLUX_TRANSFORMER, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16,
+                         "num_attention_heads": 2, "joint_attention_dim": 32, "pooled_projection_dim": 32,
+                         "axes_dims_rope": [4, 6, 6]}
 TINY_ERNIE_TRANSFORMER = {"hidden_size": 32, "num_attention_heads": 2, "num_layers": 2, "ffn_hidden_size": 64,
                           "text_in_dim": 32, "rope_axes_dim": [4, 6, 6]}
 TINY_ERNIE_TEXT = {
