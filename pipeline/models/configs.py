@@ -141,8 +141,9 @@ TINY_SD3_TRANSFORMER = {**SD3_TRANSFORMER, "sample_size": 32, "num_layers": 2, "
 TINY_FLUX_TRANSFORMER = {**FLUX_TRANSFORMER, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16,
                          "num_attention_heads": 2, "joint_attention_dim": 32, "pooled_projection_dim": 32,
                          "axes_dims_rope": [4, 6, 6]}
-TINY_ERNIE_TRANSFORMER = {"hidden_size": 32, "num_attention_heads": 2, "num_layers": 2, "ffn_hidden_size": 64,
-                          "text_in_dim": 32, "rope_axes_dim": [4, 6, 6]}
+#: Wide enough (128, FFN 256) that SDNQ quantizes its layers: sdnq skips weights under 16,384 elements.
+TINY_ERNIE_TRANSFORMER = {"hidden_size": 128, "num_attention_heads": 4, "num_layers": 2, "ffn_hidden_size": 256,
+                          "text_in_dim": 32, "rope_axes_dim": [8, 12, 12]}
 TINY_ERNIE_TEXT = {
     "text_config": {**ERNIE_TEXT["text_config"], "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},

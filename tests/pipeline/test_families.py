@@ -135,3 +135,19 @@ def test_offline_word_level_tokenizers(kind, eos_last, bos_first):
     assert (ids[-1] == tok.eos_token_id) == eos_last and (ids[0] == tok.bos_token_id) == bos_first
     padded = tok(["a fox"], padding="max_length", max_length=16)["input_ids"][0]
     assert len(padded) == 16 and padded[-1] == tok.pad_token_id
+
+
+def test_ernie_image_with_sdnq_uint4_and_quantized_matmul_on_the_cpu(cache):
+    pytest.importorskip("sdnq", reason="sdnq is not installed (pip install --no-deps sdnq==0.2.8)")
+    from pipeline.warm import prepare_renderer
+
+    renderer, _ = prepare_renderer("tiny-ernie-image", "cpu", "fast", '{"quantization": "sdnq_uint4"}')
+    applied = renderer.recipe["report"]["applied"]["quantization"]
+    # the model card's explicit apply_sdnq_options_to_model(..., use_quantized_matmul=True), on every component
+    assert applied["method"] == "sdnq_uint4" and applied["quantized_matmul"] == {"transformer": True,
+                                                                                "text_encoder": True}
+    layer = renderer.pipe.transformer.layers[0].mlp.gate_proj
+    assert layer.weight.dtype == torch.uint8 and layer.sdnq_dequantizer.weights_dtype == "uint4"
+    assert layer.sdnq_dequantizer.use_quantized_matmul  # int8 matmul kernels (sdnq's eager ones on the CPU)
+    images = renderer.render(_mixed("tiny-ernie-image", renderer.capabilities)[:2])
+    assert all(np.asarray(im).std() > 1 for im in images)
