@@ -29,16 +29,24 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
     if kind in ("cuda", "xpu") and importlib.util.find_spec("triton") is None:
         return Skip(f"torch.compile on {kind} needs triton; not installed")
     options = {"mode": mode, "dynamic": True if dynamic else None}
-    done = []
+    done, failed = [], {}
+
+    def attempt(label: str, fn) -> None:  # one module failing to compile must not take the other with it
+        try:
+            fn()
+            done.append(label)
+        except Exception as exc:
+            failed[label] = f"{type(exc).__name__}: {exc}"
+
     if denoiser:
         model = getattr(pipe, denoiser_name)
         if regional and getattr(model, "_repeated_blocks", None):
-            model.compile_repeated_blocks(**options)
-            done.append(f"{denoiser_name} (regional: {', '.join(model._repeated_blocks)})")
+            attempt(f"{denoiser_name} (regional: {', '.join(model._repeated_blocks)})",
+                    lambda: model.compile_repeated_blocks(**options))
         else:
-            model.compile(**options)
-            done.append(denoiser_name)
+            attempt(denoiser_name, lambda: model.compile(**options))
     if vae and hasattr(getattr(pipe, "vae", None), "decoder"):
-        pipe.vae.decoder.compile(**options)
-        done.append("vae.decoder")
-    return {"mode": mode, "dynamic": dynamic, "modules": done}
+        attempt("vae.decoder", lambda: pipe.vae.decoder.compile(**options))
+    if not done:
+        return Skip("; ".join(f"{k}: {v}" for k, v in failed.items()) or "nothing to compile")
+    return {"mode": mode, "dynamic": dynamic, "modules": done, **({"failed": failed} if failed else {})}
