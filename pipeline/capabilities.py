@@ -81,7 +81,9 @@ def call_arguments(pipe, requests: Sequence, *, generators: list, step_end: Call
             raise ValueError(errors[0]["msg"])
     kwargs = {"prompt": [r.prompt for r in requests], "width": first.width, "height": first.height,
               "num_inference_steps": first.num_inference_steps, "generator": generators, "output_type": output_type}
-    if "negative_prompt" in params and caps.negative_prompt:
+    if "negative_prompt" in params and caps.negative_prompt and any(r.negative_prompt for r in requests):
+        # only when one is given: with none, the pipeline's own default applies (SDXL then uses zero
+        # embeddings, ``force_zeros_for_empty_prompt``, as diffusers does; the others encode "")
         kwargs["negative_prompt"] = [r.negative_prompt for r in requests]
     if "guidance_scale" in params:
         kwargs["guidance_scale"] = first.guidance_scale

@@ -133,6 +133,8 @@ class Renderer:
         if first.model not in (None, self.model):
             raise ValueError(f"request for model {first.model!r} sent to a renderer of {self.model!r}")
 
+        if self._zeros_for_empty_negative() and len({bool(r.negative_prompt) for r in requests}) > 1:
+            return self._render_split(requests, on_step)
         self._prepare()
         pipe = self.pipe
         pipe.scheduler = make_sync_free(scheduler_for(pipe, first.scheduler), host_timesteps=self.host_timesteps)
@@ -148,3 +150,16 @@ class Renderer:
         with torch.inference_mode():
             result = pipe(**kwargs)
         return list(result.images)
+
+    def _zeros_for_empty_negative(self) -> bool:
+        """SDXL encodes "no negative prompt" as zero embeddings, but only when the whole call has none."""
+        return bool(getattr(self.pipe.config, "force_zeros_for_empty_prompt", False))
+
+    def _render_split(self, requests: Sequence[RenderRequest], on_step) -> list[PIL.Image.Image]:
+        """Requests with and without a negative prompt in separate calls, so that each image is what it
+        would be alone (zero embeddings for an empty one), whatever its batch-mates ask; results in order."""
+        images: dict[int, PIL.Image.Image] = {}
+        for has_negative in (False, True):
+            idx = [i for i, r in enumerate(requests) if bool(r.negative_prompt) == has_negative]
+            images.update(zip(idx, self.render([requests[i] for i in idx], on_step)))
+        return [images[i] for i in range(len(requests))]

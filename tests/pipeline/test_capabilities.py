@@ -88,3 +88,29 @@ def test_generators_reach_the_pipeline_per_request():
     gens = [torch.Generator().manual_seed(s) for s in (1, 2)]
     kwargs = call_arguments(_bare("StableDiffusionXLPipeline"), [_req(), _req(seed=2)], generators=gens)
     assert kwargs["generator"] is gens and kwargs["num_inference_steps"] == 20 and kwargs["output_type"] == "pil"
+
+
+def test_no_negative_prompt_keeps_the_pipelines_default():
+    sdxl = _bare("StableDiffusionXLPipeline")
+    assert "negative_prompt" not in call_arguments(sdxl, [_req(), _req(seed=2)], generators=[None, None])
+
+
+def test_sdxl_matches_diffusers_and_stays_invariant_with_mixed_negative_prompts(offline_cache):
+    """SDXL encodes "no negative prompt" as zero embeddings only when a call has none: a mixed group
+    is rendered as two calls, so each image is diffusers' image for that request alone."""
+    import numpy as np
+    from diffusers import DiffusionPipeline
+
+    from pipeline.models import load_pipeline
+    from pipeline.render import Renderer
+
+    renderer = Renderer(load_pipeline("tiny-sdxl", cache_dir=offline_cache), model="tiny-sdxl")
+    reqs = [RenderRequest(prompt=p, seed=i, model="tiny-sdxl", width=64, height=64, num_inference_steps=2,
+                          negative_prompt=n) for i, (p, n) in enumerate([("a red fox", ""), ("a cat", "blurry")])]
+    mixed = [np.asarray(im) for im in renderer.render(reqs)]
+    base = DiffusionPipeline.from_pretrained(offline_cache / "models" / "tiny-sdxl")
+    base.set_progress_bar_config(disable=True)
+    ref = base(prompt=["a red fox"], width=64, height=64, num_inference_steps=2, guidance_scale=7.5,
+               generator=[torch.Generator().manual_seed(0)], output_type="np").images[0]
+    assert np.abs(mixed[0].astype(float) - ref * 255).max() <= 1.0  # zero negative embeddings, as diffusers
+    assert np.array_equal(np.asarray(renderer.render(reqs[1:])[0]), mixed[1])
