@@ -40,8 +40,11 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # batch 8 at 32x32 latents, 1 thread: NCHW 15.3 s, channels_last 17.6 s; fused QKV saves ~6 %).
     Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
            max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
-    # AVX-512 with AVX512_BF16 but no AMX (AMD EPYC here): bfloat16 measured against float32 with
-    # `renderfarm bench pipeline` (see README "CPUs without AMX"); the table keeps the winner.
+    # AVX-512 with AVX512_BF16 but no AMX (AMD EPYC): bfloat16 wins. `renderfarm bench pipeline`,
+    # sd-turbo-arch 256², 1 step, guidance 0, 3 interleaved rounds (medians; load average 3-6 on the
+    # 2 cores): fast in bfloat16 2.85x the float32 baseline at batch 1, 7.84x at batch 4; the same
+    # recipe in float32 1.05x / 2.55x (CPU s/img 4.4 / 2.3 vs 9.8 / 5.8; GEMM 2048³ bf16 389 vs fp32
+    # 91 GFLOP/s). pipeline/measure/results/sd-turbo-arch.json; OpenVINO: pipeline/README.md.
     Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
            max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
     Recipe("cpu", attention="sdpa", fuse_qkv=True, batch_invariant=True, max_batch_size=4,
