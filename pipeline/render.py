@@ -86,6 +86,9 @@ class Renderer:
             for component in pipe.components.values():
                 if isinstance(component, torch.nn.Module):
                     make_batch_invariant(component)
+            denoiser = getattr(pipe, self.denoiser_name)
+            if getattr(denoiser, "_renderfarm_per_sample_for_invariance", False):  # e.g. the OpenVINO UNet
+                make_per_sample(denoiser)
         elif self.invariance == "per-sample":
             for name in (*TEXT_ENCODERS, self.denoiser_name):
                 module = getattr(pipe, name, None)

@@ -80,7 +80,8 @@ def make_sync_free(scheduler, host_timesteps: bool = False):
 
 def _timesteps_to_device(module, args, kwargs):
     """Forward pre-hook: small host tensors (timesteps) go to the module's device without blocking."""
-    device = next(module.parameters()).device
+    param = next(module.parameters(), None)
+    device = param.device if param is not None else getattr(module, "device", torch.device("cpu"))
     if device.type == "cpu":
         return None
 

@@ -10,7 +10,7 @@ The knobs apply to the pipeline's *denoiser*, whichever it has: ``unet`` (SD 1.x
 Every step is guarded: a missing package (flash-attn, torchao, sdnq), a missing C++ compiler or
 Triton for ``torch.compile``, or a step that raises, is recorded under ``skipped`` with its
 reason, and the pipeline stays usable. Sources of each technique: ``recipes.OPTIMIZATIONS``.
-Modules: :mod:`.attention`, :mod:`.quantize`, :mod:`.compile`, :mod:`.tiny_vae`.
+Modules: :mod:`.attention`, :mod:`.quantize`, :mod:`.compile`, :mod:`.tiny_vae`, :mod:`.openvino`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from pipeline.models.families import OFFLINE_TINY_VAES, denoiser_of, detect_family
 from pipeline.optimize.attention import FlashAttnProcessor, set_attention
 from pipeline.optimize.compile import compile_pipeline
+from pipeline.optimize.openvino import to_openvino
 from pipeline.optimize.quantize import Skip, quantize
 from pipeline.optimize.tiny_vae import swap_tiny_vae
 from pipeline.recipes import Recipe
@@ -67,9 +68,14 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
     if recipe.fuse_qkv:
         step("fuse_qkv", lambda: _fuse_qkv(pipe, denoiser_name, attention))
     step("attention", lambda: set_attention(pipe, denoiser_name, attention, "fuse_qkv" in applied, device))
-    if recipe.channels_last:
+    if recipe.backend == "openvino":
+        step("backend", lambda: to_openvino(pipe, denoiser_name, DTYPES[recipe.dtype], device))
+    converted = "backend" in applied
+    if recipe.channels_last and not converted:
         step("channels_last", lambda: _channels_last(pipe, denoiser_name))
-    if recipe.quantization:
+    if recipe.quantization and converted:
+        skipped["quantization"] = "the denoiser runs in OpenVINO"
+    elif recipe.quantization:
         step("quantization", lambda: quantize(pipe, recipe.quantization, DTYPES[recipe.dtype], denoiser_name))
     if recipe.vae_tiling:
         step("vae_tiling", lambda: _vae_memory(pipe.vae, "tiling"))
@@ -80,7 +86,7 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
     step("placement", lambda: _place(pipe, device, recipe.cpu_offload))
     if recipe.compile_denoiser or recipe.compile_vae:
         step("compile", lambda: compile_pipeline(
-            pipe, denoiser_name, denoiser=recipe.compile_denoiser, vae=recipe.compile_vae,
+            pipe, denoiser_name, denoiser=recipe.compile_denoiser and not converted, vae=recipe.compile_vae,
             regional=recipe.compile_regional, dynamic=recipe.compile_dynamic, mode=recipe.compile_mode,
             device=device))
     return {

@@ -24,6 +24,7 @@ ATTENTION = ("default", "sdpa", "flash_attn", "cudnn", "sliced")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 TORCHAO = ("torchao_int8", "torchao_int8_dynamic", "torchao_fp8_dynamic")
 QUANTIZATION = (None, *TORCHAO, "sdnq_uint4")
+BACKENDS = ("torch", "openvino")
 
 
 class Optimization(NamedTuple):
@@ -52,6 +53,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
     "cpu_offload": Optimization(EXACT, "diffusers enable_model_cpu_offload (moves whole models, same math)"),
     "quantization": Optimization(APPROX, "ERNIE-Image-Turbo SDNQ uint4 model card (quantized matmul); torchao "
                                          "int8 weight-only, int8/fp8 dynamic (with torch.compile)"),
+    "backend": Optimization(EXACT, "OpenVINO, the engine fastsdcpu uses (CPU; f32 inference precision is the same "
+                                   "math, bf16 follows the dtype knob); pipeline/optimize/openvino.py"),
     "tiny_vae": Optimization(APPROX, f"{_DIFFUSERS_GUIDE}: tiny autoencoder (TAESD family)"),
     "batch_invariant": Optimization(EXACT, "an image's pixels do not depend on its batch-mates "
                                            "(pipeline.invariance)"),
@@ -68,7 +71,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
                                         "request's num_inference_steps, never changed by a recipe", knob=False),
 }
 _CHOICES: dict[str, tuple] = {"dtype": DTYPES, "attention": ATTENTION, "compile_mode": COMPILE_MODES,
-                              "quantization": QUANTIZATION}
+                              "quantization": QUANTIZATION, "backend": BACKENDS}
 _BOOLS = ("channels_last", "fuse_qkv", "compile_denoiser", "compile_regional", "compile_dynamic", "compile_vae",
           "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute", "batch_invariant")
 #: Old knob names still accepted in overrides.
@@ -103,6 +106,7 @@ class Recipe:
     cpu_offload: bool = False
     scheduler_precompute: bool = False  # pipeline/scheduling.py twins (bit-identical on the CPU)
     quantization: str | None = None
+    backend: str = "torch"  # "openvino": the UNet runs in OpenVINO (CPU, SD 1.x/2.x UNets)
     tiny_vae: str | None = None
     batch_invariant: bool = False
     max_batch_size: int = 1  # images per denoiser call, an upper bound for pipeline.memory

@@ -177,3 +177,27 @@ def test_flash_processor_matches_sdpa(tmp_path, fused):
         got = unet(sample, 10, context).sample
     assert calls  # the kernel path ran, not only the fallback
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_openvino_backend_runs_the_unet_exactly_and_keeps_invariance(offline_cache):
+    pytest.importorskip("openvino", reason="openvino is not installed (pip install openvino)")
+    from infra.schemas import RenderRequest
+    from pipeline.models import load_pipeline
+    from pipeline.optimize.openvino import OpenVinoUNet
+    from pipeline.render import Renderer
+
+    reqs = [RenderRequest(prompt=p, seed=i, model="tiny", width=64, height=64, num_inference_steps=2)
+            for i, p in enumerate(["a red fox", "a cat on a mat", "x"])]
+    torch_images = [np.asarray(im) for im in Renderer(load_pipeline("tiny", cache_dir=offline_cache),
+                                                      model="tiny").render(reqs)]
+    pipe = load_pipeline("tiny", cache_dir=offline_cache)
+    report = apply_recipe(pipe, dataclasses.replace(BASELINE, backend="openvino", attention="sdpa"))
+    assert report["applied"]["backend"]["precision"] == "f32" and isinstance(pipe.unet, OpenVinoUNet)
+    renderer = Renderer(pipe, model="tiny")  # CPU: invariant kernels, and one OpenVINO call per sample
+    images = [np.asarray(im) for im in renderer.render(reqs)]
+    assert all(psnr(a / 255, b / 255) >= 60 for a, b in zip(images, torch_images))  # float32: kernel rounding only
+    assert np.array_equal(np.asarray(renderer.render(reqs[1:2])[0]), images[1])
+    assert renderer.render([reqs[0].model_copy(update={"width": 96})])[0].size == (96, 64)  # dynamic shapes
+    sdxl = apply_recipe(load_pipeline("tiny-sdxl", cache_dir=offline_cache),
+                        dataclasses.replace(BASELINE, backend="openvino"))
+    assert "only SD 1.x/2.x UNets" in sdxl["skipped"]["backend"]
