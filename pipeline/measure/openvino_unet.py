@@ -19,14 +19,7 @@ import time
 
 import torch
 
-
-class _UNetCall(torch.nn.Module):
-    def __init__(self, unet):
-        super().__init__()
-        self.unet = unet
-
-    def forward(self, sample, timestep, encoder_hidden_states):
-        return self.unet(sample, timestep, encoder_hidden_states, return_dict=False)[0]
+from pipeline.optimize.openvino import UNetCall
 
 
 def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_dir: str | None) -> dict:
@@ -43,7 +36,7 @@ def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_
     runners = {}
     runners["torch float32"] = lambda x: unet(*x, return_dict=False)[0]
     t0 = time.perf_counter()
-    ov_model = ov.convert_model(_UNetCall(unet), example_input=inputs[batches[0]])
+    ov_model = ov.convert_model(UNetCall(unet), example_input=inputs[batches[0]])
     shapes = {}
     for port in ov_model.inputs:  # a dynamic batch dimension: one model for every batch size
         dims = list(port.get_partial_shape())
@@ -58,7 +51,7 @@ def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_
         runners[f"openvino {precision}"] = (lambda c: lambda x: c([t.numpy() for t in x])[0])(compiled)
     import copy
 
-    unet_bf16 = copy.deepcopy(_UNetCall(unet)).to(torch.bfloat16)
+    unet_bf16 = copy.deepcopy(UNetCall(unet)).to(torch.bfloat16)
     runners["torch bfloat16"] = lambda x: unet_bf16(x[0].bfloat16(), x[1], x[2].bfloat16())
     times: dict[str, list[float]] = {f"{k} b{b}": [] for k in runners for b in batches}
     with torch.inference_mode():

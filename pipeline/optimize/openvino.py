@@ -23,7 +23,9 @@ import torch
 from pipeline.optimize.quantize import Skip
 
 
-class _Call(torch.nn.Module):
+class UNetCall(torch.nn.Module):
+    """A UNet as a function of (sample, timestep, text embeddings) → noise prediction (for tracing)."""
+
     def __init__(self, unet):
         super().__init__()
         self.unet = unet
@@ -87,7 +89,7 @@ def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None
     example = (torch.randn(1, unet.config.in_channels, size // 2, size // 2), torch.tensor(999.0),
                torch.randn(1, 77, unet.config.cross_attention_dim))
     with torch.inference_mode():
-        model = ov.convert_model(_Call(unet.float()).eval(), example_input=example)
+        model = ov.convert_model(UNetCall(unet.float()).eval(), example_input=example)
     shapes = {}
     for port in model.inputs:  # dynamic batch, height, width and sequence: one model for every shape
         dims = list(port.get_partial_shape())
