@@ -187,7 +187,7 @@ def test_recipe_to_dict_is_json():
     assert d["approximations"] == ["tiny_vae"] and d["dtype"] == "float16" and d["family"] == "sdxl"
 
 
-# --- allocator (seed 002) --------------------------------------------------------------------
+# --- allocator (the ERNIE-Image-Turbo SDNQ uint4 model card) ---------------------------------
 
 @pytest.mark.parametrize("profile", [cuda(80, (9, 0)), cuda(8, (7, 5)), MPS, cpu(True)])
 def test_allocator_env_never_produces_the_forbidden_combination(profile):
