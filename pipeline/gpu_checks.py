@@ -172,18 +172,23 @@ def invariance_cost(model: str, device: str, size: int, steps: int, batch: int, 
             "default_on": med["on"] / med["off"] - 1 < 0.10}
 
 
+CHECKS = ("families", "syncs", "invariance")
+
+
 def run(out: Path, models: list[str], invariance_model: str, size: int, steps: int, batch: int, rounds: int,
-        device: str | None = None) -> dict:
-    """All checks; returns and writes the result (``out/gpu_checks.json``)."""
+        device: str | None = None, only: tuple[str, ...] = CHECKS) -> dict:
+    """The checks named in ``only`` (all by default); returns and writes the result (``out/gpu_checks.json``)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = {"device": device, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
-              "families": [check_family(m, device, r) for m in models for r in ("exact", "fast")],
-              "syncs": check_syncs(device, models)}
-    try:
-        result["batch_invariant"] = invariance_cost(invariance_model, device, size, steps, batch, rounds)
-    except Exception as exc:
-        result["batch_invariant"] = {"model": invariance_model, "error": f"{type(exc).__name__}: {exc}"[:500]}
+              "families": [check_family(m, device, r) for m in models for r in ("exact", "fast")]
+              if "families" in only else [],
+              "syncs": check_syncs(device, models) if "syncs" in only else [], "batch_invariant": {}}
+    if "invariance" in only:
+        try:
+            result["batch_invariant"] = invariance_cost(invariance_model, device, size, steps, batch, rounds)
+        except Exception as exc:
+            result["batch_invariant"] = {"model": invariance_model, "error": f"{type(exc).__name__}: {exc}"[:500]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_checks.json").write_text(json.dumps(result, indent=2, default=str))
     return result
@@ -209,7 +214,8 @@ def print_tables(result: dict) -> None:
         syncs.add_row(row["model"], row["scheduler"], str(row["syncs"]) if row.get("error") is None else row["error"])
     console.print(syncs)
     inv = result["batch_invariant"]
-    console.print(f"batch_invariant on {inv.get('model')}: {json.dumps(inv)}")
+    if inv:
+        console.print(f"batch_invariant on {inv.get('model')}: {json.dumps(inv)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invariance-steps", type=int, default=20)
     parser.add_argument("--invariance-batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated subset of {', '.join(CHECKS)}")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--overrides", default="", help='recipe overrides for every renderer, JSON, e.g. '
                         '\'{"compile_denoiser": false, "compile_vae": false}\' for a quick pass')
@@ -228,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     OVERRIDES.clear()
     OVERRIDES.update(json.loads(args.overrides) if args.overrides.strip() else {})
     result = run(args.out, [m for m in args.models.split(",") if m], args.invariance_model, args.invariance_size,
-                 args.invariance_steps, args.invariance_batch, args.rounds, args.device)
+                 args.invariance_steps, args.invariance_batch, args.rounds, args.device,
+                 tuple(c for c in args.only.split(",") if c))
     print_tables(result)
     return 0 if all(r["ok"] for r in result["families"]) and not any(r.get("syncs") for r in result["syncs"]) else 1
 
