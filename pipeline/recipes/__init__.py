@@ -91,7 +91,9 @@ def _fit_family(r: Recipe, p: DeviceProfile, family: str | None, reference: str)
         "fuse_qkv": r.fuse_qkv and spec.fuse_qkv,
         "channels_last": r.channels_last and unet,  # convolutions live in UNets; transformers have few
         "compile_regional": r.compile_denoiser and spec.regional_compile,
-        "max_batch_size": max(1, int(r.max_batch_size * fit.batch_scale)),
+        # 1024² latents are 4x SD 1.5's on an accelerator's fixed memory; the CPU's cap is about
+        # amortizing weight reads, and its memory is measured anyway
+        "max_batch_size": max(1, int(r.max_batch_size * (fit.batch_scale if p.kind != "cpu" else 1))),
     }
     if p.kind == "cuda" and fit.fast_quantization:
         q = fit.fast_quantization

@@ -151,3 +151,14 @@ def test_ernie_image_with_sdnq_uint4_and_quantized_matmul_on_the_cpu(cache):
     assert layer.sdnq_dequantizer.use_quantized_matmul  # int8 matmul kernels (sdnq's eager ones on the CPU)
     images = renderer.render(_mixed("tiny-ernie-image", renderer.capabilities)[:2])
     assert all(np.asarray(im).std() > 1 for im in images)
+
+
+@pytest.mark.parametrize("model", ["tiny-flux", "tiny-ernie-image"])
+def test_batch_size_is_measured_at_the_pools_largest_size(cache, model):
+    from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer, sizing_shape
+
+    renderer, profile = prepare_renderer(model, "cpu", "exact", pool=PoolOptions(max_pixels=200 * 200, steps=3))
+    assert sizing_shape(renderer) == (192, 192, 3)  # the square of max_pixels, down to the size multiple (16)
+    assert 1 <= batch_size_from_memory(renderer, profile) <= renderer.max_batch_size
+    renderer.pool = PoolOptions()
+    assert sizing_shape(renderer) == (1024, 1024, 2)  # no pool size: the family's native size
