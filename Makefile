@@ -22,11 +22,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch first, so the project's torch range is already satisfied by the CPU build;
-# open-clip-torch without its deps, which would replace that torch.
+# open-clip-torch and sdnq without their deps, which would replace that torch; openvino (the
+# cpu-avx512-bf16 recipe's UNet backend) needs no torch. A stale egg-info in the tree would hide
+# the entry points of the fresh install, so it goes first.
 $(STAMP): pyproject.toml | $(BIN)/python
+	rm -rf renderfarm.egg-info
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[test]"
-	$(BIN)/pip install --no-deps open-clip-torch
+	$(BIN)/pip install -e ".[test,cpu]"
+	$(BIN)/pip install --no-deps open-clip-torch "sdnq==0.2.8"
 	touch $@
 
 # apt-get update runs only when a package is missing.

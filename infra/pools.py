@@ -20,20 +20,103 @@ free for the renders only they can do. A request no pool can serve is refused wi
 
 With no pools declared, each model is its own pool, named by a slug of the model spec, and
 every size is accepted (the behaviour before pools were declared).
+
+Capabilities: what a model family cannot do (a negative prompt, guidance, a scheduler, a size
+that is not a multiple of its latent patch) is plain data here, :data:`FAMILIES`, so the API
+refuses such a request with a 422 at submission without importing diffusers. A pool names its
+``family``; an offline model name implies it (:data:`OFFLINE_FAMILIES`). The pipeline derives
+the same record from the loaded pipeline (``pipeline.capabilities``), so a worker refuses a pool
+declared with the wrong family.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra import keys
+from infra.schemas import SchedulerName
 
 #: Pool names: what :func:`pool_for_model` produces, without ``:`` (the broker's priority separator).
 POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+
+
+class Capabilities(NamedTuple):
+    """What one model family can do with a request's fields.
+
+    ``negative_prompt``: the pipeline uses a negative prompt (classifier-free guidance with it).
+    ``guidance_scale``: the picture depends on ``guidance_scale`` (false for guidance-distilled
+    models such as FLUX.1-schnell). ``schedulers``: the request scheduler names it can run
+    (flow-matching models keep their own: ``default`` only). ``size_multiple``: width and height
+    must be multiples of it, pixels (VAE factor × patch size). ``batch_invariant``: an image can
+    be made independent of its batch-mates (false for ERNIE-Image, whose pipeline pads every
+    prompt's text to the longest prompt of the batch).
+    """
+
+    negative_prompt: bool
+    guidance_scale: bool
+    schedulers: tuple[str, ...]
+    size_multiple: int
+    batch_invariant: bool = True
+
+
+_ANY_SCHEDULER = get_args(SchedulerName)
+_OWN_SCHEDULER = ("default",)
+#: Family → capabilities. Sources: the diffusers pipelines' ``__call__`` signatures (0.42) and the
+#: model cards (FLUX.1-schnell is guidance-distilled; FLUX.1-dev takes a distilled guidance
+#: embedding; FLUX.1 pipelines use a negative prompt only with ``true_cfg_scale``, which the farm
+#: does not pass; FLUX.2's pipeline has no negative prompt).
+FAMILIES: dict[str, Capabilities] = {
+    "sd1": Capabilities(True, True, _ANY_SCHEDULER, 8),
+    "sd2": Capabilities(True, True, _ANY_SCHEDULER, 8),
+    "sdxl": Capabilities(True, True, _ANY_SCHEDULER, 8),
+    "sd3": Capabilities(True, True, _OWN_SCHEDULER, 16),
+    "flux-schnell": Capabilities(False, False, _OWN_SCHEDULER, 16),
+    "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16),
+    "flux2": Capabilities(False, True, _OWN_SCHEDULER, 16),
+    "ernie-image": Capabilities(True, True, _OWN_SCHEDULER, 16, batch_invariant=False),
+}
+#: Offline model name → family (the names ``pipeline.models`` builds; a test keeps them equal).
+OFFLINE_FAMILIES: dict[str, str] = {
+    "tiny": "sd1", "sd15-arch": "sd1", "bk-sdm-tiny-arch": "sd1", "sd-turbo-arch": "sd2",
+    "tiny-sdxl": "sdxl", "sdxl-arch": "sdxl", "tiny-sd3": "sd3", "sd3-arch": "sd3",
+    "tiny-flux": "flux-schnell", "flux-schnell-arch": "flux-schnell",
+    "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
+}
+#: guidance_scale values that ask for no guidance: 0 and 1 (no CFG), and the request schema's
+#: default 7.5, which a client sends when the user named none. Only other values are refused
+#: by a family that ignores guidance.
+NEUTRAL_GUIDANCE = (0.0, 1.0, 7.5)
+
+
+def capability_errors(request: Any, family: "str | Capabilities | None") -> list[dict[str, Any]]:
+    """What ``request`` (a ``RenderRequest``) asks of ``family`` (a name in :data:`FAMILIES`, or a
+    record) that it cannot do, as error dicts (``type``, ``field``, ``msg``, ``input``); empty
+    when it can, or the family is unknown."""
+    caps = family if isinstance(family, Capabilities) else FAMILIES.get(family) if family else None
+    if caps is None:
+        return []
+    errors = []
+    name = f"model {request.model!r}" + (f" (family {family})" if isinstance(family, str) else "")
+    if request.negative_prompt and not caps.negative_prompt:
+        errors.append({"type": "unsupported_negative_prompt", "field": "negative_prompt",
+                       "input": request.negative_prompt, "msg": f"{name} takes no negative prompt"})
+    if not caps.guidance_scale and request.guidance_scale not in NEUTRAL_GUIDANCE:
+        errors.append({"type": "unsupported_guidance_scale", "field": "guidance_scale", "input": request.guidance_scale,
+                       "msg": f"{name} ignores guidance_scale (guidance-distilled); send 0, 1 or none"})
+    if request.scheduler not in caps.schedulers:
+        errors.append({"type": "unsupported_scheduler", "field": "scheduler", "input": request.scheduler,
+                       "msg": f"{name} cannot use scheduler {request.scheduler!r}; it can use "
+                              f"{', '.join(caps.schedulers)}"})
+    for side in ("width", "height"):
+        value = getattr(request, side)
+        if value % caps.size_multiple:
+            errors.append({"type": "size_not_multiple", "field": side, "input": value,
+                           "msg": f"{name} needs {side} a multiple of {caps.size_multiple}, got {value}"})
+    return errors
 
 
 def pool_for_model(model: str) -> str:
@@ -62,6 +145,26 @@ class PoolSpec(BaseModel):
     max_pixels: int = Field(2048 * 2048, ge=64 * 64, description="Largest width × height, pixels.")
     max_batch: int = Field(8, ge=1, le=256, description="Most jobs per batch.")
     queue: str | None = Field(None, description="renderfarm.<name> (filled in when absent).")
+    family: str | None = Field(None, description="Model family (FAMILIES); an offline model name implies it.")
+    steps: int | None = Field(None, ge=1, le=150, description="The num_inference_steps the pool's jobs typically ask "
+                                                          "for; the worker sizes its batch at max_pixels and these "
+                                                          "(default: the family's).")
+    use_pe: bool = Field(False, description="ERNIE-Image: run the prompt enhancer (its model card's validation "
+                                            "turns it off).")
+    batch_invariant: bool | None = Field(None, description="Identical pixels alone and in any batch (None: the "
+                                                           "device's default: on for CPUs, off for GPUs).")
+
+    @field_validator("family")
+    @classmethod
+    def _family(cls, v: str | None) -> str | None:
+        if v is not None and v not in FAMILIES:
+            raise ValueError(f"unknown model family {v!r}; known: {', '.join(FAMILIES)}")
+        return v
+
+    @property
+    def model_family(self) -> str | None:
+        """The declared ``family``, else the one an offline model name implies, else None."""
+        return self.family or OFFLINE_FAMILIES.get(self.model)
 
     @field_validator("name")
     @classmethod
@@ -95,8 +198,9 @@ class NoPoolError(ValueError):
     """No declared pool can serve some requests of a submission; nothing was recorded.
 
     ``errors`` holds one dict per refused request (at most :attr:`MAX_ERRORS`): ``index`` (its
-    position in the submission), ``type`` (``no_pool_for_model`` or ``over_max_pixels``),
-    ``field`` (``model``, or None for the size), ``msg`` and ``input``.
+    position in the submission), ``type`` (``no_pool_for_model``, ``over_max_pixels``, or one of
+    :func:`capability_errors`' ``unsupported_*`` / ``size_not_multiple``), ``field`` (``model``,
+    the request field a capability check names, or None for the size), ``msg`` and ``input``.
     """
 
     MAX_ERRORS = 100
@@ -117,6 +221,7 @@ class Router:
 
     def __init__(self, pools: Sequence[PoolSpec] = ()):
         self.pools = check_unique(pools)
+        self._by_name = {pool.name: pool for pool in self.pools}
         self._by_model: dict[str, list[PoolSpec]] = {}
         for pool in self.pools:  # sorted by max_pixels; the sort is stable, so ties keep declaration order
             self._by_model.setdefault(pool.model, []).append(pool)
@@ -140,11 +245,12 @@ class Router:
         already resolved), in order.
 
         Raises:
-            NoPoolError: listing every request that no pool can serve, by index.
+            NoPoolError: listing every request that no pool can serve, by index: its model, its
+                size, or what the pool's model family cannot do (:func:`capability_errors`).
         """
         pools, errors, total = [], [], 0
         for index, request in enumerate(requests):
-            pool, error = self._route(request.model, request.width, request.height)
+            pool, error = self._route(request.model, request.width, request.height, request)
             if error is not None:
                 total += 1
                 if len(errors) < NoPoolError.MAX_ERRORS:
@@ -154,7 +260,17 @@ class Router:
             raise NoPoolError(errors, total)
         return pools
 
-    def _route(self, model: str, width: int, height: int) -> tuple[str, dict[str, Any] | None]:
+    def _route(self, model: str, width: int, height: int, request: Any = None) -> tuple[str, dict[str, Any] | None]:
+        pool, error = self._route_size(model, width, height)
+        if error is None and request is not None:
+            spec = self._by_name.get(pool)
+            family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
+            errors = capability_errors(request, family)
+            if errors:
+                return "", errors[0]
+        return pool, error
+
+    def _route_size(self, model: str, width: int, height: int) -> tuple[str, dict[str, Any] | None]:
         if not self.pools:
             return pool_for_model(model), None
         candidates = self._by_model.get(model)

@@ -33,6 +33,7 @@ class DeviceProfile:
     cpu_cores: int = 1
     avx512: bool = False  # /proc/cpuinfo flag avx512f
     amx: bool = False  # /proc/cpuinfo flags amx_tile and amx_bf16 (bf16 matmul tiles)
+    avx512_bf16: bool = False  # /proc/cpuinfo flag avx512_bf16 (bf16 dot products without AMX, e.g. AMD Zen 4/5)
     flash_attn_available: bool = False  # the flash-attn package imports and the GPU is sm80+
 
     def __post_init__(self) -> None:
@@ -113,7 +114,8 @@ def _mem_get_info(mod, index: int) -> tuple[int, int]:
 
 
 def _flash_attn_importable() -> bool:
-    """Whether the flash-attn package (Dao et al. 2022, cited by seeds 000 and 001) imports."""
+    """Whether the flash-attn package (Dao et al. 2022; cited by the ERNIE-ViLG 2.0 inference article
+    and the Rapid Diffusion paper) imports."""
     try:
         from flash_attn import flash_attn_func  # noqa: F401
     except Exception:
@@ -127,6 +129,7 @@ def _cpu_facts() -> dict:
         "cpu_cores": _usable_cpus(),
         "avx512": "avx512f" in flags,
         "amx": "amx_tile" in flags and "amx_bf16" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
     }
 
 

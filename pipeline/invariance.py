@@ -30,8 +30,18 @@ Fix, applied to the modules in place by :func:`make_batch_invariant`:
 Text encoding (prompts are padded to 77 tokens), SDPA attention, layer norms, the schedulers and
 the latents (one generator per image) were found invariant as they are. Cost, measured single
 threaded: the SD 1.5 UNet +11 % at 256 px (batch 4), the SD VAE decoder +10 %, the tiny model
-+5 % end to end; up to 2x at 64 px, where per-sample GEMMs re-read the weights. Other dtypes and
-devices keep the stock kernels (per-sample Linear aside): invariance there is not verified.
++5 % end to end; up to 2x at 64 px, where per-sample GEMMs re-read the weights. These kernels are
+verified on the CPU in float32 (the exact recipes); in bfloat16 the convolutions keep the stock
+kernels and invariance is not verified.
+
+**On accelerators** the CPU kernels above never run. cuBLAS and cuDNN also pick algorithms by
+shape, so the only guarantee is to give every image the shapes it has alone:
+:func:`make_per_sample` makes a module (text encoders, the denoiser) run one call per sample and
+concatenate, and the VAE decodes with diffusers' slicing (one image at a time). That costs the
+batching itself; it is the pool option ``batch_invariant`` (measured by ``pipeline.gpu_checks``,
+off by default on GPUs unless it costs under 10 %). ERNIE-Image cannot be made invariant: its
+pipeline pads every prompt's text to the batch's longest, so batch-mates change the transformer's
+input (``infra.pools.FAMILIES``: ``batch_invariant=False``).
 """
 
 from __future__ import annotations
@@ -39,6 +49,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+#: Keyword arguments that are never batched (FLUX's position ids and rotary embeddings).
+_UNBATCHED = frozenset({"img_ids", "txt_ids", "image_rotary_emb", "return_dict", "joint_attention_kwargs",
+                        "cross_attention_kwargs", "attention_kwargs"})
 
 _MARK = "_renderfarm_batch_invariant"
 
@@ -98,3 +112,57 @@ def make_batch_invariant(module: nn.Module) -> int:
         setattr(sub, _MARK, True)
         patched += 1
     return patched
+
+
+def _batch_of(args, kwargs) -> int:
+    for value in (*args, *kwargs.values()):
+        if torch.is_tensor(value) and value.dim() > 0:
+            return value.shape[0]
+    return 1
+
+
+def _take(value, i: int, n: int):
+    if torch.is_tensor(value):
+        return value[i:i + 1] if value.dim() > 0 and value.shape[0] == n else value
+    if isinstance(value, dict):
+        return {k: _take(v, i, n) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and len(value) == n and all(torch.is_tensor(v) for v in value):
+        return type(value)(value[i:i + 1])
+    return value
+
+
+def _concat(outputs: list):
+    first = outputs[0]
+    if torch.is_tensor(first):
+        return torch.cat(outputs) if first.dim() > 0 else first
+    if first is None:
+        return None
+    if isinstance(first, dict):  # diffusers / transformers ModelOutput are ordered dicts
+        return type(first)(**{k: _concat([o[k] for o in outputs]) for k in first.keys()})
+    if isinstance(first, (list, tuple)):
+        return type(first)(_concat([o[j] for o in outputs]) for j in range(len(first)))
+    return first
+
+
+def make_per_sample(module: nn.Module) -> bool:
+    """Make ``module`` compute a batch of n as n calls of batch 1 and concatenate: every GEMM,
+    convolution and attention then has the shapes a lone request has, whatever kernels the
+    device picks. Tensors whose first dimension is the batch are split (also inside dicts, e.g.
+    SDXL's ``added_cond_kwargs``); FLUX's position ids are not. Idempotent; returns True when it
+    patched ``module`` now."""
+    if getattr(module, "_renderfarm_per_sample", False):
+        return False
+    forward = module.forward
+
+    def per_sample(*args, **kwargs):
+        n = _batch_of(args, kwargs)
+        if n <= 1:
+            return forward(*args, **kwargs)
+        outputs = [forward(*(_take(a, i, n) for a in args),
+                           **{k: v if k in _UNBATCHED else _take(v, i, n) for k, v in kwargs.items()})
+                   for i in range(n)]
+        return _concat(outputs)
+
+    module.forward = per_sample
+    module._renderfarm_per_sample = True
+    return True

@@ -1,16 +1,22 @@
 """Memory: peak bytes per image, the batch size they allow, OOM recovery, allocator settings.
 
-Place in the data flow: at warm-up the worker renders batches of 1 and 2 images through
-:func:`measure_per_image`, turns the result into a batch size with :func:`batch_size_for`
-(capped by ``Recipe.max_batch_size``), and keeps it. When a batch still runs out of memory,
-:func:`split_on_oom` renders it in halves and reports the size that worked, so the worker
-lowers its batch size instead of dying (DESIGN §3.5).
+Place in the data flow: at warm-up the worker renders batches of 1 and 2 images at its pool's
+largest size and steps through :func:`measure_per_image`, turns the result into a batch size with
+:func:`batch_size_for` (capped by ``Recipe.max_batch_size``), and keeps it. When a batch still runs
+out of memory:
+
+* in the VAE decode only: :func:`guard_vae_decode` decodes that batch again one image at a time,
+  so its denoising steps are kept;
+* in the denoiser: :func:`split_on_oom` renders the halves *after* leaving the ``except`` block
+  (the exception's traceback holds the failed batch's tensors; inside the block they would stay
+  alive while the halves render), and :class:`BatchLimits` lowers the batch size for that shape
+  only, raising it back after enough successes.
 
 Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA (and its xpu/npu twins), and the
 process's resident-set high-water mark (``VmHWM`` in ``/proc/self/status``, reset through
 ``/proc/self/clear_refs``; ``resource.getrusage`` where that is missing) on the CPU.
 
-Allocator (seed 002: SDNQ uint4 model card): never ``expandable_segments`` together with
+Allocator (the ERNIE-Image-Turbo SDNQ uint4 model card): never ``expandable_segments`` together with
 ``max_split_size_mb`` (it over-reserved about 48 GiB and ran 2-4x slower), and no
 ``torch.cuda.empty_cache()`` between batches; after an OOM the caching allocator already frees
 its cached blocks and retries before it raises, so none is needed here either.
@@ -21,9 +27,10 @@ from __future__ import annotations
 import re
 import resource
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Hashable, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -132,25 +139,116 @@ def is_oom_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-def split_on_oom(render: Callable[[Sequence[T]], list[R]], items: Sequence[T]) -> tuple[list[R], int]:
+def split_on_oom(render: Callable[[Sequence[T]], list[R]], items: Sequence[T],
+                 limits: "BatchLimits | None" = None, key: Hashable = None) -> tuple[list[R], int]:
     """``render(items)``; on OOM, render each half the same way. Returns the results in order
-    and the largest batch size that succeeded, for the worker to lower its batch size to.
-    A single item that still runs out of memory re-raises."""
+    and the largest batch size that succeeded. With ``limits``, ``items`` are first cut to the
+    cap for ``key``, an OOM lowers that cap, and successes count towards raising it again.
+
+    The halves run after the ``except`` block has ended, with the exception dropped: its
+    traceback references the frames, and so the activations, of the batch that failed.
+    A single item that still runs out of memory re-raises.
+    """
+    if limits is not None and len(items) > limits.cap(key, len(items)):
+        size = limits.cap(key, len(items))
+        parts = [split_on_oom(render, items[i:i + size], limits, key) for i in range(0, len(items), size)]
+        return [r for part, _ in parts for r in part], max(n for _, n in parts)
     try:
-        return list(render(items)), len(items)
+        results = list(render(items))
     except Exception as e:
         if not is_oom_error(e) or len(items) <= 1:
             raise
+        oom = True
+    else:
+        oom = False
+    if not oom:
+        if limits is not None:
+            limits.succeeded(key, len(items))
+        return results, len(items)
+    if limits is not None:
+        limits.lowered(key, len(items))
     mid = len(items) // 2
-    left, n_left = split_on_oom(render, items[:mid])
-    right, n_right = split_on_oom(render, items[mid:])
+    left, n_left = split_on_oom(render, items[:mid], limits, key)
+    right, n_right = split_on_oom(render, items[mid:], limits, key)
     return left + right, max(n_left, n_right)
+
+
+class BatchLimits:
+    """Per-shape batch caps: an OOM at ``n`` images caps that shape (``key``, e.g. the group's
+    compat key: size, steps, guidance) at ``n // 2``; after ``recover_after`` successful renders at
+    the cap it doubles, and the cap disappears once it reaches the size that failed. Other shapes
+    keep the worker's full batch size. Thread-safe."""
+
+    def __init__(self, recover_after: int = 8):
+        if recover_after < 1:
+            raise ValueError("recover_after must be >= 1")
+        self.recover_after = recover_after
+        self._caps: dict[Hashable, list[int]] = {}  # key -> [cap, failed size, successes at cap]
+        self._lock = threading.Lock()
+
+    def cap(self, key: Hashable, default: int) -> int:
+        """The most items to render at once for ``key`` (``default`` when it is not capped)."""
+        with self._lock:
+            entry = self._caps.get(key)
+            return min(default, entry[0]) if entry else default
+
+    def lowered(self, key: Hashable, failed_size: int) -> int:
+        """Record an OOM of ``failed_size`` items; returns the new cap (>= 1)."""
+        with self._lock:
+            cap = max(1, failed_size // 2)
+            entry = self._caps.get(key)
+            self._caps[key] = [min(cap, entry[0]) if entry else cap, max(failed_size, entry[1] if entry else 0), 0]
+            return self._caps[key][0]
+
+    def succeeded(self, key: Hashable, size: int) -> None:
+        """Record a successful render of ``size`` items for ``key``."""
+        with self._lock:
+            entry = self._caps.get(key)
+            if entry is None or size < entry[0]:
+                return
+            entry[2] += 1
+            if entry[2] >= self.recover_after:
+                entry[0], entry[2] = entry[0] * 2, 0
+                if entry[0] >= entry[1]:
+                    del self._caps[key]
+
+    def snapshot(self) -> dict:
+        """``{str(key): cap}`` of the capped shapes (for heartbeats and logs)."""
+        with self._lock:
+            return {str(k): v[0] for k, v in self._caps.items()}
+
+
+def guard_vae_decode(vae) -> None:
+    """Make ``vae.decode`` survive an OOM of a whole batch: decode it again one image at a time
+    (the same per-image computation as diffusers' exact ``enable_slicing``), so the denoised
+    latents, and every denoising step, are kept. Idempotent; counts in ``vae._renderfarm_sliced_decodes``."""
+    if getattr(vae, "_renderfarm_decode_guard", False):
+        return
+    decode = vae.decode
+
+    def guarded(z, *args, return_dict: bool = True, **kwargs):
+        try:
+            return decode(z, *args, return_dict=return_dict, **kwargs)
+        except Exception as e:
+            if not is_oom_error(e) or z.shape[0] <= 1:
+                raise
+        vae._renderfarm_sliced_decodes = getattr(vae, "_renderfarm_sliced_decodes", 0) + 1
+        parts = [decode(z[i:i + 1], *args, return_dict=False, **kwargs)[0] for i in range(z.shape[0])]
+        sample = torch.cat(parts)
+        if not return_dict:
+            return (sample,)
+        from diffusers.models.autoencoders.vae import DecoderOutput
+
+        return DecoderOutput(sample=sample)
+
+    vae.decode = guarded
+    vae._renderfarm_decode_guard = True
 
 
 def allocator_env(profile: DeviceProfile, num_threads: int = 0) -> dict[str, str]:
     """Environment to set before a worker process imports torch.
 
-    CUDA keeps the default caching allocator (seed 002 measured it fastest); the CPU gets
+    CUDA keeps the default caching allocator (the SDNQ uint4 model card measured it fastest); the CPU gets
     ``OMP_NUM_THREADS``. The forbidden allocator combination is never produced.
     """
     env: dict[str, str] = {}
@@ -167,11 +265,11 @@ def _forbidden(conf: str) -> bool:
 
 
 def check_allocator_env(environ: Mapping[str, str], strict: bool = True) -> None:
-    """Refuse (ValueError) or, with ``strict=False``, warn about the seed-002 allocator pitfall."""
+    """Refuse (ValueError) or, with ``strict=False``, warn about the SDNQ model card's allocator pitfall."""
     for var in ALLOC_CONF_VARS:
         if _forbidden(environ.get(var, "")):
             msg = (f"{var}={environ[var]!r} combines expandable_segments with max_split_size_mb; "
-                   "seed 002 (SDNQ uint4 model card) measured ~48 GiB reserved and 2-4x slower "
+                   "the ERNIE-Image-Turbo SDNQ uint4 model card measured ~48 GiB reserved and 2-4x slower "
                    "denoising. Use the default allocator.")
             if strict:
                 raise ValueError(msg)

@@ -4,8 +4,14 @@ Place in the data flow: producer → queue → worker → **pipeline** → stora
 groups the jobs it pulled by :func:`compat_key` and hands each group to :meth:`Renderer.render`;
 the images go on to storage.
 
-Every image depends only on its own request: each has its own seeded generator, and the batch
-is computed so that rendering a request alone or inside any group gives identical pixels.
+Every image has its own seeded generator (CPU generators, so a seed draws the same starting noise
+on every device). Batch invariance (an image's pixels do not depend on its batch-mates) is the
+``batch_invariant`` option: on the CPU the invariant kernels of :mod:`pipeline.invariance`
+(verified in float32); on accelerators per-sample calls of the text encoders and the denoiser and a
+sliced VAE decode (guaranteed by construction, at the cost of batching). The pipeline is called
+only with arguments its ``__call__`` takes (:mod:`pipeline.capabilities`); the scheduler loop runs
+without host-device synchronization on CUDA (:mod:`pipeline.sync_free`); a VAE decode that runs out
+of memory is redone one image at a time (:func:`pipeline.memory.guard_vae_decode`).
 """
 
 from __future__ import annotations
@@ -15,13 +21,17 @@ from collections.abc import Callable, Sequence
 
 import PIL.Image
 import torch
-from diffusers import DiffusionPipeline
 
 from infra.schemas import RenderRequest
-from pipeline.invariance import make_batch_invariant
+from pipeline.capabilities import call_arguments, derive_capabilities
+from pipeline.invariance import make_batch_invariant, make_per_sample
+from pipeline.memory import guard_vae_decode
+from pipeline.models.families import denoiser_of, detect_family
 from pipeline.schedulers import scheduler_for
+from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make_sync_free
 
 CompatKey = tuple[str | None, int, int, int, float, str]
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def compat_key(request: RenderRequest) -> CompatKey:
@@ -36,30 +46,67 @@ def compat_key(request: RenderRequest) -> CompatKey:
 class Renderer:
     """One warm pipeline that renders groups of compatible requests.
 
-    ``device`` is where the pipeline lives (it is not moved here). Initial noise is drawn from
-    CPU generators (``generator_device``) so that a seed gives the same starting latents on every
-    device class. ``batch_invariant`` patches the pipeline's Linear and Conv2d modules in place
-    (see :mod:`pipeline.invariance`) so that batch-mates never change an image's pixels.
+    ``device`` is where the pipeline lives (it is not moved here). ``batch_invariant``: identical
+    pixels alone and in any batch (see the module docstring); None = on for the CPU, off on
+    accelerators. ``use_pe``: ERNIE-Image's prompt enhancer (a pool setting; off as in its model
+    card's validation). The invariance actually in force is :attr:`invariance` (``"cpu-kernels"``,
+    ``"per-sample"`` or ``"none"`` with the reason in :attr:`invariance_note`).
     """
 
-    def __init__(self, pipe: DiffusionPipeline, *, device: str = "cpu", model: str,
-                 generator_device: str = "cpu", batch_invariant: bool = True) -> None:
+    def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
+                 batch_invariant: bool | None = None, use_pe: bool = False) -> None:
         self.pipe = pipe
         self.device = device
         self.model = model
         self.generator_device = generator_device
-        self.batch_invariant = batch_invariant
-        self._make_invariant()
+        self.use_pe = use_pe
+        self.family = detect_family(pipe)
+        self.capabilities = derive_capabilities(pipe)
+        self.denoiser_name, _ = denoiser_of(pipe)
+        self.host_timesteps = self.family == "ernie-image"  # its loop reads t.item() every step
+        on_cpu = device.partition(":")[0] == "cpu"
+        self.batch_invariant = on_cpu if batch_invariant is None else batch_invariant
+        self.invariance, self.invariance_note = "none", ""
+        if self.batch_invariant and not self.capabilities.batch_invariant:
+            self.invariance_note = (f"{self.family}: the pipeline pads text to the batch's longest prompt; "
+                                    "batch invariance cannot be guaranteed")
+            self.batch_invariant = False
+        elif self.batch_invariant:
+            self.invariance = "cpu-kernels" if on_cpu else "per-sample"
+        install_pinned_noise()
+        self._prepare()
 
-    def _make_invariant(self) -> None:
-        # Cheap and idempotent: also catches modules swapped in after construction (e.g. fused QKV).
-        if self.batch_invariant:
-            for component in self.pipe.components.values():
+    def _prepare(self) -> None:
+        # Cheap and idempotent: also catches modules swapped in after construction (fused QKV, tiny VAE).
+        pipe = self.pipe
+        install_timestep_hook(getattr(pipe, self.denoiser_name))
+        if getattr(pipe, "vae", None) is not None:
+            guard_vae_decode(pipe.vae)
+        if self.invariance == "cpu-kernels":
+            for component in pipe.components.values():
                 if isinstance(component, torch.nn.Module):
                     make_batch_invariant(component)
+            denoiser = getattr(pipe, self.denoiser_name)
+            if getattr(denoiser, "_renderfarm_per_sample_for_invariance", False):  # e.g. the OpenVINO UNet
+                make_per_sample(denoiser)
+        elif self.invariance == "per-sample":
+            for name in (*TEXT_ENCODERS, self.denoiser_name):
+                module = getattr(pipe, name, None)
+                if isinstance(module, torch.nn.Module):
+                    make_per_sample(module)
+            if hasattr(pipe.vae, "enable_slicing"):
+                pipe.vae.enable_slicing()
+
+    def describe(self) -> dict:
+        """Family, capabilities and batch invariance in force, for the worker's report."""
+        return {"family": self.family, "denoiser": self.denoiser_name, "capabilities": self.capabilities._asdict(),
+                "batch_invariant": self.invariance, "batch_invariant_note": self.invariance_note,
+                "use_pe": self.use_pe}
 
     def warmup(self, *, width: int = 64, height: int = 64, num_inference_steps: int = 1) -> float:
         """Render one small image to load kernels and allocators; returns the wall time in seconds."""
+        multiple = self.capabilities.size_multiple
+        width, height = (max(multiple, (v // multiple) * multiple) for v in (width, height))
         started = time.perf_counter()
         self.render([RenderRequest(prompt="warmup", model=self.model, seed=0, width=width, height=height,
                                    num_inference_steps=num_inference_steps)])
@@ -74,8 +121,9 @@ class Renderer:
         (``total`` = ``num_inference_steps`` for single-stage schedulers).
 
         Raises:
-            ValueError: the requests have different :func:`compat_key`, a seed is missing, or a
-                request names another model than this renderer's.
+            ValueError: the requests have different :func:`compat_key`, a seed is missing, a
+                request names another model than this renderer's, or asks for what the pipeline
+                cannot do (a negative prompt, a scheduler, a size; :mod:`pipeline.capabilities`).
         """
         if not requests:
             return []
@@ -88,26 +136,33 @@ class Renderer:
         if first.model not in (None, self.model):
             raise ValueError(f"request for model {first.model!r} sent to a renderer of {self.model!r}")
 
-        self._make_invariant()
+        if self._zeros_for_empty_negative() and len({bool(r.negative_prompt) for r in requests}) > 1:
+            return self._render_split(requests, on_step)
+        self._prepare()
         pipe = self.pipe
-        pipe.scheduler = scheduler_for(pipe, first.scheduler)
+        pipe.scheduler = make_sync_free(scheduler_for(pipe, first.scheduler), host_timesteps=self.host_timesteps)
         generators = [torch.Generator(self.generator_device).manual_seed(r.seed) for r in requests]
 
         def step_end(pipeline, step_index, timestep, callback_kwargs):
             if on_step is not None:
-                on_step(step_index + 1, pipeline.num_timesteps)
+                on_step(step_index + 1, pipeline.num_timesteps if hasattr(pipeline, "num_timesteps")
+                        else first.num_inference_steps)
             return callback_kwargs
 
+        kwargs = call_arguments(pipe, requests, generators=generators, step_end=step_end, use_pe=self.use_pe)
         with torch.inference_mode():
-            result = pipe(
-                prompt=[r.prompt for r in requests],
-                negative_prompt=[r.negative_prompt for r in requests],
-                width=first.width,
-                height=first.height,
-                num_inference_steps=first.num_inference_steps,
-                guidance_scale=first.guidance_scale,
-                generator=generators,
-                output_type="pil",
-                callback_on_step_end=step_end,
-            )
+            result = pipe(**kwargs)
         return list(result.images)
+
+    def _zeros_for_empty_negative(self) -> bool:
+        """SDXL encodes "no negative prompt" as zero embeddings, but only when the whole call has none."""
+        return bool(getattr(self.pipe.config, "force_zeros_for_empty_prompt", False))
+
+    def _render_split(self, requests: Sequence[RenderRequest], on_step) -> list[PIL.Image.Image]:
+        """Requests with and without a negative prompt in separate calls, so that each image is what it
+        would be alone (zero embeddings for an empty one), whatever its batch-mates ask; results in order."""
+        images: dict[int, PIL.Image.Image] = {}
+        for has_negative in (False, True):
+            idx = [i for i, r in enumerate(requests) if bool(r.negative_prompt) == has_negative]
+            images.update(zip(idx, self.render([requests[i] for i in idx], on_step)))
+        return [images[i] for i in range(len(requests))]

@@ -4,8 +4,8 @@ Place in the data flow: worker → recipe → :func:`pipeline.optimize.apply_rec
 pipeline's scheduler with its precomputed twin (recipe knob ``scheduler_precompute``, exact) →
 :class:`pipeline.render.Renderer` runs the denoising loop with it.
 
-Why (seed 000, PaddlePaddle's PPDiffusers: "pre-computed parameters remove CPU work and GPU-CPU
-synchronization during sampling loops"): the stock diffusers schedulers derive their per-step
+Why (the PaddlePaddle ERNIE-ViLG 2.0 inference article, PPDiffusers: "pre-computed parameters
+remove CPU work and GPU-CPU synchronization during sampling loops"): the stock diffusers schedulers derive their per-step
 scalars inside ``step`` from the timestep *value*, which the pipeline passes as a device tensor.
 That costs host-device synchronizations on every step of the loop on CUDA:
 
@@ -235,6 +235,8 @@ def unsupported_reason(scheduler) -> str | None:
     cls = type(scheduler)
     if getattr(scheduler, _ATTR, False):
         return None
+    if cls.__name__ == "FlowMatchEulerDiscreteScheduler":
+        return "FlowMatchEulerDiscreteScheduler keeps its sigmas on the device: sync-free without a twin"
     if cls not in TWINS:
         return f"{cls.__name__} has no precomputed twin (supported: {', '.join(c.__name__ for c in TWINS)})"
     if cls is PNDMScheduler and not scheduler.config.skip_prk_steps:

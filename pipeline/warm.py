@@ -1,71 +1,143 @@
-"""The warm-pipeline lifecycle: probe the device, pick its recipe, load and optimize the
-pipeline once, size the batch from measured memory, and keep it resident for the worker's life.
+"""The warm-pipeline lifecycle: probe the device, pick the recipe for the device and the model's
+family, load the pipeline once in its dtype, optimize it, size the batch from measured memory at
+the pool's largest size, and keep it resident for the worker's life.
 
 Data flow: ``renderfarm worker`` → **here** (once, at start-up) → a :class:`pipeline.Renderer`
-that every batch reuses. Nothing here frees memory between batches: no ``empty_cache()``
-(seed 002: the SDNQ model card measured it slowing hot generations).
+that every batch reuses. Nothing here frees memory between batches: no ``empty_cache()`` (the
+ERNIE-Image-Turbo SDNQ uint4 model card measured it slowing hot generations).
+
+Pool settings reach the pipeline as :class:`PoolOptions` (the worker builds it from its declared
+pool, ``infra.pools.PoolSpec``): the declared ``family`` (checked against the loaded pipeline),
+the largest ``max_pixels`` and the ``steps`` to size the batch at, ERNIE-Image's ``use_pe``, and
+``batch_invariant`` (None: the recipe's default, on for the CPU and off on accelerators).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+from dataclasses import dataclass, replace
+
 
 from infra.schemas import RenderRequest
+from pipeline.capabilities import check_pool_family
 from pipeline.device import probe
-from pipeline.memory import batch_size_for, check_allocator_env, measure_per_image
-from pipeline.models import load_pipeline
-from pipeline.optimize import apply_recipe
+from pipeline.memory import BatchLimits, batch_size_for, check_allocator_env, measure_per_image
+from pipeline.models.families import FAMILY_SPECS, family_of_name
+from pipeline.models.load import load_pipeline
+from pipeline.optimize import DTYPES, apply_recipe
 from pipeline.recipes import apply_overrides, recipe_for
 from pipeline.render import Renderer
 
 log = logging.getLogger("renderfarm.worker")
 
 
+@dataclass(frozen=True)
+class PoolOptions:
+    """What a pool declares that the pipeline needs. Pixels are ``width × height``."""
+
+    family: str | None = None
+    max_pixels: int | None = None
+    steps: int | None = None
+    use_pe: bool = False
+    batch_invariant: bool | None = None
+
+
+def peek_family(model: str) -> str | None:
+    """The family of ``model`` before loading it: an offline name's, else the pipeline class named
+    in its ``model_index.json`` (FLUX.1 reads as schnell until the loaded transformer says; both
+    share their dtype and recipe). None when unknown or unreadable."""
+    family = family_of_name(model)
+    if family is not None:
+        return family
+    try:
+        from diffusers import DiffusionPipeline
+
+        name = DiffusionPipeline.load_config(model).get("_class_name")
+    except Exception:
+        return None
+    return next((f.name for f in FAMILY_SPECS.values() if f.pipeline == name), None)
+
+
 def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact",
-                     overrides: str = "") -> tuple[Renderer, dict]:
-    """Load ``model`` on ``device`` with the device's recipe applied.
+                     overrides: str = "", pool: PoolOptions | None = None) -> tuple[Renderer, dict]:
+    """Load ``model`` on ``device`` with the recipe of the device and the model's family applied.
 
     Args:
-        model: hub id, local path or offline name (``tiny``, ``sd15-arch``, …).
+        model: hub id, local path, single file or offline name (``tiny``, ``tiny-flux``, ``sdxl-arch``, …).
         device: ``auto`` or a torch device string.
-        recipe_name: ``exact`` (no approximation), ``fast`` (the pool allows approximations),
-            ``baseline`` or a named recipe.
+        recipe_name: ``exact`` (the model's reference dtype, no approximation), ``fast`` (the pool
+            allows approximations), ``baseline`` or a named recipe.
         overrides: JSON object overriding single knobs (``RENDERFARM_RECIPE_OVERRIDES``).
+        pool: the pool's settings (:class:`PoolOptions`); None = an undeclared pool.
     Returns:
-        (renderer, device profile as a dict). ``renderer.recipe`` is the recipe with the
-        report of what was applied; ``renderer.max_batch_size`` the recipe's batch cap.
+        (renderer, device profile as a dict). ``renderer.recipe`` is the recipe with the report
+        of what was applied, the family, its capabilities and the batch invariance in force;
+        ``renderer.max_batch_size`` the recipe's batch cap; ``renderer.limits`` the per-shape
+        OOM caps (:class:`pipeline.memory.BatchLimits`).
     Raises:
-        ValueError / FileNotFoundError: the model cannot be loaded, a bad override, or an
-            allocator configuration that seed 002 showed to be harmful.
+        ValueError / FileNotFoundError: the model cannot be loaded, a bad override, a pool whose
+            declared family is not the model's, or an allocator configuration that the SDNQ
+            model card showed to be harmful.
     """
     check_allocator_env(os.environ)
+    pool = pool or PoolOptions()
     t0 = time.perf_counter()
     profile = probe(device)
-    recipe = apply_overrides(recipe_for(profile, recipe_name), overrides, allow_approximate=recipe_name != "exact")
-    pipe = load_pipeline(model, device="cpu")
-    report = apply_recipe(pipe, recipe, device=profile.torch_device)
-    renderer = Renderer(pipe, device=profile.torch_device, model=model)
-    renderer.recipe = {**recipe.to_dict(), "report": report}
+    family = pool.family or peek_family(model)
+    recipe = apply_overrides(recipe_for(profile, recipe_name, family, model), overrides,
+                             allow_approximate=recipe_name != "exact")
+    if pool.batch_invariant is not None:
+        recipe = replace(recipe, batch_invariant=pool.batch_invariant)
+    target = profile.torch_device
+    pipe = load_pipeline(model, device="cpu" if recipe.cpu_offload else target, torch_dtype=DTYPES[recipe.dtype],
+                         use_pe=pool.use_pe)
+    check_pool_family(pipe, pool.family)
+    report = apply_recipe(pipe, recipe, device=target)
+    renderer = Renderer(pipe, device=target, model=model, batch_invariant=recipe.batch_invariant, use_pe=pool.use_pe)
+    renderer.recipe = {**recipe.to_dict(), "report": report, **renderer.describe()}
     renderer.max_batch_size = recipe.max_batch_size
-    log.info("loaded %s on %s with recipe %s in %.1fs (applied: %s; skipped: %s)", model, profile.torch_device,
-             recipe.name, time.perf_counter() - t0, sorted(report["applied"]), report["skipped"])
+    renderer.limits = BatchLimits()
+    renderer.pool = pool
+    log.info("loaded %s (%s) on %s with recipe %s in %.1fs (applied: %s; skipped: %s; batch invariance: %s)",
+             model, renderer.family, target, recipe.name, time.perf_counter() - t0, sorted(report["applied"]),
+             report["skipped"], renderer.invariance)
     return renderer, profile.to_dict()
 
 
-def batch_size_from_memory(renderer: Renderer, profile: dict, *, width: int = 512, height: int = 512,
-                           steps: int = 2) -> int:
-    """Measure peak bytes per image at ``width``×``height`` and return the largest batch whose
-    peak stays under the recipe's ``memory_fraction`` of the device memory, capped by its
-    ``max_batch_size``."""
+def sizing_shape(renderer: Renderer, pool: PoolOptions | None = None) -> tuple[int, int, int]:
+    """(width, height, steps) to measure memory at: the square of the pool's ``max_pixels`` (else the
+    family's native size), rounded down to the size multiple, and the pool's steps (else 2)."""
+    pool = pool or getattr(renderer, "pool", None) or PoolOptions()
+    spec = FAMILY_SPECS.get(renderer.family)
+    multiple = renderer.capabilities.size_multiple
+    side = int(math.isqrt(pool.max_pixels)) if pool.max_pixels else (spec.native if spec else 512)
+    side = max(multiple, min(2048, side) // multiple * multiple)
+    return side, side, pool.steps or 2
+
+
+def batch_size_from_memory(renderer: Renderer, profile: dict, *, width: int | None = None, height: int | None = None,
+                           steps: int | None = None, pool: PoolOptions | None = None) -> int:
+    """Measure peak bytes per image at the pool's largest size (:func:`sizing_shape`, or the given
+    ``width``×``height`` and ``steps``) with guidance on (classifier-free guidance doubles the
+    denoiser's batch), and return the largest batch whose peak stays under the recipe's
+    ``memory_fraction`` of the device memory, capped by its ``max_batch_size``."""
+    w, h, s = sizing_shape(renderer, pool)
+    width, height, steps = width or w, height or h, steps or s
+    guidance = 7.5 if renderer.capabilities.guidance_scale else 0.0
+
     def render(n: int) -> None:
         renderer.render([RenderRequest(prompt="warm-up", model=renderer.model, seed=i, width=width, height=height,
-                                       num_inference_steps=steps) for i in range(n)])
+                                       num_inference_steps=steps, guidance_scale=guidance) for i in range(n)])
 
     measured = measure_per_image(render, renderer.device)
     size = batch_size_for(measured.per_image_bytes, measured.base_bytes, profile["total_memory_bytes"],
                           renderer.recipe["memory_fraction"], cap=renderer.max_batch_size)
-    log.info("peak memory: base %.0f MiB + %.1f MiB per %dx%d image → batch size %d",
-             measured.base_bytes / 2**20, measured.per_image_bytes / 2**20, width, height, size)
+    log.info("peak memory: base %.0f MiB + %.1f MiB per %dx%d image, %d steps → batch size %d",
+             measured.base_bytes / 2**20, measured.per_image_bytes / 2**20, width, height, steps, size)
     return size
+
+
+__all__ = ["PoolOptions", "batch_size_from_memory", "peek_family", "prepare_renderer", "sizing_shape"]

@@ -31,7 +31,7 @@ from infra import keys
 from infra.broker.app import make_celery
 from infra.broker.kombu_redis import install_malformed_message_guard
 from infra.broker.publish import republish
-from infra.pools import PoolConfigError, pool_for_model, worker_pool
+from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.jobs import JobStore
 from infra.storage.s3 import Storage
@@ -41,23 +41,27 @@ from worker.breaker import CircuitBreaker
 from worker.faults import wrap_renderer
 from worker.heartbeat import Heartbeat
 from worker.runner import BatchRunner, job_ids_from_messages
-from worker.tasks import install_render_task, set_batch_size
+from worker.tasks import install_render_task
 
 log = logging.getLogger("renderfarm.worker")
 DEFAULT_NULL_BATCH = 64
 
 
-def _load_renderer(args: argparse.Namespace, settings) -> tuple[object, dict, int]:
+def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int]:
     """The warm renderer for ``args.model`` (the null renderer, or a diffusers pipeline), the
-    device profile, and the batch size: the flag, the setting, or measured from memory."""
+    device profile, and the batch size: the flag, the setting, or measured from memory at the
+    declared pool's largest size and steps."""
     if args.model == NULL_MODEL:
         return NullRenderer(), {"kind": "none"}, args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
-    from pipeline.warm import batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
+    from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
+    pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
+                                                 steps=spec.steps, use_pe=spec.use_pe,
+                                                 batch_invariant=spec.batch_invariant)
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
-                                         settings.recipe_overrides)
+                                         settings.recipe_overrides, pool=pool)
     renderer.warmup()
-    batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile)
+    batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile, pool=pool)
     return renderer, profile, batch_size
 
 
@@ -97,7 +101,7 @@ def run_worker(args: argparse.Namespace) -> int:
     queue = keys.queue(pool)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
-    renderer, device_info, batch_size = _load_renderer(args, settings)
+    renderer, device_info, batch_size = _load_renderer(args, settings, spec)
     if spec is not None and batch_size > spec.max_batch:
         log.info("batch size %d capped to pool %s's max_batch %d", batch_size, pool, spec.max_batch)
         batch_size = spec.max_batch
@@ -110,15 +114,8 @@ def run_worker(args: argparse.Namespace) -> int:
                      max_attempts=settings.max_attempts)
     storage = Storage(settings, max_attempts=3)  # put_once retries outages for upload_retry_s
     app = make_celery(settings)
-    state = {"batch_size": batch_size}
     consumer: dict = {}
     reserved = ReservedJobs()
-
-    def on_oom(group_size: int) -> None:
-        # a group of n ran out of memory: n // 2 is the largest size known not to be too big
-        state["batch_size"] = max(1, min(state["batch_size"], group_size // 2))
-        set_batch_size(task, state["batch_size"])
-        log.warning("batch size lowered to %d after an out-of-memory error", state["batch_size"])
 
     def reopen() -> None:
         breaker.half_open()
@@ -135,7 +132,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     breaker = CircuitBreaker(settings.breaker_failures, on_trip=on_trip)
     test_counters = faults.counters(client)
-    runner = BatchRunner(store, storage, renderer, name, on_oom=on_oom, job_timeout_s=settings.job_timeout_s,
+    runner = BatchRunner(store, storage, renderer, name, job_timeout_s=settings.job_timeout_s,
                          upload_retry_s=settings.upload_retry_s,
                          on_requeued=lambda ids: republish(store, app, ids),
                          on_rendered=test_counters[0] if test_counters else None,
@@ -162,7 +159,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     def describe() -> dict:
         return {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
-                "recipe": getattr(renderer, "recipe", None), "batch_size": state["batch_size"],
+                "recipe": getattr(renderer, "recipe", None), "batch_size": batch_size,
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,
                 "images_done": runner.images_done, "jobs_failed": runner.jobs_failed,
                 "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),

@@ -6,8 +6,11 @@ Data flow: queue (celery-batches hands over up to ``batch_size`` messages) → *
 Guarantees:
 - A failure inside one job never fails the others: a group that raises is bisected until only
   the failing job is left, and that job alone is marked failed with its error (type, message).
-- An out-of-memory error splits the group the same way and tells the worker to lower its
-  batch size (``on_oom``).
+- An out-of-memory error splits the group the same way (the halves render after the ``except``
+  block, so the failed batch's tensors are released first) and lowers the batch size for that
+  shape only (``pipeline.memory.BatchLimits``, keyed by the compat key), which rises back after
+  successes; other shapes keep the worker's batch size. A VAE decode that alone runs out of
+  memory never reaches here: the renderer decodes that batch one image at a time.
 - Every write after start carries the attempt number, so a stale attempt changes nothing; a
   job this attempt no longer holds (canceled, or taken over after its lease ran out) is
   discarded before upload, and the upload itself is write-once (:meth:`infra.storage.s3.Storage.put_once`).
@@ -44,7 +47,7 @@ from infra.state import metrics
 from infra.state.jobs import HELD, JobStore, StartedJob
 from infra.storage.results import store_image
 from infra.storage.s3 import Storage, is_transient
-from pipeline.memory import is_oom_error
+from pipeline.memory import BatchLimits, is_oom_error
 from pipeline.render import compat_key
 
 log = logging.getLogger("renderfarm.worker")
@@ -108,7 +111,6 @@ class BatchRunner:
     Args:
         store: job-state store. storage: image bucket. renderer: the warm pipeline.
         worker_name: recorded on each job it runs.
-        on_oom: called with the size of a group that ran out of memory.
         progress_interval_s: least seconds between progress writes of one group.
         job_timeout_s: longest a group's render may take, seconds.
         upload_retry_s: how long an upload rides out a storage outage, seconds.
@@ -120,7 +122,7 @@ class BatchRunner:
     """
 
     def __init__(self, store: JobStore, storage: Storage, renderer: Renderer, worker_name: str, *,
-                 on_oom: Callable[[int], None] | None = None, progress_interval_s: float = 0.2,
+                 progress_interval_s: float = 0.2,
                  job_timeout_s: float = 600.0, upload_retry_s: float = 60.0, redis_retry_s: float = 30.0,
                  on_requeued: Callable[[list[str]], None] | None = None,
                  on_rendered: Callable[[list[str]], None] | None = None,
@@ -129,7 +131,7 @@ class BatchRunner:
         self.storage = storage
         self.renderer = renderer
         self.worker_name = worker_name
-        self.on_oom = on_oom or (lambda size: None)
+        self.limits = BatchLimits()
         self.progress_interval_s = progress_interval_s
         self.job_timeout_s = job_timeout_s
         self.upload_retry_s = upload_retry_s
@@ -201,6 +203,12 @@ class BatchRunner:
 
     # ---- rendering ------------------------------------------------------------------------
     def _render_group(self, jobs: list[StartedJob], outcome: BatchOutcome) -> None:
+        key = compat_key(jobs[0].request)
+        cap = self.limits.cap(key, len(jobs))
+        if len(jobs) > cap:  # this shape ran out of memory before: render it in chunks it fits in
+            for i in range(0, len(jobs), cap):
+                self._render_group(jobs[i:i + cap], outcome)
+            return
         deadline = time.monotonic() + self.job_timeout_s
         t0 = time.perf_counter()
         try:
@@ -215,16 +223,21 @@ class BatchRunner:
             return
         except Exception as exc:  # bisect: only the job that fails may fail
             if is_oom_error(exc):
-                log.warning("out of memory on a group of %d; splitting", len(jobs))
-                self.on_oom(len(jobs))
+                cap = self.limits.lowered(key, len(jobs))
+                log.warning("out of memory on a group of %d; this shape now renders at most %d at once", len(jobs), cap)
             if len(jobs) == 1:
                 self._fail(jobs[0], exc, outcome)
                 return
-            mid = len(jobs) // 2
             log.warning("group of %d failed (%s: %s); bisecting", len(jobs), type(exc).__name__, exc)
+            failed = True  # the halves render below, once the except block has released the exception
+        else:
+            failed = False
+        if failed:  # outside the except block: the failed batch's frames and tensors are freed first
+            mid = len(jobs) // 2
             self._render_group(jobs[:mid], outcome)
             self._render_group(jobs[mid:], outcome)
             return
+        self.limits.succeeded(key, len(jobs))
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self._redis(self.on_rendered, [j.job_id for j in jobs])
         held = self._redis(self.store.renew_leases, jobs)  # who is still ours, just before upload

@@ -39,8 +39,3 @@ def install_render_task(app: Celery, handle: Callable[[Sequence[Any]], Any], *, 
                           len(requests))
 
     return render
-
-
-def set_batch_size(task, batch_size: int) -> None:
-    """Change how many messages make a full batch (used after an out-of-memory split)."""
-    task.flush_every = max(1, batch_size)

@@ -8,19 +8,19 @@ Place in the data flow: :mod:`pipeline.bench.subjects` → **here** → ``pipeli
 other bench module reaches those packages only through the functions below, so a change of
 their signatures is re-pointed here alone.
 
-What the bench assumes today, and where a later pipeline may differ:
+What the bench takes from the pipeline package:
 
-* :func:`recommended_dtype`: float32 on the CPU; on an accelerator the dtype of the model
-  card's own example (``torch_dtype=torch.float16`` for the Stable Diffusion 1.x/2.x/XL cards,
-  ``torch.bfloat16`` for FLUX.1, SD3 and ERNIE-Image). One small table by name; a per-family
-  table in ``pipeline`` replaces it when there is one.
-* :func:`default_batch_invariant`: the batch-invariant kernels (:mod:`pipeline.invariance`) are
-  on by default on the CPU only (they are CPU kernels; on CUDA they only add per-sample GEMMs).
+* :func:`recommended_dtype`: the model's reference dtype on the device, from its family's model
+  card (:func:`pipeline.models.families.reference_dtype`: float32 on the CPU; float16 for the
+  Stable Diffusion 1.x/2.x/XL cards, bfloat16 for FLUX.1, SD3 and ERNIE-Image).
+* :func:`default_batch_invariant`: the recipe's own ``batch_invariant`` (on for the CPU classes,
+  off on accelerators unless the pool asks).
 * Every row loads through :func:`pipeline.models.load_pipeline`, in the dtype asked for, on the
   device (the reference too: loading applies no optimization); offline ``*-arch`` models come
-  from ``pipeline.models``' builds.
-* Recipes are resolved for the device alone (``recipe_for(profile, name)``), with the offline
-  ``taesd-arch`` as the tiny VAE of the offline models.
+  from ``pipeline.models``' builds (on an accelerator: constructed there in that dtype).
+* Recipes are resolved for the device and the model's family (``recipe_for(profile, name,
+  family, model)``); the tiny VAE is the family's (the recipe picks the offline build for the
+  offline models).
 """
 
 from __future__ import annotations
@@ -35,20 +35,19 @@ import torch
 from pipeline.device import DeviceProfile
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-#: Substrings of a model name whose card recommends bfloat16; every other model: float16.
-BF16_FAMILIES = ("flux", "sd3", "stable-diffusion-3", "ernie")
 
 
 def recommended_dtype(model: str, device_kind: str) -> str:
     """The dtype a user of diffusers loads ``model`` in on ``device_kind`` (see the module docstring)."""
-    if device_kind == "cpu":
-        return "float32"
-    return "bfloat16" if any(f in model.lower() for f in BF16_FAMILIES) else "float16"
+    from pipeline.models.families import reference_dtype
+    from pipeline.warm import peek_family
+
+    return reference_dtype(peek_family(model), device_kind, model)
 
 
-def default_batch_invariant(device_kind: str) -> bool:
-    """Whether the farm renders with the batch-invariant kernels when the pool does not say."""
-    return device_kind == "cpu"
+def default_batch_invariant(recipe) -> bool:
+    """Whether the farm renders with batch invariance when the pool does not say: the recipe's."""
+    return bool(recipe.batch_invariant)
 
 
 def cache_dir(configured: str | None) -> Path:
@@ -82,26 +81,18 @@ def load_reference(model: str, dtype: str, device: str, cache: str | None):
 
 
 def farm_recipe(name: str, overrides: dict[str, Any], profile: DeviceProfile, model: str):
-    """The farm's recipe ``name`` (``exact``, ``fast`` or a device class) fitted to ``profile``,
-    with ``overrides`` applied; an approximate override needs a recipe other than ``exact``.
-
-    For the offline ``*-arch`` models a recipe's tiny VAE is the offline ``taesd-arch`` (the TAESD
-    architecture, random weights), since the real TAESD decodes trained latents only.
+    """The farm's recipe ``name`` (``exact``, ``fast`` or a device class) fitted to ``profile`` and
+    the model's family, with ``overrides`` applied; an approximate override needs a recipe other
+    than ``exact``.
 
     Raises:
         ValueError: unknown recipe, unknown knob, or an approximate override on ``exact``.
     """
     from pipeline.recipes import apply_overrides, recipe_for
+    from pipeline.warm import peek_family
 
-    try:
-        from pipeline.optimize import OFFLINE_TINY_VAES
-    except ImportError:  # a pipeline that picks the offline tiny VAE itself
-        OFFLINE_TINY_VAES = {}
-    recipe = recipe_for(profile, name)
-    overrides = dict(overrides)
-    if is_offline(model) and recipe.tiny_vae and "tiny_vae" not in overrides and OFFLINE_TINY_VAES:
-        overrides["tiny_vae"] = next(iter(OFFLINE_TINY_VAES))
-    return apply_overrides(recipe, overrides, allow_approximate=name != "exact")
+    recipe = recipe_for(profile, name, peek_family(model), model)
+    return apply_overrides(recipe, dict(overrides), allow_approximate=name != "exact")
 
 
 def load_farm(model: str, recipe, device: str, batch_invariant: bool, cache: str | None):

@@ -146,11 +146,22 @@ def count_render(pipe, render: Callable[[], object], flops: bool = True) -> Rend
     return count
 
 
+def module_class(module) -> str:
+    """The class name of a pipeline module: under a ``torch.compile`` wrapper, the compiled
+    module's; for a module compiled to another runtime (OpenVINO), the class it was made from."""
+    return getattr(module, "source_class", None) or type(inner_module(module)).__name__
+
+
 def architecture(pipe) -> tuple[str, ...]:
-    """The classes of the pipeline's modules (under any ``torch.compile`` wrapper): two subjects
-    with equal architectures do the same FLOPs per render."""
-    return tuple(sorted(f"{name}={type(inner_module(m)).__name__}" for name, m in pipe.components.items()
-                        if isinstance(m, torch.nn.Module)))
+    """The classes of the pipeline's modules (see :func:`module_class`) and which runtime runs
+    them: two subjects with equal architectures do the same FLOPs per render."""
+    return tuple(sorted(f"{name}={module_class(m)}{'@' + m.runtime if getattr(m, 'runtime', None) else ''}"
+                        for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)))
+
+
+def denoiser_class(pipe) -> str:
+    """The class of the pipeline's denoiser (``unet`` or ``transformer``; see :func:`module_class`)."""
+    return module_class(getattr(pipe, denoiser_attr(pipe)))
 
 
 class StepMarks:

@@ -35,7 +35,7 @@ import torch
 
 from pipeline.bench import adapter
 from pipeline.bench.measure import GEMM_SIZES, Summary, device_kind, gemm_rates, load_average, mib, psnr
-from pipeline.bench.probes import RenderCount, architecture, count_render
+from pipeline.bench.probes import RenderCount, architecture, count_render, denoiser_class
 from pipeline.bench.specs import parse_specs
 from pipeline.bench.subjects import Subject, Workload, load_subject, timed_render
 from pipeline.device import probe
@@ -136,6 +136,9 @@ class _Run:
         self.reserved: dict[tuple[str, int], int] = {}
         self.gemm: dict[str, list[float]] = {"float32": [], "bfloat16": []}
         self.counts: dict[tuple, RenderCount] = {}
+        #: denoiser class → FLOPs per call, from an eager count (a denoiser compiled to another
+        #: runtime, OpenVINO, does the same arithmetic but is invisible to the FLOP counter)
+        self.denoiser_call_flops: dict[str, float] = {}
         self.subject_counts: dict[str, RenderCount] = {}
         self.reports: dict[str, dict] = {}
 
@@ -197,7 +200,14 @@ class _Run:
         key = architecture(s.pipe)
         if key not in self.counts:
             self.log(f"counting {'FLOPs and ' if self.config.count_flops else ''}denoiser calls with {s.spec.text} …")
-            self.counts[key] = count_render(s.pipe, lambda: s.render([self.config.seed]), flops=self.config.count_flops)
+            count = count_render(s.pipe, lambda: s.render([self.config.seed]), flops=self.config.count_flops)
+            denoiser = denoiser_class(s.pipe)
+            if count.denoiser_flops > 0 and count.denoiser_calls:
+                self.denoiser_call_flops.setdefault(denoiser, count.denoiser_flops / count.denoiser_calls)
+            elif count.flops and count.denoiser_calls and denoiser in self.denoiser_call_flops:
+                extra = self.denoiser_call_flops[denoiser] * count.denoiser_calls
+                count.denoiser_flops, count.flops = extra, count.flops + extra
+            self.counts[key] = count
         self.subject_counts[s.spec.text] = self.counts[key]
 
     def cells(self, specs) -> list[tuple]:

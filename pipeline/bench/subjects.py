@@ -177,7 +177,7 @@ class FarmSubject(Subject):
     def _load(self) -> None:
         w, spec = self.workload, self.spec
         self.recipe = adapter.farm_recipe(spec.recipe, spec.options, self.profile, w.model)
-        self.batch_invariant = (adapter.default_batch_invariant(self.profile.kind)
+        self.batch_invariant = (adapter.default_batch_invariant(self.recipe)
                                 if spec.batch_invariant is None else spec.batch_invariant)
         self.pipe, self.renderer, report = adapter.load_farm(w.model, self.recipe, self.device,
                                                              self.batch_invariant, w.cache_dir)

@@ -24,12 +24,12 @@ def _cpu(amx: bool) -> DeviceProfile:
 
 def exact_recipes() -> list:
     """The exact flavour of every device recipe, fitted to this CPU. torch.compile is off: it is
-    opt-in on the CPU (minutes of Inductor work per shape), and checked in tests/pipeline."""
+    opt-in on the CPU (minutes of Inductor work per shape), and checked in tests/unit/pipeline."""
     out = {}
     candidates = [dataclasses.replace(recipe_for(_cpu(True), name).without_approximations(), name=f"{name}/exact")
                   for name in RECIPES] + [recipe_for(_cpu(amx), "exact") for amx in (True, False)]
     for r in candidates:
-        r = dataclasses.replace(r, compile_unet=False, compile_vae=False, cpu_offload=False, num_threads=0)
+        r = dataclasses.replace(r, compile_denoiser=False, compile_vae=False, cpu_offload=False, num_threads=0)
         # recipes that differ only in batch cap or memory fraction render the same pixels
         out.setdefault(dataclasses.replace(r, name="", max_batch_size=1, memory_fraction=1.0), r)
     return list(out.values())

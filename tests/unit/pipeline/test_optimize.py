@@ -64,7 +64,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.fixture
 def exact_recipe():
     recipe = select_recipe(CPU_AMX, allow_approximate=False)
-    assert not recipe.compile_unet  # CPU compile is opt-in: a minute of Inductor work per shape
+    assert not recipe.compile_denoiser  # CPU compile is opt-in: a minute of Inductor work per shape
     return recipe
 
 
@@ -100,7 +100,8 @@ def test_fast_recipe_runs_and_names_its_approximations(tmp_path):
     report = apply_recipe(pipe, fast)
     assert report["approximations"] == ["dtype", "tiny_vae"]
     assert pipe.unet.dtype == torch.bfloat16
-    assert "tiny_vae" in report["applied"] or "locally" in report["skipped"]["tiny_vae"]
+    # a hand-built pipeline is no offline model: "auto" resolves to madebyollin/taesd, absent offline
+    assert "tiny_vae" in report["applied"] or "madebyollin/taesd not available" in report["skipped"]["tiny_vae"]
     assert render(pipe).shape == (1, 64, 64, 3)
 
 
@@ -117,8 +118,11 @@ def test_missing_packages_and_devices_are_skipped_with_reasons(tmp_path, exact_r
         assert skipped["quantization"] == "sdnq not installed"
     assert "needs an accelerator" in skipped["placement"]
     if importlib.util.find_spec("torchao") is None:
-        r = apply_recipe(tiny_pipeline(tmp_path), dataclasses.replace(exact_recipe, quantization="torchao_int8"))
+        r = apply_recipe(tiny_pipeline(tmp_path), dataclasses.replace(exact_recipe, quantization="torchao_int8",
+                                                                      compile_denoiser=True))
         assert r["skipped"]["quantization"] == "torchao not installed"
+    with pytest.raises(ValueError, match="needs compile_denoiser"):  # torchao without compile: refused
+        dataclasses.replace(exact_recipe, quantization="torchao_int8_dynamic")
     assert render(pipe).shape == (1, 64, 64, 3)  # still usable
 
 
@@ -134,14 +138,14 @@ def test_sliced_attention_and_vae_memory_knobs(tmp_path, exact_recipe):
 
 
 def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
-    recipe = dataclasses.replace(exact_recipe, compile_unet=True, compile_vae=True)
+    recipe = dataclasses.replace(exact_recipe, compile_denoiser=True, compile_vae=True)
     monkeypatch.setattr("shutil.which", lambda name: None)
     report = apply_recipe(tiny_pipeline(tmp_path), recipe)
     assert "needs a C++ compiler" in report["skipped"]["compile"]
     monkeypatch.undo()
     pipe = tiny_pipeline(tmp_path)
     report = apply_recipe(pipe, recipe)  # compiles lazily: nothing is run here
-    assert report["applied"]["compile"] == {"mode": "default", "modules": ["unet", "vae.decoder"]}
+    assert report["applied"]["compile"] == {"mode": "default", "dynamic": False, "modules": ["unet", "vae.decoder"]}
     assert pipe.unet._compiled_call_impl is not None
 
 
@@ -173,3 +177,27 @@ def test_flash_processor_matches_sdpa(tmp_path, fused):
         got = unet(sample, 10, context).sample
     assert calls  # the kernel path ran, not only the fallback
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_openvino_backend_runs_the_unet_exactly_and_keeps_invariance(offline_cache):
+    pytest.importorskip("openvino", reason="openvino is not installed (pip install openvino)")
+    from infra.schemas import RenderRequest
+    from pipeline.models import load_pipeline
+    from pipeline.optimize.openvino import OpenVinoUNet
+    from pipeline.render import Renderer
+
+    reqs = [RenderRequest(prompt=p, seed=i, model="tiny", width=64, height=64, num_inference_steps=2)
+            for i, p in enumerate(["a red fox", "a cat on a mat", "x"])]
+    torch_images = [np.asarray(im) for im in Renderer(load_pipeline("tiny", cache_dir=offline_cache),
+                                                      model="tiny").render(reqs)]
+    pipe = load_pipeline("tiny", cache_dir=offline_cache)
+    report = apply_recipe(pipe, dataclasses.replace(BASELINE, backend="openvino", attention="sdpa"))
+    assert report["applied"]["backend"]["precision"] == "f32" and isinstance(pipe.unet, OpenVinoUNet)
+    renderer = Renderer(pipe, model="tiny")  # CPU: invariant kernels, and one OpenVINO call per sample
+    images = [np.asarray(im) for im in renderer.render(reqs)]
+    assert all(psnr(a / 255, b / 255) >= 60 for a, b in zip(images, torch_images))  # float32: kernel rounding only
+    assert np.array_equal(np.asarray(renderer.render(reqs[1:2])[0]), images[1])
+    assert renderer.render([reqs[0].model_copy(update={"width": 96})])[0].size == (96, 64)  # dynamic shapes
+    sdxl = apply_recipe(load_pipeline("tiny-sdxl", cache_dir=offline_cache),
+                        dataclasses.replace(BASELINE, backend="openvino"))
+    assert "only SD 1.x/2.x UNets" in sdxl["skipped"]["backend"]

@@ -1,4 +1,5 @@
-"""Recipe selection from fake probes, exactness, overrides, allocator rule, batch sizing."""
+"""Recipe selection from fake probes (H100 80 GB, L4 24 GB, T4 16 GB, 8 GB cards, MPS, CPUs) per
+model family, exactness relative to the model, overrides, allocator rule, batch sizing."""
 
 from __future__ import annotations
 
@@ -8,27 +9,11 @@ import json
 import pytest
 
 from pipeline.device import GB, DeviceProfile
-from pipeline.memory import (
-    PeakMeasurement,
-    allocator_env,
-    batch_size_for,
-    check_allocator_env,
-    is_oom_error,
-    measure_per_image,
-    split_on_oom,
-)
-from pipeline.recipes import (
-    BASELINE,
-    OPTIMIZATIONS,
-    RECIPE_TABLE,
-    RECIPES,
-    Recipe,
-    apply_overrides,
-    device_class,
-    overrides_from_env,
-    recipe_for,
-    select_recipe,
-)
+from pipeline.memory import (PeakMeasurement, allocator_env, batch_size_for, check_allocator_env,
+                             is_oom_error, measure_per_image, split_on_oom)
+from pipeline.models.families import FAMILY_SPECS
+from pipeline.recipes import (BASELINE, FAMILY_FITS, OPTIMIZATIONS, RECIPE_TABLE, RECIPES, Recipe, apply_overrides,
+                              device_class, overrides_from_env, recipe_for, select_recipe)
 
 
 def cuda(gb: float, cc: tuple[int, int], flash: bool = False) -> DeviceProfile:
@@ -44,28 +29,56 @@ def cpu(amx: bool) -> DeviceProfile:
 MPS = DeviceProfile(kind="mps", name="Apple", total_memory_bytes=24 * GB, free_memory_bytes=20 * GB)
 
 
-# --- selection ---------------------------------------------------------------------------------
+# --- selection: fake CUDA profiles × families ------------------------------------------------
 
-@pytest.mark.parametrize("flash, attention", [(True, "flash_attn"), (False, "sdpa")])
-def test_cuda_80gb_sm90_bf16_flash_compile_large_batch(flash, attention):
-    r = select_recipe(cuda(80, (9, 0), flash), allow_approximate=True)
-    assert r.name == "cuda-large/fast"
-    assert (r.dtype, r.attention) == ("bfloat16", attention)
-    assert r.compile_unet and r.compile_vae and r.compile_mode == "max-autotune"
-    assert r.max_batch_size >= 8 and not r.cpu_offload and r.quantization is None
-
-
-def test_cuda_24gb_sm86_fp16_sdpa_compile():
-    r = select_recipe(cuda(24, (8, 6), flash=True), allow_approximate=True)
-    assert r.name == "cuda-mid/fast"
-    assert (r.dtype, r.attention) == ("float16", "sdpa") and r.compile_unet and r.compile_vae
+H100 = cuda(80, (9, 0), flash=True)
+L4 = cuda(24, (8, 9))
+T4 = cuda(16, (7, 5))
+RTX_8GB = cuda(8, (8, 6))
+FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux-schnell", "flux-dev", "ernie-image")
+CARD_DTYPE = {"sd1": "float16", "sd2": "float16", "sdxl": "float16", "sd3": "float16",
+              "flux-schnell": "bfloat16", "flux-dev": "bfloat16", "ernie-image": "bfloat16"}
 
 
-def test_cuda_8gb_sm75_fp16_tiling_offload_quantized_small_batch():
-    r = select_recipe(cuda(8, (7, 5)), allow_approximate=True)
-    assert r.name == "cuda-small/fast"
-    assert r.dtype == "float16" and r.vae_tiling and r.cpu_offload
-    assert r.quantization in ("torchao_int8", "sdnq_uint4") and 1 <= r.max_batch_size <= 2
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("profile", [H100, L4, T4, RTX_8GB], ids=["H100-80GB", "L4-24GB", "T4-16GB", "8GB"])
+def test_cuda_recipes_per_family(profile, family):
+    exact, fast = (select_recipe(profile, allow, family=family) for allow in (False, True))
+    spec = FAMILY_SPECS[family]
+    # the model card's dtype is exact; an accelerator never defaults to float32
+    assert exact.dtype == exact.reference_dtype == CARD_DTYPE[family] and exact.approximations() == []
+    assert fast.dtype != "float32" and exact.family == family
+    if CARD_DTYPE[family] == "bfloat16" and profile.compute_capability < (8, 0):
+        assert fast.dtype == "float16" and "dtype" in fast.approximations()  # no fast bf16 before Ampere
+    # no CPU patches on CUDA, and the tiny VAE is chosen from the model's VAE only in fast
+    assert not exact.batch_invariant and not fast.batch_invariant
+    assert exact.tiny_vae is None and fast.tiny_vae == "auto"
+    # denoiser knobs follow the family: UNets compile whole and take channels_last, transformers
+    # compile their repeated blocks; ERNIE's attention has no fused projections
+    if fast.compile_denoiser:
+        assert fast.compile_regional == spec.regional_compile and fast.compile_dynamic
+    assert not (fast.channels_last and spec.denoiser == "transformer")
+    assert not (fast.fuse_qkv and not spec.fuse_qkv)
+    # weights that do not fit are offloaded; what fits stays resident
+    fits = FAMILY_FITS[family].weights_gb <= fast.memory_fraction * profile.total_memory_gb
+    assert exact.cpu_offload == (not fits) and fast.cpu_offload == (not fits)
+    if fast.quantization and fast.quantization.startswith("torchao"):
+        assert fast.compile_denoiser and profile.compute_capability >= (8, 9)  # fp8, always compiled
+    assert exact.quantization is None
+
+
+def test_known_cells_of_the_table():
+    flux_h100 = select_recipe(H100, True, family="flux-schnell")
+    assert flux_h100.name == "cuda-large/fast" and flux_h100.quantization == "torchao_fp8_dynamic"
+    assert flux_h100.attention == "flash_attn" and flux_h100.compile_regional and not flux_h100.cpu_offload
+    assert select_recipe(L4, family="flux-schnell").cpu_offload  # 33.8 GB of weights on 24 GB
+    assert select_recipe(H100, True, family="ernie-image").quantization == "sdnq_uint4"  # its model card
+    sdxl_h100 = select_recipe(H100, family="sdxl")
+    assert sdxl_h100.dtype == "float16" and sdxl_h100.channels_last and sdxl_h100.fuse_qkv
+    assert sdxl_h100.max_batch_size == 8 and select_recipe(H100, family="sd1").max_batch_size == 16
+    assert select_recipe(RTX_8GB, family="sdxl").cpu_offload and not select_recipe(RTX_8GB, family="sd1").cpu_offload
+    assert select_recipe(MPS, family="flux-schnell").dtype == "bfloat16"
+    assert select_recipe(H100, family=None).dtype == "float16"  # a pipeline of unknown family
 
 
 def test_large_pre_ampere_card_gets_fp16_not_bf16():
@@ -73,12 +86,18 @@ def test_large_pre_ampere_card_gets_fp16_not_bf16():
 
 
 def test_mps_and_cpu_recipes():
-    assert select_recipe(MPS, allow_approximate=True).dtype == "float16"
+    assert select_recipe(MPS, allow_approximate=True, family="sd1").dtype == "float16"
     amx, plain = select_recipe(cpu(True), True), select_recipe(cpu(False), True)
     assert amx.name == "cpu-amx/fast" and amx.dtype == "bfloat16"
     assert plain.name == "cpu/fast" and plain.dtype == "float32"
+    avx512_bf16 = select_recipe(dataclasses.replace(cpu(False), avx512_bf16=True), True)
+    assert avx512_bf16.name == "cpu-avx512-bf16/fast"
+    assert avx512_bf16.dtype == RECIPES["cpu-avx512-bf16"].dtype  # the measured winner (README)
     assert amx.num_threads == plain.num_threads == 8  # resolved from the probe's core count
-    assert not (amx.compile_unet or plain.compile_unet)  # opt-in on the CPU (cold starts)
+    assert not (amx.compile_denoiser or plain.compile_denoiser)  # opt-in on the CPU (cold starts)
+    for family in FAMILIES:  # float32 is the CPU reference of every family; CPU kernels keep invariance
+        exact = select_recipe(cpu(True), family=family)
+        assert exact.dtype == "float32" and exact.batch_invariant and exact.approximations() == []
 
 
 def test_table_is_data_and_every_rule_names_a_recipe():
@@ -86,25 +105,26 @@ def test_table_is_data_and_every_rule_names_a_recipe():
     assert [device_class(p) for p in (cuda(40, (8, 0)), cuda(12, (8, 6)), cuda(11.9, (8, 6)))] == \
         ["cuda-large", "cuda-mid", "cuda-small"]
     assert device_class(DeviceProfile(kind="xpu", total_memory_bytes=16 * GB)) == "accelerator"
+    assert set(FAMILY_FITS) == set(FAMILY_SPECS)
 
 
 # --- exactness -------------------------------------------------------------------------------
 
 def test_every_knob_is_classified_with_a_source():
-    knobs = {f.name for f in dataclasses.fields(Recipe)} - {"name", "overridden"}
+    knobs = {f.name for f in dataclasses.fields(Recipe)} - {"name", "overridden", "reference_dtype", "family"}
     assert knobs == {k for k, o in OPTIMIZATIONS.items() if o.knob}
     assert all(o.exactness in ("exact", "approximate") and o.source for o in OPTIMIZATIONS.values())
     for technique in ("feature_cache", "fewer_steps"):
         assert OPTIMIZATIONS[technique].exactness == "approximate"
 
 
-@pytest.mark.parametrize("profile", [cuda(80, (9, 0), True), cuda(24, (8, 6)), cuda(8, (7, 5)), MPS,
-                                     cpu(True), cpu(False)])
-def test_approximations_off_unless_allowed(profile):
-    exact = select_recipe(profile)
-    assert exact.approximations() == [] and exact.name.endswith("/exact")
-    assert exact.dtype == "float32" and exact.quantization is None and exact.tiny_vae is None
-    fast = select_recipe(profile, allow_approximate=True)
+@pytest.mark.parametrize("profile", [H100, L4, RTX_8GB, MPS, cpu(True), cpu(False)])
+@pytest.mark.parametrize("family", [None, "sdxl", "flux-schnell"])
+def test_approximations_off_unless_allowed(profile, family):
+    exact = select_recipe(profile, family=family)
+    assert exact.approximations() == [] and exact.name.endswith("/exact") and exact.quantization is None
+    assert exact.tiny_vae is None and exact.dtype == exact.reference_dtype
+    fast = select_recipe(profile, allow_approximate=True, family=family)
     assert set(fast.approximations()) <= {k for k, o in OPTIMIZATIONS.items() if o.exactness == "approximate"}
     # the exact recipe keeps every exact knob of the fast one
     assert dataclasses.replace(fast.without_approximations(), name=exact.name) == exact
@@ -114,6 +134,7 @@ def test_named_recipes_for_the_bench():
     p = cpu(True)
     assert recipe_for(p, "baseline") == BASELINE
     assert BASELINE.dtype == "float32" and BASELINE.attention == "default" and BASELINE.approximations() == []
+    assert recipe_for(H100, "baseline", "flux-schnell").dtype == "bfloat16"  # the reference: the card's dtype
     assert recipe_for(p, "fast").approximations() == ["dtype", "tiny_vae"]
     assert recipe_for(p, "cuda-mid").name == "cuda-mid"
     with pytest.raises(ValueError, match="unknown recipe 'turbo'"):
@@ -123,9 +144,9 @@ def test_named_recipes_for_the_bench():
 # --- overrides -------------------------------------------------------------------------------
 
 def test_overrides_apply_validate_and_are_reported():
-    r = select_recipe(cpu(True), overrides={"compile_unet": True, "max_batch_size": 2})
-    assert r.compile_unet and r.max_batch_size == 2
-    assert r.to_dict()["overridden"] == ["compile_unet", "max_batch_size"]
+    r = select_recipe(cpu(True), overrides={"compile_unet": True, "max_batch_size": 2})  # the old name still works
+    assert r.compile_denoiser and r.max_batch_size == 2
+    assert r.to_dict()["overridden"] == ["compile_denoiser", "max_batch_size"]
     with pytest.raises(ValueError, match="bogus_knob"):
         select_recipe(cpu(True), overrides={"bogus_knob": 1})
     with pytest.raises(ValueError, match="attention"):
@@ -134,13 +155,19 @@ def test_overrides_apply_validate_and_are_reported():
         select_recipe(cpu(True), overrides={"max_batch_size": 0})
     with pytest.raises(ValueError, match="overridden"):
         select_recipe(cpu(True), overrides={"overridden": ["x"]})
+    with pytest.raises(ValueError, match="reference_dtype"):
+        select_recipe(cpu(True), overrides={"reference_dtype": "float16"})
 
 
 def test_approximate_override_needs_permission():
     with pytest.raises(ValueError, match="dtype are approximate"):
         select_recipe(cpu(True), allow_approximate=False, overrides={"dtype": "bfloat16"})
-    r = select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "torchao_int8"})
+    r = select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "sdnq_uint4"})
     assert "quantization" in r.approximations()
+    with pytest.raises(ValueError, match="needs compile_denoiser"):  # torchao always goes with compile
+        select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "torchao_int8_dynamic"})
+    # the card's dtype is exact for that model: float16 on CUDA is no approximation for SDXL
+    assert select_recipe(H100, overrides={"dtype": "float16"}, family="sdxl").approximations() == []
 
 
 def test_overrides_from_env_json():
@@ -156,11 +183,11 @@ def test_overrides_from_env_json():
 
 
 def test_recipe_to_dict_is_json():
-    d = json.loads(json.dumps(select_recipe(cuda(80, (9, 0)), True).to_dict()))
-    assert d["approximations"] == ["dtype", "tiny_vae"] and d["dtype"] == "bfloat16"
+    d = json.loads(json.dumps(select_recipe(H100, True, family="sdxl").to_dict()))
+    assert d["approximations"] == ["tiny_vae"] and d["dtype"] == "float16" and d["family"] == "sdxl"
 
 
-# --- allocator (seed 002) --------------------------------------------------------------------
+# --- allocator (the ERNIE-Image-Turbo SDNQ uint4 model card) ---------------------------------
 
 @pytest.mark.parametrize("profile", [cuda(80, (9, 0)), cuda(8, (7, 5)), MPS, cpu(True)])
 def test_allocator_env_never_produces_the_forbidden_combination(profile):
@@ -171,7 +198,7 @@ def test_allocator_env_never_produces_the_forbidden_combination(profile):
 
 def test_check_allocator_env_refuses_expandable_segments_with_max_split():
     bad = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:32"}
-    with pytest.raises(ValueError, match="seed 002"):
+    with pytest.raises(ValueError, match="SDNQ uint4 model card"):
         check_allocator_env(bad)
     with pytest.warns(RuntimeWarning):
         check_allocator_env({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64, expandable_segments:true"}, strict=False)

@@ -23,6 +23,7 @@ from infra.settings import Settings
 from infra.state.jobs import JobStore, NewJob
 from infra.storage.images import read_parameters
 from infra.storage.s3 import Storage
+from pipeline.render import compat_key
 from worker.runner import BatchRunner
 
 DB = 6  # the session farm uses database 0
@@ -124,12 +125,18 @@ def test_a_poison_request_fails_alone_and_its_batch_mates_succeed(store, storage
     assert store.dead_letters()[1][0].job_id == ids[-1]
 
 
-def test_out_of_memory_splits_the_group_and_reports_the_sizes_that_failed(store, storage):
+def test_out_of_memory_splits_the_group_and_caps_that_shape_only(store, storage):
     ids = submit(store, [f"a bowl {i}" for i in range(8)])
-    too_big: list[int] = []
-    outcome = runner(store, storage, ScriptedRenderer(oom_above=2), on_oom=too_big.append).run(messages(ids))
+    renderer = ScriptedRenderer(oom_above=2)
+    batch = runner(store, storage, renderer)
+    outcome = batch.run(messages(ids))
     assert (outcome.succeeded, outcome.failed) == (8, 0)
-    assert too_big == [8, 4, 4]  # every group above 2 that ran out; the worker lowers its batch size from these
+    assert [len(c) for c in renderer.calls] == [8, 4, 2, 2, 2, 2]  # 8 and 4 ran out; halves of 2 fit
+    key = compat_key(store.get_job(ids[0]).request)
+    assert batch.limits.cap(key, 8) == 2 and batch.limits.cap(("other", 64, 64, 4, 7.5, "default"), 8) == 8
+    renderer.calls.clear()
+    batch.run(messages(submit(store, [f"a cup {i}" for i in range(4)])))
+    assert [len(c) for c in renderer.calls] == [2, 2]  # the capped shape renders in chunks that fit
 
 
 def test_a_render_over_the_timeout_fails_its_group_without_bisection(store, storage):

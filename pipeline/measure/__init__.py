@@ -1,0 +1,1 @@
+"""One-off CPU measurements that decide recipe table entries (not part of the worker's path)."""

@@ -1,0 +1,151 @@
+"""Component configs of the public checkpoints, written out as data (no download).
+
+Place in the data flow: :mod:`pipeline.models.offline` assembles these into offline models, which
+:mod:`pipeline.models.build` instantiates with random weights. Every full-size config names its
+source; the small ``TINY_*`` ones keep the real component classes at small widths (the shapes
+diffusers' own fast tests use) and the real VAE scaling factors, so that family detection and the
+tiny-VAE choice (:mod:`pipeline.models.families`) see what they would see on the real model.
+"""
+
+from __future__ import annotations
+
+# ---- schedulers --------------------------------------------------------------------------------
+
+#: The scaled-linear beta schedule of every SD 1.x / 2.x / XL scheduler config.
+SD_BETAS = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear", "num_train_timesteps": 1000}
+PNDM_SD15 = {**SD_BETAS, "skip_prk_steps": True, "set_alpha_to_one": False, "steps_offset": 1}
+DDIM_TINY = {**SD_BETAS, "clip_sample": False, "set_alpha_to_one": False, "steps_offset": 1,
+             "timestep_spacing": "trailing"}
+EULER_TURBO = {**SD_BETAS, "prediction_type": "epsilon", "interpolation_type": "linear",
+               "use_karras_sigmas": False, "steps_offset": 1, "timestep_spacing": "trailing"}
+#: stabilityai/stable-diffusion-xl-base-1.0 scheduler/scheduler_config.json (EulerDiscreteScheduler).
+EULER_SDXL = {**SD_BETAS, "prediction_type": "epsilon", "interpolation_type": "linear",
+              "use_karras_sigmas": False, "steps_offset": 1, "timestep_spacing": "leading"}
+#: SD3-medium: FlowMatchEulerDiscreteScheduler(shift=3.0); FLUX.1-schnell: shift 1.0, no dynamic shift.
+FLOW_SD3 = {"num_train_timesteps": 1000, "shift": 3.0}
+FLOW_FLUX_SCHNELL = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False,
+                     "base_shift": 0.5, "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096}
+#: ERNIE-Image passes its own sigmas (linspace 1 → 0) to the scheduler; shift 1.0 is an assumption.
+FLOW_ERNIE = {"num_train_timesteps": 1000, "shift": 1.0}
+
+# ---- VAEs --------------------------------------------------------------------------------------
+
+#: The SD 1.x / 2.x VAE (AutoencoderKL, 83.7M parameters), scaling factor 0.18215.
+SD_VAE = {
+    "in_channels": 3, "out_channels": 3, "latent_channels": 4, "sample_size": 512,
+    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "norm_num_groups": 32, "act_fn": "silu",
+}
+#: SDXL's VAE: same architecture, scaling factor 0.13025, upcast to float32 for decoding in fp16.
+SDXL_VAE = {**SD_VAE, "sample_size": 1024, "scaling_factor": 0.13025, "force_upcast": True}
+#: SD3's 16-channel VAE (no quant convs), scaling 1.5305, shift 0.0609 (SD3-medium vae/config.json).
+SD3_VAE = {**SD_VAE, "latent_channels": 16, "sample_size": 1024, "scaling_factor": 1.5305, "shift_factor": 0.0609,
+           "use_quant_conv": False, "use_post_quant_conv": False}
+#: FLUX.1's 16-channel VAE, scaling 0.3611, shift 0.1159 (FLUX.1-schnell vae/config.json).
+FLUX_VAE = {**SD3_VAE, "scaling_factor": 0.3611, "shift_factor": 0.1159}
+#: ERNIE-Image's AutoencoderKLFlux2 (32 latent channels, batch-norm statistics): diffusers' defaults.
+FLUX2_VAE: dict = {}
+TINY_VAE_BLOCKS = {"block_out_channels": [8, 8, 16, 16], "layers_per_block": 1, "norm_num_groups": 4}
+
+# ---- text encoders ----------------------------------------------------------------------------
+
+#: openai/clip-vit-large-patch14 text tower (123M), as SD 1.x, SDXL (text_encoder), SD3 and FLUX ship it.
+CLIP_L = {
+    "vocab_size": 49408, "max_position_embeddings": 77, "hidden_size": 768, "intermediate_size": 3072,
+    "num_hidden_layers": 12, "num_attention_heads": 12, "projection_dim": 768, "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1,
+}
+#: OpenCLIP ViT-H text tower as SD 2.x ships it (23 of its 24 layers: SD 2 uses the penultimate).
+OPENCLIP_H = {**CLIP_L, "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 23,
+              "num_attention_heads": 16, "projection_dim": 512, "hidden_act": "gelu"}
+#: OpenCLIP ViT-bigG/14 text tower with projection (695M): SDXL's text_encoder_2, SD3's text_encoder_2.
+OPENCLIP_BIGG = {**CLIP_L, "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                 "num_attention_heads": 20, "projection_dim": 1280, "hidden_act": "gelu"}
+#: google/t5-v1_1-xxl encoder (4.76B), SD3's text_encoder_3 and FLUX.1's text_encoder_2.
+T5_XXL = {"vocab_size": 32128, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24, "num_heads": 64,
+          "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+          "feed_forward_proj": "gated-gelu", "dense_act_fn": "gelu_new", "is_gated_act": True,
+          "layer_norm_epsilon": 1e-6, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}
+#: ERNIE-Image's text encoder (Mistral3Model). Its published config was not available offline: the
+#: text width is fixed by the transformer's ``text_in_dim`` default (2560); depth, heads, FFN and
+#: vocabulary are assumptions of a 3B-class Ministral-style decoder, and the vision tower is left
+#: at one small layer (the pipeline never calls it). Treat its parameter count as approximate.
+ERNIE_TEXT = {
+    "text_config": {"model_type": "ministral3", "vocab_size": 131072, "hidden_size": 2560, "intermediate_size": 9216,
+                    "num_hidden_layers": 26, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                    "tie_word_embeddings": True},
+    "vision_config": {"model_type": "pixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+                      "num_attention_heads": 2, "image_size": 64, "patch_size": 16},
+}
+
+
+def tiny_clip(hidden: int = 32, projection: int = 32) -> dict:
+    """A 2-layer CLIP text tower of width ``hidden`` (the real vocabulary and 77 positions)."""
+    return {**CLIP_L, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "projection_dim": projection, "hidden_act": "gelu"}
+
+
+def tiny_t5(d_model: int) -> dict:
+    """A 2-layer T5 v1.1 encoder of width ``d_model`` with a 1,024-token vocabulary."""
+    return {**T5_XXL, "vocab_size": 1024, "d_model": d_model, "d_kv": 8, "d_ff": 2 * d_model, "num_layers": 2,
+            "num_heads": 4}
+
+
+# ---- denoisers ---------------------------------------------------------------------------------
+
+SD1_UNET = {
+    "sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 2,
+    "block_out_channels": [320, 640, 1280, 1280],
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+    "cross_attention_dim": 768, "attention_head_dim": 8, "norm_num_groups": 32, "act_fn": "silu",
+    "flip_sin_to_cos": True, "freq_shift": 0, "downsample_padding": 1, "mid_block_scale_factor": 1,
+}
+SD2_UNET = {**SD1_UNET, "attention_head_dim": [5, 10, 20, 20], "cross_attention_dim": 1024,
+            "use_linear_projection": True}
+#: stabilityai/stable-diffusion-xl-base-1.0 unet/config.json (2.567B): three stages, 1/2/10
+#: transformer layers, text_time conditioning (pooled bigG 1280 + 6 × 256 time ids = 2816).
+SDXL_UNET = {
+    "sample_size": 128, "in_channels": 4, "out_channels": 4, "layers_per_block": 2,
+    "block_out_channels": [320, 640, 1280],
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "transformer_layers_per_block": [1, 2, 10], "attention_head_dim": [5, 10, 20], "cross_attention_dim": 2048,
+    "use_linear_projection": True, "addition_embed_type": "text_time", "addition_time_embed_dim": 256,
+    "projection_class_embeddings_input_dim": 2816, "norm_num_groups": 32, "act_fn": "silu",
+    "flip_sin_to_cos": True, "freq_shift": 0,
+}
+#: stabilityai/stable-diffusion-3-medium-diffusers transformer/config.json (2.03B): 24 MMDiT layers.
+SD3_TRANSFORMER = {"sample_size": 128, "patch_size": 2, "in_channels": 16, "num_layers": 24,
+                   "attention_head_dim": 64, "num_attention_heads": 24, "joint_attention_dim": 4096,
+                   "caption_projection_dim": 1536, "pooled_projection_dim": 2048, "out_channels": 16,
+                   "pos_embed_max_size": 192}
+#: black-forest-labs/FLUX.1-schnell transformer/config.json (11.9B): 19 double + 38 single blocks, 3072 wide.
+FLUX_TRANSFORMER = {"patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38,
+                    "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 4096,
+                    "pooled_projection_dim": 768, "guidance_embeds": False, "axes_dims_rope": [16, 56, 56]}
+#: diffusers' ErnieImageTransformer2DModel defaults (hidden 3072, 24 heads, 24 layers, FFN 8192,
+#: 128 input channels = 32 latent channels patchified 2×2, text_in_dim 2560).
+ERNIE_TRANSFORMER: dict = {}
+
+# ---- tiny builds (diffusers' fast-test shapes, real classes, real VAE scaling factors) ---------
+
+TINY_SDXL_UNET = {**SDXL_UNET, "sample_size": 32, "layers_per_block": 1, "block_out_channels": [32, 64],
+                  "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+                  "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "transformer_layers_per_block": [1, 2],
+                  "attention_head_dim": [2, 4], "cross_attention_dim": 64, "addition_time_embed_dim": 8,
+                  "projection_class_embeddings_input_dim": 32 + 6 * 8}
+TINY_SD3_TRANSFORMER = {**SD3_TRANSFORMER, "sample_size": 32, "num_layers": 2, "attention_head_dim": 8,
+                        "num_attention_heads": 4, "joint_attention_dim": 64, "caption_projection_dim": 32,
+                        "pooled_projection_dim": 64, "pos_embed_max_size": 96}
+TINY_FLUX_TRANSFORMER = {**FLUX_TRANSFORMER, "num_layers": 1, "num_single_layers": 2, "attention_head_dim": 16,
+                         "num_attention_heads": 2, "joint_attention_dim": 32, "pooled_projection_dim": 32,
+                         "axes_dims_rope": [4, 6, 6]}
+#: Wide enough (128, FFN 256) that SDNQ quantizes its layers: sdnq skips weights under 16,384 elements.
+TINY_ERNIE_TRANSFORMER = {"hidden_size": 128, "num_attention_heads": 4, "num_layers": 2, "ffn_hidden_size": 256,
+                          "text_in_dim": 32, "rope_axes_dim": [8, 12, 12]}
+TINY_ERNIE_TEXT = {
+    "text_config": {**ERNIE_TEXT["text_config"], "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
+    "vision_config": {**ERNIE_TEXT["vision_config"], "hidden_size": 16, "intermediate_size": 32},
+}

@@ -1,0 +1,155 @@
+"""Offline models: real architectures (or small ones with the real classes) as data, random weights.
+
+Place in the data flow: :func:`pipeline.models.load.load_pipeline` builds one on first use
+(:mod:`pipeline.models.build`) when a worker pins an offline name; benchmarks and tests use them
+because no weights can be downloaded here.
+
+Per family there is a full-size ``*-arch`` build for benchmarks and a small ``tiny-*`` build for
+tests. Full-size FLUX / SD3 / ERNIE builds are tens of GB: they are constructed directly on the
+target device in the target dtype (:func:`pipeline.models.build.construct_pipeline`) and written
+to disk only when asked (``disk=False`` here). Their configs are checked on this machine only by
+counting parameters on the ``meta`` device against :attr:`OfflineModel.published_params`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from infra.pools import OFFLINE_FAMILIES
+from pipeline.models import configs as c
+
+#: Bump when a build's on-disk layout changes; part of every build's fingerprint.
+BUILD_FORMAT = 2
+WEIGHT_SEED = 0
+
+
+@dataclass(frozen=True)
+class OfflineModel:
+    """One offline model: its diffusers pipeline class and its components as data.
+
+    ``components`` maps a pipeline argument to ``(kind, class name, config)``: kind ``diffusers``
+    (a model class, built with ``cls(**config)``), ``transformers`` (built from its config class),
+    ``scheduler``, or ``tokenizer`` (config as :func:`pipeline.models.tokenizers.write_tokenizer`
+    takes it). ``pipeline_kwargs`` are passed as they are (``safety_checker=None``, …).
+    ``published_params`` gives, per component, the parameter count of the public checkpoint, for
+    the meta-device check; ``disk`` says whether :func:`load_pipeline` builds it into the cache.
+    """
+
+    name: str
+    description: str
+    pipeline: str
+    components: dict[str, tuple[str, str, dict]]
+    pipeline_kwargs: dict = field(default_factory=dict)
+    published_params: dict[str, float] = field(default_factory=dict, compare=False)
+    disk: bool = True
+    notes: str = field(default="", compare=False)
+
+    @property
+    def family(self) -> str:
+        """The model family (``infra.pools.OFFLINE_FAMILIES``: the one table infra routes by)."""
+        return OFFLINE_FAMILIES[self.name]
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that determines the built weights."""
+        blob = json.dumps([BUILD_FORMAT, WEIGHT_SEED, torch.__version__, self.pipeline, self.components,
+                           self.pipeline_kwargs], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _sd(name, description, unet, text, scheduler_cls, scheduler, pad="<|endoftext|>", vae=c.SD_VAE, **kw):
+    return OfflineModel(name, description, "StableDiffusionPipeline", {
+        "unet": ("diffusers", "UNet2DConditionModel", unet), "vae": ("diffusers", "AutoencoderKL", vae),
+        "text_encoder": ("transformers", "CLIPTextModel", text), "tokenizer": ("tokenizer", "clip", {"pad_token": pad}),
+        "scheduler": ("scheduler", scheduler_cls, scheduler)},
+        {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}, **kw)
+
+
+def _sdxl(name, description, unet, text, text_2, vae, **kw):
+    return OfflineModel(name, description, "StableDiffusionXLPipeline", {
+        "unet": ("diffusers", "UNet2DConditionModel", unet), "vae": ("diffusers", "AutoencoderKL", vae),
+        "text_encoder": ("transformers", "CLIPTextModel", text),
+        "text_encoder_2": ("transformers", "CLIPTextModelWithProjection", text_2),
+        "tokenizer": ("tokenizer", "clip", {}), "tokenizer_2": ("tokenizer", "clip", {"pad_token": "!"}),
+        "scheduler": ("scheduler", "EulerDiscreteScheduler", c.EULER_SDXL)},
+        {"force_zeros_for_empty_prompt": True}, **kw)
+
+
+def _sd3(name, description, transformer, clip_l, clip_g, t5, vae, **kw):
+    return OfflineModel(name, description, "StableDiffusion3Pipeline", {
+        "transformer": ("diffusers", "SD3Transformer2DModel", transformer), "vae": ("diffusers", "AutoencoderKL", vae),
+        "text_encoder": ("transformers", "CLIPTextModelWithProjection", clip_l),
+        "text_encoder_2": ("transformers", "CLIPTextModelWithProjection", clip_g),
+        "text_encoder_3": ("transformers", "T5EncoderModel", t5),
+        "tokenizer": ("tokenizer", "clip", {}), "tokenizer_2": ("tokenizer", "clip", {"pad_token": "!"}),
+        "tokenizer_3": ("tokenizer", "t5", {"vocab_size": t5["vocab_size"]}),
+        "scheduler": ("scheduler", "FlowMatchEulerDiscreteScheduler", c.FLOW_SD3)}, **kw)
+
+
+def _flux(name, description, transformer, clip_l, t5, vae, **kw):
+    return OfflineModel(name, description, "FluxPipeline", {
+        "transformer": ("diffusers", "FluxTransformer2DModel", transformer), "vae": ("diffusers", "AutoencoderKL", vae),
+        "text_encoder": ("transformers", "CLIPTextModel", clip_l),
+        "text_encoder_2": ("transformers", "T5EncoderModel", t5),
+        "tokenizer": ("tokenizer", "clip", {}), "tokenizer_2": ("tokenizer", "t5", {"vocab_size": t5["vocab_size"]}),
+        "scheduler": ("scheduler", "FlowMatchEulerDiscreteScheduler", c.FLOW_FLUX_SCHNELL)}, **kw)
+
+
+def _ernie(name, description, transformer, text, vae, **kw):
+    return OfflineModel(name, description, "ErnieImagePipeline", {
+        "transformer": ("diffusers", "ErnieImageTransformer2DModel", transformer),
+        "vae": ("diffusers", "AutoencoderKLFlux2", vae),
+        "text_encoder": ("transformers", "Mistral3Model", text),
+        "tokenizer": ("tokenizer", "mistral", {"vocab_size": text["text_config"]["vocab_size"]}),
+        "scheduler": ("scheduler", "FlowMatchEulerDiscreteScheduler", c.FLOW_ERNIE)},
+        {"pe": None, "pe_tokenizer": None}, **kw)
+
+
+_TINY_VAE = {**c.SD_VAE, **c.TINY_VAE_BLOCKS}
+OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
+    _sd("tiny", "A very small SD-style model for tests: renders 512x512 in well under a second on CPU.",
+        {"sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 1, "block_out_channels": [32, 64],
+         "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+         "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "cross_attention_dim": 32, "attention_head_dim": 8,
+         "norm_num_groups": 32},
+        {**c.tiny_clip(32), "hidden_act": "gelu"}, "DDIMScheduler", c.DDIM_TINY, vae=_TINY_VAE),
+    _sd("sd15-arch", "Stable Diffusion 1.5 architecture (UNet 860M, VAE, CLIP ViT-L/14 text), random weights.",
+        c.SD1_UNET, c.CLIP_L, "PNDMScheduler", c.PNDM_SD15, published_params={"unet": 859.52e6}),
+    _sd("sd-turbo-arch", "stabilityai/sd-turbo architecture (SD 2.1 UNet, OpenCLIP ViT-H text), random weights.",
+        c.SD2_UNET, c.OPENCLIP_H, "EulerDiscreteScheduler", c.EULER_TURBO, pad="!",
+        notes="OpenCLIP ViT-H has 24 text layers; SD 2.x ships 23 (it uses the penultimate layer)."),
+    _sd("bk-sdm-tiny-arch", "nota-ai/bk-sdm-tiny architecture (SD 1.x UNet without mid block and innermost stage, "
+        "one block per stage; 0.33B UNet), SD 1.x VAE and text encoder, random weights.",
+        {**c.SD1_UNET, "layers_per_block": 1, "block_out_channels": [320, 640, 1280],
+         "down_block_types": ["CrossAttnDownBlock2D"] * 3, "up_block_types": ["CrossAttnUpBlock2D"] * 3,
+         "mid_block_type": None}, c.CLIP_L, "PNDMScheduler", c.PNDM_SD15,
+        notes="UNet config follows the BK-SDM authors' published unet_config/bk_tiny/config.json."),
+    _sdxl("tiny-sdxl", "SDXL's classes at test widths: text_time UNet, CLIP-L + bigG-style text towers, SDXL VAE "
+          "scaling factor.", c.TINY_SDXL_UNET, c.tiny_clip(32), c.tiny_clip(32, 32), {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),
+    _sdxl("sdxl-arch", "stabilityai/stable-diffusion-xl-base-1.0 architecture (UNet 2.6B, CLIP-L + OpenCLIP bigG, "
+          "VAE), random weights; SDXL-Turbo has the same architecture.", c.SDXL_UNET, c.CLIP_L, c.OPENCLIP_BIGG,
+          c.SDXL_VAE, published_params={"unet": 2.567e9, "text_encoder": 123.06e6, "text_encoder_2": 694.66e6}),
+    _sd3("tiny-sd3", "SD3's classes at test widths: MMDiT transformer, two CLIP towers with projection, a T5 "
+         "encoder, the 16-channel SD3 VAE scaling.", c.TINY_SD3_TRANSFORMER, c.tiny_clip(32), c.tiny_clip(32),
+         c.tiny_t5(64), {**c.SD3_VAE, **c.TINY_VAE_BLOCKS}),
+    _sd3("sd3-arch", "stabilityai/stable-diffusion-3-medium architecture (MMDiT 2B, CLIP-L + bigG + T5-XXL, 16-channel "
+         "VAE), random weights.", c.SD3_TRANSFORMER, c.CLIP_L, c.OPENCLIP_BIGG, c.T5_XXL, c.SD3_VAE, disk=False,
+         published_params={"transformer": 2.028e9, "text_encoder_3": 4.762e9}),
+    _flux("tiny-flux", "FLUX.1-schnell's classes at test widths: double and single-stream blocks, CLIP-L + T5 "
+          "towers, the 16-channel FLUX VAE scaling.", c.TINY_FLUX_TRANSFORMER, c.tiny_clip(32), c.tiny_t5(32),
+          {**c.FLUX_VAE, **c.TINY_VAE_BLOCKS}),
+    _flux("flux-schnell-arch", "black-forest-labs/FLUX.1-schnell architecture (transformer 11.9B: 19 double + 38 "
+          "single blocks, CLIP-L + T5-XXL, 16-channel VAE), random weights.", c.FLUX_TRANSFORMER, c.CLIP_L,
+          c.T5_XXL, c.FLUX_VAE, disk=False, published_params={"transformer": 11.90e9, "text_encoder_2": 4.762e9}),
+    _ernie("tiny-ernie-image", "ERNIE-Image's classes at test widths: shared-AdaLN DiT, Mistral3 text model, the "
+           "Flux2 VAE (32 latent channels, batch-norm statistics).", c.TINY_ERNIE_TRANSFORMER, c.TINY_ERNIE_TEXT,
+           c.TINY_VAE_BLOCKS),
+    _ernie("ernie-image-turbo-arch", "baidu/ERNIE-Image-Turbo architecture as diffusers' defaults give it (DiT "
+           "3072 wide, 24 layers; Flux2 VAE; text encoder width 2560, depth assumed), no prompt enhancer, random "
+           "weights.", c.ERNIE_TRANSFORMER, c.ERNIE_TEXT, c.FLUX2_VAE, disk=False,
+           notes="No published parameter count was available offline: the meta check compares the transformer with "
+                 "its count from diffusers' defaults."),
+)}

@@ -1,0 +1,104 @@
+"""OpenVINO as the CPU backend of a UNet (recipe knob ``backend: openvino``).
+
+Place in the data flow: :func:`pipeline.optimize.apply_recipe` → :func:`to_openvino` (here), after
+the dtype, fused QKV and attention steps (the converted graph is the optimized UNet) and before
+placement. Only SD-style UNets without extra conditioning (SD 1.x / 2.x: sample, timestep, text
+embeddings) are converted; anything else keeps PyTorch and the report says why.
+
+OpenVINO is the engine fastsdcpu uses (SD-Turbo 512², 1 step, 1.7 s on an i7-12700). It is used
+through the ``openvino`` wheel alone (``openvino.convert_model`` on the PyTorch module):
+``optimum-intel`` cannot be installed beside this project's torch. The inference precision
+follows the recipe's dtype (float32 → ``f32``, exact up to kernel rounding; bfloat16 → ``bf16``).
+Its kernels may depend on the batch size: a pool that asks for batch invariance gets one UNet
+call per sample (:func:`pipeline.invariance.make_per_sample`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import torch
+
+from pipeline.optimize.quantize import Skip
+
+
+class UNetCall(torch.nn.Module):
+    """A UNet as a function of (sample, timestep, text embeddings) → noise prediction (for tracing)."""
+
+    def __init__(self, unet):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample, timestep, encoder_hidden_states):
+        return self.unet(sample, timestep, encoder_hidden_states, return_dict=False)[0]
+
+
+class OpenVinoUNet(torch.nn.Module):
+    """A compiled OpenVINO model with the UNet's call signature, config, dtype and device.
+
+    Inputs go in as float32 NumPy arrays; the output comes back in the input's dtype. Raises
+    ValueError for conditioning it was not converted with (SDXL's ``added_cond_kwargs``, LCM's
+    ``timestep_cond``, ControlNet residuals).
+    """
+
+    _renderfarm_per_sample_for_invariance = True  # its kernels are not verified batch invariant
+    #: Which runtime runs it (the benchmarks count this module's FLOPs from its ``source_class``).
+    runtime = "openvino"
+
+    def __init__(self, unet, compiled, precision: str):
+        super().__init__()
+        self.config = unet.config
+        self.source_class = type(unet).__name__
+        self.compiled = compiled
+        self.precision = precision
+        self.register_buffer("_anchor", torch.zeros(0, dtype=unet.dtype), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._anchor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._anchor.device
+
+    def forward(self, sample, timestep, encoder_hidden_states, *args, return_dict: bool = True, **kwargs):
+        extra = [k for k in ("added_cond_kwargs", "timestep_cond", "down_block_additional_residuals",
+                             "mid_block_additional_residual") if kwargs.get(k) is not None]
+        if args or extra:
+            raise ValueError(f"the OpenVINO UNet was converted without {extra or 'extra positional inputs'}")
+        t = torch.as_tensor(timestep).float().reshape(-1)[:1].reshape(())
+        out = self.compiled([sample.float().numpy(), t.numpy(), encoder_hidden_states.float().numpy()])[0]
+        out = torch.from_numpy(np.ascontiguousarray(out)).to(sample.dtype)
+        if not return_dict:
+            return (out,)
+        from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
+
+        return UNet2DConditionOutput(sample=out)
+
+
+def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None):
+    """Replace ``pipe.unet`` by its OpenVINO compilation; returns a report dict or a :class:`Skip`."""
+    if (device or "cpu").partition(":")[0] != "cpu":
+        return Skip("the OpenVINO backend runs on the CPU only")
+    if importlib.util.find_spec("openvino") is None:
+        return Skip("openvino not installed (pip install openvino: it does not touch torch)")
+    unet = getattr(pipe, denoiser_name)
+    if denoiser_name != "unet" or unet.config.get("addition_embed_type") or unet.config.get("time_cond_proj_dim"):
+        return Skip(f"only SD 1.x/2.x UNets are converted; this {type(unet).__name__} has other inputs")
+    import openvino as ov
+
+    size = unet.config.sample_size
+    example = (torch.randn(1, unet.config.in_channels, size // 2, size // 2), torch.tensor(999.0),
+               torch.randn(1, 77, unet.config.cross_attention_dim))
+    with torch.inference_mode():
+        model = ov.convert_model(UNetCall(unet.float()).eval(), example_input=example)
+    shapes = {}
+    for port in model.inputs:  # dynamic batch, height, width and sequence: one model for every shape
+        dims = list(port.get_partial_shape())
+        shapes[port] = ov.PartialShape([ov.Dimension(-1) if i != 1 else d for i, d in enumerate(dims)])
+    model.reshape(shapes)
+    precision = "bf16" if dtype == torch.bfloat16 else "f16" if dtype == torch.float16 else "f32"
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
+    setattr(pipe, denoiser_name, OpenVinoUNet(unet.to(dtype), compiled, precision))
+    return {"backend": "openvino", "version": ov.__version__, "precision": precision}

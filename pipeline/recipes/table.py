@@ -1,0 +1,120 @@
+"""The recipe tables, as data: one recipe per device class, the rules that pick the class, and
+what each model family changes in it.
+
+Place in the data flow: :func:`pipeline.recipes.recipe_for` reads these three tables, top to
+bottom. Memory thresholds are decimal GB (10**9 bytes), as GPUs are sold: an "A100 40GB" reports
+about 42e9 bytes. Each recipe is the ``fast`` flavour (approximations included); ``exact`` drops
+them. ``dtype="float32"`` in a class recipe means "the model's reference dtype" for accelerator
+classes: the fitting step replaces it (an accelerator never defaults to float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.device import GB, DeviceProfile
+from pipeline.recipes.knobs import Recipe
+
+#: One recipe per device class, approximations included (the ``fast`` flavour).
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    # Hopper / Ampere with room: compile with max-autotune, tiny VAE in fast. The CPU kernels of
+    # pipeline.invariance never run on CUDA; batch invariance there is the pool's choice
+    # (per-sample calls, measured by pipeline.gpu_checks; off unless it costs under 10 %).
+    Recipe("cuda-large", dtype="float32", attention="flash_attn", channels_last=True, fuse_qkv=True,
+           compile_denoiser=True, compile_vae=True, compile_dynamic=True, compile_mode="max-autotune-no-cudagraphs",
+           max_batch_size=16, memory_fraction=0.9, tiny_vae="auto", scheduler_precompute=True),
+    Recipe("cuda-mid", dtype="float32", attention="sdpa", channels_last=True, fuse_qkv=True,
+           compile_denoiser=True, compile_vae=True, compile_dynamic=True, compile_mode="max-autotune-no-cudagraphs",
+           max_batch_size=8, memory_fraction=0.9, tiny_vae="auto", scheduler_precompute=True),
+    # Fused QKV keeps the unfused weights too, so it is off where memory is short; no compile
+    # (its workspace and warm-up do not pay on 8 GB cards that offload).
+    Recipe("cuda-small", dtype="float32", attention="sdpa", channels_last=True, vae_slicing=True,
+           max_batch_size=2, memory_fraction=0.85, tiny_vae="auto", scheduler_precompute=True),
+    Recipe("accelerator", dtype="float32", attention="sdpa", vae_slicing=True, max_batch_size=4,
+           memory_fraction=0.85, scheduler_precompute=True),  # xpu / npu
+    Recipe("mps", dtype="float32", attention="sdpa", fuse_qkv=True, vae_slicing=True, max_batch_size=4,
+           memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
+    # CPU: torch.compile is opt-in (override compile_denoiser/compile_vae): Inductor took 66 s on
+    # the tiny model on 2 cores, and again per new shape. No channels_last: with the batch-invariant
+    # kernels (oneDNN convolutions, NCHW group norms) it only adds layout copies (sd15-arch UNet,
+    # batch 8 at 32x32 latents, 1 thread: NCHW 15.3 s, channels_last 17.6 s; fused QKV saves ~6 %).
+    Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
+           max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
+    # AVX-512 with AVX512_BF16 but no AMX (AMD EPYC): bfloat16 wins. `renderfarm bench pipeline`,
+    # sd-turbo-arch 256², 1 step, guidance 0, 3 interleaved rounds (medians; load average 3-6 on the
+    # 2 cores): fast in bfloat16 2.85x the float32 baseline at batch 1, 7.84x at batch 4; the same
+    # recipe in float32 1.05x / 2.55x (CPU s/img 4.4 / 2.3 vs 9.8 / 5.8; GEMM 2048³ bf16 389 vs fp32
+    # 91 GFLOP/s). pipeline/measure/results/sd-turbo-arch.json; OpenVINO: pipeline/README.md.
+    # OpenVINO runs the UNet of SD 1.x/2.x faster than PyTorch here (same run, sd-turbo-arch 256²,
+    # 1 step, 3 rounds, load average ~2): exact 1.33x the baseline with OpenVINO vs 1.11x without
+    # (batch 1), fast 8.01x vs 5.21x (batch 1) and 8.96x vs 7.25x (batch 4). Skipped, with the
+    # reason in the report, where the openvino wheel is not installed or the family is not SD 1/2.
+    Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
+           backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
+    Recipe("cpu", attention="sdpa", fuse_qkv=True, batch_invariant=True, max_batch_size=4,
+           memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
+)}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A predicate on a DeviceProfile, as data. Memory bounds in decimal GB: min inclusive, max exclusive."""
+
+    kind: str
+    recipe: str
+    min_memory_gb: float = 0.0
+    max_memory_gb: float = float("inf")
+    min_compute_capability: tuple[int, int] | None = None
+    needs_amx: bool = False
+    needs_avx512_bf16: bool = False
+
+    def matches(self, p: DeviceProfile) -> bool:
+        gb = p.total_memory_bytes / GB
+        return (p.kind == self.kind and self.min_memory_gb <= gb < self.max_memory_gb
+                and (self.min_compute_capability is None
+                     or (p.compute_capability or (0, 0)) >= self.min_compute_capability)
+                and (p.amx or not self.needs_amx) and (p.avx512_bf16 or not self.needs_avx512_bf16))
+
+
+RECIPE_TABLE: list[Rule] = [
+    Rule("cuda", "cuda-large", min_memory_gb=40, min_compute_capability=(8, 0)),  # bf16 needs sm80+
+    Rule("cuda", "cuda-mid", min_memory_gb=12),
+    Rule("cuda", "cuda-small"),
+    Rule("xpu", "accelerator"),
+    Rule("npu", "accelerator"),
+    Rule("mps", "mps"),
+    Rule("cpu", "cpu-amx", needs_amx=True),
+    Rule("cpu", "cpu-avx512-bf16", needs_avx512_bf16=True),
+    Rule("cpu", "cpu"),
+]
+
+
+@dataclass(frozen=True)
+class FamilyFit:
+    """What a family changes in a device-class recipe.
+
+    ``weights_gb``: the pipeline's weights at its card dtype (all components, decimal GB; from the
+    published parameter counts: SD 1.5 1.07B, SD 2.1 1.30B, SDXL 3.47B, SD3-medium 7.69B with
+    T5-XXL, FLUX.1 16.9B, FLUX.2-dev ~56B with its 24B text encoder, ERNIE-Image without the
+    prompt enhancer 5.77B from diffusers' defaults). ``batch_scale`` scales the class's batch cap
+    (1024² latents are 4× SD 1.5's). ``fast_quantization``: the approximate quantization ``fast``
+    uses on CUDA when it helps: fp8 dynamic (torchao, with compile) on compute capability ≥ 8.9
+    for the large transformers; ERNIE-Image's SDNQ uint4 with quantized matmul per its card.
+    """
+
+    weights_gb: float
+    batch_scale: float = 1.0
+    fast_quantization: str | None = None
+    fp8_min_cc: tuple[int, int] = (8, 9)
+
+
+FAMILY_FITS: dict[str, FamilyFit] = {
+    "sd1": FamilyFit(2.2),
+    "sd2": FamilyFit(2.6),
+    "sdxl": FamilyFit(7.0, 0.5),
+    "sd3": FamilyFit(15.4, 0.5),
+    "flux-schnell": FamilyFit(33.8, 0.25, "torchao_fp8_dynamic"),
+    "flux-dev": FamilyFit(33.8, 0.25, "torchao_fp8_dynamic"),
+    "flux2": FamilyFit(112.0, 0.25, "torchao_fp8_dynamic"),
+    "ernie-image": FamilyFit(11.6, 0.25, "sdnq_uint4"),
+}
