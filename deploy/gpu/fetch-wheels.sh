@@ -19,8 +19,9 @@
 #
 # usage: deploy/gpu/fetch-wheels.sh [--dry-run] [--farm] [--dest DIR]   (default DIR: .whl in the repo root)
 #   --dry-run  print the wheels and the pip command, download nothing
-#   --farm     the lighter set deploy/gpu/farm-gpu.sh carries beside .gpu-carry/ (into .whl-farm):
-#              no torchao, and the image's own transformers, so that all fits in 64 MiB
+#   --farm     the lighter set deploy/gpu/farm-gpu.sh and session.sh carry beside .gpu-carry/ (into
+#              .whl-farm): the image's own transformers (every family checked with 5.17), so that
+#              all fits in 64 MiB
 # Keep the total under 40 MiB: a device call carries at most 64 MiB with the repository.
 set -euo pipefail
 
@@ -40,7 +41,7 @@ WHEELS=(
   open-clip-torch==3.3.0
   tenacity==9.2.1
 )
-FARM_SKIP=(transformers regex torchao)
+FARM_SKIP=(transformers regex)
 LIMIT_MIB=40
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64
            manylinux2014_x86_64 manylinux1_x86_64)
@@ -72,7 +73,7 @@ if [ "$farm" = 1 ]; then
     [ "$skip" = 1 ] || kept+=("$spec")
   done
   WHEELS=("${kept[@]}")
-  LIMIT_MIB=12
+  LIMIT_MIB=16
 fi
 platform_args=()
 for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done

@@ -42,7 +42,7 @@ SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 #: Options of the diffusers subjects, with their types.
 SUBJECT_OPTIONS: dict[str, dict[str, type]] = {
     "reference": {"dtype": str},
-    "peer": {"dtype": str, "compile": bool, "compile_mode": str, "fullgraph": bool},
+    "peer": {"dtype": str, "compile": bool, "compile_mode": str, "fullgraph": bool, "tuning": bool},
     "sdnq-uint4": {"dtype": str, "quantized_matmul": bool},
 }
 

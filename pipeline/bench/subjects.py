@@ -145,7 +145,8 @@ class DiffusersSubject(Subject):
             mode, fullgraph = opts.get("compile_mode", "max-autotune"), opts.get("fullgraph", True)
             self.report = public.apply_fast_diffusion(self.pipe, compile=compile_, mode=mode, fullgraph=fullgraph)
             self.resolved = (f"diffusers {self.dtype}, fused QKV, channels_last"
-                             + (f", torch.compile({mode}, fullgraph={fullgraph})" if compile_ else ", eager"))
+                             + (f", torch.compile({mode}, fullgraph={fullgraph})" if compile_ else ", eager")
+                             + ("" if opts.get("tuning", True) else ", without coordinate-descent tuning"))
         else:
             self.report = public.apply_sdnq_uint4(self.pipe, adapter.DTYPES[self.dtype],
                                                   opts.get("quantized_matmul", True))
@@ -154,7 +155,9 @@ class DiffusersSubject(Subject):
                 ", quantized matmul" if opts.get("quantized_matmul", True) else "")
 
     def _context(self):
-        return public.inductor_flags() if self.spec.kind == "peer" else contextlib.nullcontext()
+        if self.spec.kind != "peer":
+            return contextlib.nullcontext()
+        return public.inductor_flags(self.spec.options.get("tuning", True))
 
     def _call(self, prompts, seeds, on_step):
         w = self.workload
