@@ -161,9 +161,11 @@ def _overhead(before: dict[str, float], after: dict[str, float]) -> dict:
 # ---- the bare side -------------------------------------------------------------------------------
 
 def _bare_renderer(config: FarmBenchConfig):
+    """The bare loop's renderer: the workers' recipe, with the same RENDERFARM_RECIPE_OVERRIDES."""
+    from infra.settings import get_settings
     from pipeline.warm import prepare_renderer
 
-    renderer, _profile = prepare_renderer(config.model, "auto", config.recipe)
+    renderer, _profile = prepare_renderer(config.model, "auto", config.recipe, get_settings().recipe_overrides)
     return renderer
 
 

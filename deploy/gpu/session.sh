@@ -7,6 +7,8 @@
 #   b          the farm on the GPU (`bench farm`, sd-turbo-arch 512² 1 step, batch 16, against a
 #              bare loop), flux-schnell-arch (1024², 4 steps) and the ERNIE-Image-Turbo model card
 #              table (bf16 against SDNQ uint4 with quantized matmul)
+#   c          the last call: sd15-arch side by side (the farm's row without compile), the farm on
+#              the GPU (no compile), flux-schnell-arch (the farm's row without compile)
 #   cpu-check  every invocation of a and b with the tiny models on this CPU (checks the command
 #              lines and code paths before device time is spent; nothing is measured);
 #              cpu-check-a and cpu-check-b: one plan's
@@ -84,8 +86,22 @@ plan_b() {
     --guidance-scale 1 --repeats 2 --json "$R/modelcard-ernie-image-turbo-arch.json" --recipes reference,sdnq-uint4
 }
 
+plan_c() {  # what fits in the last minutes: no compile in the farm's rows (see the header)
+  local eager='+compile_denoiser=false+compile_vae=false'
+  bench sd15 pipeline --model "$SD15" --device "$DEV" --width "$S" --height "$S" --steps 20 --batch-sizes 1 \
+    --repeats 2 --json "$R/pipeline-sd15-arch-b1.json" --recipes "reference,peer:compile_mode=$C+tuning=false,exact:compile_mode=$C$eager"
+  RENDERFARM_RECIPE_OVERRIDES='{"compile_denoiser": false, "compile_vae": false}' \
+    bench farm farm --model "$TURBO" --jobs 128 --batch-size 16 --width "$S" --height "$S" --steps 1 \
+    --guidance-scale 0 --rounds 1 --submit-jobs 0 --json "$R/farm-sd-turbo-arch-b16.json"
+  bench flux pipeline --model "$FLUX" --device "$DEV" --width "$L" --height "$L" --steps 4 --guidance-scale 0 \
+    --batch-sizes 1 --repeats 2 --sequential --json "$R/pipeline-flux-schnell-arch.json" \
+    --recipes "reference,exact:compile_mode=$C$eager"
+}
+
 case "$plan" in
   a) plan_a ;;
+  c) plan_c ;;
+  cpu-check-c) plan_c ;;
   b) plan_b ;;
   cpu-check) plan_a; plan_b ;;
   cpu-check-a) plan_a ;;
