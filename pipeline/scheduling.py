@@ -230,6 +230,11 @@ TWINS: dict[type, type] = {
 }
 
 
+def is_precomputed(scheduler) -> bool:
+    """Whether ``scheduler`` is one of the precomputed twins."""
+    return bool(getattr(scheduler, _ATTR, False))
+
+
 def unsupported_reason(scheduler) -> str | None:
     """Why ``scheduler`` has no precomputed twin, or None when it has one."""
     cls = type(scheduler)
