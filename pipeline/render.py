@@ -27,7 +27,7 @@ from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.invariance import make_batch_invariant, make_per_sample
 from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
-from pipeline.schedulers import scheduler_for
+from pipeline.schedulers import scheduler_for, scheduler_name
 from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make_sync_free
 
 CompatKey = tuple[str | None, int, int, int, float, str]
@@ -102,6 +102,14 @@ class Renderer:
         return {"family": self.family, "denoiser": self.denoiser_name, "capabilities": self.capabilities._asdict(),
                 "batch_invariant": self.invariance, "batch_invariant_note": self.invariance_note,
                 "use_pe": self.use_pe}
+
+    def scheduler_name(self, requested: str) -> str:
+        """The farm name of the scheduler a request asking for ``requested`` renders with:
+        ``requested`` itself, or for ``default`` the name of the pipeline's own scheduler (its
+        class and config, :func:`pipeline.schedulers.scheduler_name`), for the image's infotext."""
+        if requested != "default":
+            return requested
+        return scheduler_name(scheduler_for(self.pipe, "default"))
 
     def warmup(self, *, width: int = 64, height: int = 64, num_inference_steps: int = 1) -> float:
         """Render one small image to load kernels and allocators; returns the wall time in seconds."""

@@ -18,6 +18,8 @@ from diffusers import (
     EulerAncestralDiscreteScheduler,
     EulerDiscreteScheduler,
     HeunDiscreteScheduler,
+    KDPM2AncestralDiscreteScheduler,
+    KDPM2DiscreteScheduler,
     LCMScheduler,
     LMSDiscreteScheduler,
     PNDMScheduler,
@@ -27,15 +29,30 @@ from diffusers import (
 from infra.schemas import SchedulerName
 from pipeline.scheduling import is_precomputed, precompute_scheduler, unsupported_reason
 
+_UNIFORM, _KARRAS = {"use_karras_sigmas": False}, {"use_karras_sigmas": True}
+_DPMPP_2M = {"algorithm_type": "dpmsolver++", "solver_order": 2}
+_DPMPP_2M_SDE = {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}
+
 #: name → (scheduler class, config overrides). ``default`` is absent: it keeps the pipeline's own.
+#: The overrides are also what tells the names apart (:func:`scheduler_name`): ``_karras`` is the
+#: Karras noise schedule (Karras et al., "Elucidating the Design Space of Diffusion-Based
+#: Generative Models", NeurIPS 2022), as A1111's "… Karras" samplers use it.
 SCHEDULERS: dict[str, tuple[type, dict]] = {
     "ddim": (DDIMScheduler, {}),
     "pndm": (PNDMScheduler, {"skip_prk_steps": True}),
-    "euler": (EulerDiscreteScheduler, {}),
+    "euler": (EulerDiscreteScheduler, _UNIFORM),
     "euler_ancestral": (EulerAncestralDiscreteScheduler, {}),
-    "dpmpp_2m": (DPMSolverMultistepScheduler, {"algorithm_type": "dpmsolver++", "solver_order": 2}),
-    "lms": (LMSDiscreteScheduler, {}),  # needs scipy
-    "heun": (HeunDiscreteScheduler, {}),
+    "dpmpp_2m": (DPMSolverMultistepScheduler, {**_DPMPP_2M, **_UNIFORM}),
+    "dpmpp_2m_karras": (DPMSolverMultistepScheduler, {**_DPMPP_2M, **_KARRAS}),
+    "dpmpp_2m_sde": (DPMSolverMultistepScheduler, {**_DPMPP_2M_SDE, **_UNIFORM}),
+    "dpmpp_2m_sde_karras": (DPMSolverMultistepScheduler, {**_DPMPP_2M_SDE, **_KARRAS}),
+    "lms": (LMSDiscreteScheduler, _UNIFORM),  # needs scipy
+    "lms_karras": (LMSDiscreteScheduler, _KARRAS),
+    "heun": (HeunDiscreteScheduler, _UNIFORM),
+    "dpm2": (KDPM2DiscreteScheduler, _UNIFORM),
+    "dpm2_karras": (KDPM2DiscreteScheduler, _KARRAS),
+    "dpm2_ancestral": (KDPM2AncestralDiscreteScheduler, _UNIFORM),
+    "dpm2_ancestral_karras": (KDPM2AncestralDiscreteScheduler, _KARRAS),
     "unipc": (UniPCMultistepScheduler, {}),
     "lcm": (LCMScheduler, {}),
 }
@@ -70,3 +87,14 @@ def scheduler_for(pipe: DiffusionPipeline, name: str):
             scheduler = precompute_scheduler(scheduler)
         cache[name] = scheduler
     return cache[name]
+
+
+def scheduler_name(scheduler) -> str:
+    """The farm's name for a scheduler instance: the first :data:`SCHEDULERS` entry whose class
+    it is (precomputed twins included) and whose overrides its config matches; else its class
+    name (e.g. ``FlowMatchEulerDiscreteScheduler``), which the A1111 infotext shows as it is."""
+    config = getattr(scheduler, "config", {})
+    for name, (cls, overrides) in SCHEDULERS.items():
+        if isinstance(scheduler, cls) and all(config.get(key) == value for key, value in overrides.items()):
+            return name
+    return type(scheduler).__name__

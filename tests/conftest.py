@@ -7,6 +7,10 @@ Logs of every child go to one session run dir; when a test fails, the tails of t
 changed during it are attached to the report.
 
 Environment knobs: ``RENDERFARM_TEST_WORKERS`` (workers in the ``workers`` fixture, default 2).
+
+No test reads a client settings file: ``RENDERFARM_ENV_FILE`` is set to the empty string here,
+before any setting is read, so a developer's ``.renderfarm/env`` (written by ``renderfarm up``)
+never reaches a test or the processes it starts. Tests of that file point it elsewhere.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from infra.localstack import (
     start_workers,
     started_processes,
 )
+
+os.environ["RENDERFARM_ENV_FILE"] = ""  # see the module docstring
 
 TEST_BUCKET = "renders-test"
 TEST_MODEL = "tiny"
@@ -140,6 +146,15 @@ def workers(farm_env: dict[str, str], run_dir: Path) -> Iterator[list[WorkerProc
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(api_server, workers):
+    """A ``RenderClient`` of the session farm (its API and workers running), one per test module."""
+    from producer import RenderClient
+
+    with RenderClient() as c:
+        yield c
 
 
 # -- log tails on failure -------------------------------------------------------------------

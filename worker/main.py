@@ -12,6 +12,10 @@ released to ``queued`` and republished instead of waiting for their leases to ex
 
 Health: a circuit breaker (``worker.breaker``) stops consumption after
 ``breaker_failures`` consecutive failed batches and reports ``healthy: false`` in the registry.
+
+Celery's own tools see it (:mod:`worker.observe`): it answers remote control between batches
+(``celery inspect``), and sends worker heartbeats and, when task events are on, a task event
+per job (Flower).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 
 import redis
 from celery import signals
+from celery.utils.nodenames import default_nodename
 
 from infra import keys
 from infra.broker.app import make_celery
@@ -40,6 +45,7 @@ from worker import faults
 from worker.breaker import CircuitBreaker
 from worker.faults import wrap_renderer
 from worker.heartbeat import Heartbeat
+from worker.observe import CeleryHeartbeat, CeleryVisibility
 from worker.runner import BatchRunner, job_ids_from_messages
 from worker.tasks import install_render_task
 
@@ -138,22 +144,34 @@ def run_worker(args: argparse.Namespace) -> int:
                          on_rendered=test_counters[0] if test_counters else None,
                          on_written=test_counters[1] if test_counters else None)
 
+    visibility = CeleryVisibility()
+
     def handle(requests) -> None:
         job_ids = job_ids_from_messages(requests, log_rejects=False)  # the runner logs them
         reserved.discard(job_ids)
         if breaker.open:  # still buffered when the breaker tripped: hand them to other workers
             republish(store, app, job_ids)
+            visibility.finished(requests, None)
             return
-        outcome = runner.run(requests)
+        visibility.started(requests)
+        try:
+            outcome = runner.run(requests)
+        finally:
+            visibility.finished(requests, store.get_jobs)
         breaker.record(outcome.failed_batch)
 
     def on_received(sender=None, request=None, **_kw) -> None:
         kwargs = getattr(request, "kwargs", None)
         if isinstance(kwargs, dict) and isinstance(kwargs.get("job_id"), str):
             reserved.add(kwargs["job_id"])
+        visibility.received(request)
+
+    def on_ready(sender=None, **_kw) -> None:
+        consumer.update(c=sender)
+        visibility.bind(sender)
 
     signals.task_received.connect(on_received, weak=False)
-    signals.worker_ready.connect(lambda sender=None, **_kw: consumer.update(c=sender), weak=False)
+    signals.worker_ready.connect(on_ready, weak=False)
     task = install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s)
     started_at = time.time()
 
@@ -169,15 +187,20 @@ def run_worker(args: argparse.Namespace) -> int:
                           ttl_s=settings.heartbeat_ttl_s, on_beat=lambda: store.renew_leases(runner.current_jobs()))
     heartbeat.beat()
     heartbeat.start()
+    celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
+    celery_heartbeat.start()
     install_malformed_message_guard()
     try:
+        # Celery's worker heartbeat stays on: it keeps the worker's event dispatcher, in which
+        # `celery control enable_events` (and Flower) switch the task events on.
         app.worker_main([
             "worker", "--pool", "solo", "--concurrency", "1", "--queues", queue,
             "--hostname", name, "--prefetch-multiplier", str(2 * batch_size), "--without-gossip",
-            "--without-mingle", "--without-heartbeat", "--loglevel", args.loglevel,
+            "--without-mingle", "--loglevel", args.loglevel,
         ])
     finally:
         heartbeat.stop()
+        celery_heartbeat.stop()
         _release(store, app, runner)
     log.info("worker %s stopped", name)
     return 0

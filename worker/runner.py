@@ -54,7 +54,8 @@ log = logging.getLogger("renderfarm.worker")
 
 
 class Renderer(Protocol):
-    """What the runner needs of a renderer (``pipeline.Renderer``, or the null renderer)."""
+    """What the runner needs of a renderer (``pipeline.Renderer``, or the null renderer). One that
+    also has ``scheduler_name(requested) -> str`` names the scheduler in each image's infotext."""
 
     model: str
 
@@ -301,7 +302,8 @@ class BatchRunner:
     # ---- results --------------------------------------------------------------------------
     def _store_image(self, job: StartedJob, image: Image.Image, outcome: BatchOutcome) -> None:
         stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
-                             model=self.renderer.model, retry_s=self.upload_retry_s)
+                             model=self.renderer.model, retry_s=self.upload_retry_s,
+                             scheduler=self._scheduler_name(job.request.scheduler))
         if stored.written:
             self._redis(self.on_written, job.job_id)
         if self._redis(self.store.succeed, job, stored.result):
@@ -317,6 +319,10 @@ class BatchRunner:
             log.info("job %s was canceled during its upload; object removed", job.job_id)
         else:
             log.warning("job %s attempt %d is stale; its result was not recorded", job.job_id, job.attempt)
+
+    def _scheduler_name(self, requested: str) -> str:
+        name_of = getattr(self.renderer, "scheduler_name", None)
+        return name_of(requested) if name_of is not None else requested
 
     def _fail(self, job: StartedJob, exc: BaseException, outcome: BatchOutcome, *, retry: bool | None = None) -> None:
         retry = is_retryable(exc) if retry is None else retry

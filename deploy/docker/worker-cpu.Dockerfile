@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# renderfarm CPU worker: python:3.11-slim, CPU torch, the whole `renderfarm` CLI.
+# renderfarm CPU worker: python:3.11-slim, CPU torch, the project with its [worker] extra.
 # Build from the repository root:
 #   docker build -f deploy/docker/worker-cpu.Dockerfile -t renderfarm/worker-cpu:0.1.0 .
 # Also the image of the nightly catalog CronJob (it needs the full CLI).
@@ -29,7 +29,7 @@ RUN apt-get update \
     && mkdir -p /models \
     && chown renderfarm:renderfarm /models
 
-# torch first (CPU wheels), so the project's torch range is already met; open-clip-torch
+# torch first (CPU wheels), so the [worker] extra's torch range is already met; open-clip-torch
 # without its deps, which would replace that torch (as the Makefile does).
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
@@ -39,7 +39,7 @@ COPY infra ./infra
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install . \
+RUN pip install "./[worker]" \
     && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}" \
     && renderfarm --help >/dev/null
 

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # renderfarm CUDA worker: NVIDIA CUDA runtime base, Python 3.11, torch with CUDA from the
-# PyTorch CUDA index, flash-attn optional.
+# PyTorch CUDA index, the project with its [gpu] extra, flash-attn optional.
 # Build from the repository root:
 #   docker build -f deploy/docker/worker-cuda.Dockerfile -t renderfarm/worker-cuda:0.1.0 .
 #   docker build -f deploy/docker/worker-cuda.Dockerfile --build-arg FLASH_ATTN=1 \
@@ -49,7 +49,8 @@ COPY infra ./infra
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install . && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}"
+# the [gpu] extra: the worker's stack with torchao and sdnq (flash-attn above, built against this torch)
+RUN pip install "./[gpu]" && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}"
 
 # --- stage 2: the runtime image ---
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-${UBUNTU}

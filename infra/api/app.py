@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RateLimitMiddleware, limiter_of=lambda scope: scope["app"].state.farm.limiter)
     app.add_middleware(TenantMiddleware, keys_of=lambda scope: scope["app"].state.farm.keys,
                        required=settings.auth_required)
-    app.add_exception_handler(RateLimited, lambda request, exc: exc.response())
+    app.add_exception_handler(RateLimited, lambda request, exc: exc.response(request.url.path))
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     for router in ROUTERS:
         app.include_router(router)

@@ -6,6 +6,11 @@ as ``X-API-Key`` → **TenantMiddleware here** looks the hash up and puts the te
 ``scope["state"]["tenant"]`` → rate limits (:mod:`infra.api.limits`) → routes, which scope every
 job and batch to that tenant (another tenant's ids answer 404).
 
+Clients that cannot set ``X-API-Key`` send the key as ``Authorization: Bearer <key>`` (the OpenAI
+SDK's ``api_key``) or as the password of HTTP Basic auth (A1111 clients' ``--api-auth``
+user:password). When auth is not required, such a credential that is not shaped like a farm key
+is ignored (the OpenAI SDK insists on sending one), and the request is anonymous.
+
 A key reads ``rf_<key id>_<secret>``: the key id (12 hex digits) is public and names the key in
 listings, logs and ``keys revoke``; the secret is 32 random bytes. Only the key's SHA-256 is
 stored (a 256-bit random secret needs no slow hash), so a Redis dump gives no usable key.
@@ -26,6 +31,7 @@ line whose URL carries one, for instance).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import re
@@ -41,6 +47,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infra import keys
+from infra.api.error_shapes import error_response
 from infra.state.jobs import PUBLIC_TENANT
 
 #: The header clients send their key in.
@@ -166,8 +173,30 @@ class KeyStore:
         return KeyInfo(h["key_id"], h["tenant"], h.get("name", ""), float(h.get("created_at", 0)))
 
 
-def _unauthorized(detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=401, headers={"WWW-Authenticate": HEADER})
+def _unauthorized(path: str, detail: str) -> JSONResponse:
+    return error_response(path, 401, detail, code="invalid_api_key", headers={"WWW-Authenticate": HEADER})
+
+
+def presented_keys(headers: list[tuple[bytes, bytes]], *, required: bool) -> list[str]:
+    """The API keys a request presents: its ``X-API-Key`` headers; else the token of an
+    ``Authorization: Bearer`` header or the password of ``Authorization: Basic``. Unless ``required``,
+    a Bearer or Basic credential not shaped like a farm key counts as none (anonymous)."""
+    keys_ = [v.decode("latin-1") for k, v in headers if k == b"x-api-key"]
+    if keys_:
+        return keys_
+    auth = next((v.decode("latin-1") for k, v in headers if k == b"authorization"), "")
+    scheme, _, credential = auth.strip().partition(" ")
+    credential = credential.strip()
+    if scheme.lower() == "basic":
+        try:
+            credential = base64.b64decode(credential, validate=True).decode("utf-8").partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            credential = ""
+    elif scheme.lower() != "bearer":
+        return []
+    if not credential or (not required and not KEY_RE.fullmatch(credential)):
+        return []
+    return [credential]
 
 
 class TenantMiddleware:
@@ -189,17 +218,17 @@ class TenantMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        keys = [v for k, v in scope["headers"] if k == b"x-api-key"]
+        keys = presented_keys(scope["headers"], required=self.required)
         principal: Principal | None = None
         if keys:
-            key = keys[0].decode("latin-1")
             if len(keys) == 1:
-                principal = await to_thread.run_sync(self.keys_of(scope).authenticate, key)
+                principal = await to_thread.run_sync(self.keys_of(scope).authenticate, keys[0])
             if principal is None:
-                await _unauthorized(f"invalid or revoked API key in {HEADER}")(scope, receive, send)
+                await _unauthorized(scope["path"], "invalid or revoked API key")(scope, receive, send)
                 return
         elif self.required:
-            await _unauthorized(f"this route needs an API key in the {HEADER} header")(scope, receive, send)
+            await _unauthorized(scope["path"], f"this route needs an API key in the {HEADER} header "
+                                               "(or Authorization: Bearer)")(scope, receive, send)
             return
         else:
             principal = Principal(PUBLIC_TENANT)

@@ -21,7 +21,7 @@ from infra.broker.app import make_celery
 from infra.pools import NoPoolError
 from infra.schemas import BatchAccepted, JobStatus, RenderRequest
 from infra.settings import Settings
-from infra.state import registry
+from infra.state import metrics, registry
 from infra.state.catalog import CatalogIndex
 from infra.state.jobs import JobStore
 from infra.storage.s3 import Storage, object_key
@@ -88,6 +88,20 @@ class Farm:
             for status in queued:
                 if status.pool not in live:
                     status.waiting_for = f"a worker of pool {status.pool}"
+
+    def cancel_batch(self, batch_id: str) -> int:
+        """Cancel every unfinished job of a batch (counted as canceled images); returns how many
+        this call canceled."""
+        canceled = [j for j in self.store.batch_job_ids(batch_id) if self.store.cancel(j)]
+        metrics.count_images(self.redis, [pool for _, _, pool, _ in self.store.routes(canceled)], "canceled")
+        return len(canceled)
+
+    def known_models(self) -> list[str]:
+        """Models this farm can render now or by declaration: the default model, every declared
+        pool's, and every live worker's, sorted, without duplicates."""
+        found = {self.settings.default_model, *(p.model for p in self.settings.pools)}
+        found.update(w["model"] for w in self.live_workers() if w.get("model"))
+        return sorted(found)
 
     def with_url(self, status: JobStatus) -> JobStatus:
         """Attach a presigned GET URL to a finished job's result."""

@@ -1,7 +1,8 @@
 """Validation-error answers of the status API that are always valid, bounded JSON.
 
 Data flow: HTTP body → FastAPI/pydantic validation → on failure, **this handler** → 422
-``{"detail": [{"type", "loc", "msg", "input", …}]}``, the same shape as FastAPI's own.
+``{"detail": [{"type", "loc", "msg", "input", …}]}``, the same shape as FastAPI's own (on the
+paths of a compatible API with its own error shape, that shape: :mod:`infra.api.error_shapes`).
 
 FastAPI's default handler echoes each error's ``input`` as given, so hostile input turned a
 422 into a 500: ``1e999``, ``NaN`` and ``Infinity`` cannot be written as strict JSON, a lone
@@ -20,6 +21,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+
+from infra.api.error_shapes import detail_body, shape_for
 
 MAX_CHARS = 1000
 MAX_ITEMS = 50
@@ -62,5 +65,14 @@ def safe_json(value: Any, depth: int = 0) -> Any:
 
 
 async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 with FastAPI's error list, made safe by :func:`safe_json`."""
-    return JSONResponse({"detail": safe_json(list(exc.errors()))}, status_code=422)
+    """422 with FastAPI's error list, made safe by :func:`safe_json`; on the path of an API family
+    with its own error shape (:mod:`infra.api.error_shapes`), that family's 400 naming the first
+    error's field and rule."""
+    errors = list(exc.errors())
+    shape = shape_for(request.url.path)
+    if shape is detail_body:
+        return JSONResponse({"detail": safe_json(errors)}, status_code=422)
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request body"}
+    param = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+    message = _text(f"{param}: {first['msg']}" if param else str(first["msg"]))
+    return JSONResponse(shape(400, message, param, "invalid_value"), status_code=400)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 import redis
 
@@ -24,7 +24,7 @@ def _store() -> KeyStore:
 
 
 def _row(info: KeyInfo) -> dict:
-    created = datetime.fromtimestamp(info.created_at, tz=UTC).isoformat(timespec="seconds")
+    created = datetime.fromtimestamp(info.created_at, tz=timezone.utc).isoformat(timespec="seconds")
     return {"key_id": info.key_id, "tenant": info.tenant, "name": info.name, "created_at": created}
 
 

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infra import keys
+from infra.api.error_shapes import error_response
 from infra.settings import Settings
 
 # KEYS[1] bucket hash. ARGV: rate (tokens/s), burst (tokens), cost (tokens).
@@ -81,11 +82,13 @@ class RateLimited(Exception):
         """``Retry-After`` value: whole seconds, at least 1."""
         return str(max(1, math.ceil(self.retry_after_s or 0)))
 
-    def response(self) -> JSONResponse:
-        """429 with ``Retry-After``, or 413 when waiting cannot help."""
+    def response(self, path: str = "") -> JSONResponse:
+        """429 with ``Retry-After``, or 413 when waiting cannot help, in the error shape of ``path``'s
+        API family (:mod:`infra.api.error_shapes`)."""
         if self.retry_after_s is None:
-            return JSONResponse({"detail": str(self)}, status_code=413)
-        return JSONResponse({"detail": str(self)}, status_code=429, headers={"Retry-After": self.retry_after_header})
+            return error_response(path, 413, str(self), code="request_too_large")
+        return error_response(path, 429, str(self), code="rate_limit_exceeded",
+                              headers={"Retry-After": self.retry_after_header})
 
 
 class RateLimiter:
@@ -153,6 +156,6 @@ class RateLimitMiddleware:
             try:
                 await to_thread.run_sync(limiter.charge_request, tenant)
             except RateLimited as exc:
-                await exc.response()(scope, receive, send)
+                await exc.response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -118,7 +118,7 @@ def verify_signature(secret: str, timestamp: int | str | None, body: bytes, head
 def _iso(epoch: float | str | None) -> str | None:
     if epoch in (None, "", "0"):
         return None
-    return datetime.fromtimestamp(float(epoch), tz=UTC).isoformat()
+    return datetime.fromtimestamp(float(epoch), tz=timezone.utc).isoformat()
 
 
 def build_body(batch_id: str, meta: Mapping[str, str], counts: Mapping[str, str], finished_at: float) -> bytes:

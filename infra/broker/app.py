@@ -23,6 +23,11 @@ Settings that matter for batching and safety:
   waiting in a queue (and a duplicate message is recognisable as one).
 - A worker's SIGTERM is Celery's warm shutdown: the current batch finishes and is acked, and
   kombu puts the prefetched, unstarted messages back in the queue when the channel closes.
+- Celery's own tools see the farm: remote control is on (``celery -A infra.broker.celery_app
+  inspect ping|stats|reserved``, answered by a worker between two batches), workers send
+  worker events (heartbeats, also during batches) and, with
+  ``RENDERFARM_CELERY_TASK_EVENTS`` or once Flower or ``celery control enable_events`` turns them
+  on, a task event per job (:mod:`worker.observe`).
 
 Production Redis runs with the append-only file on (``appendonly yes``, ``appendfsync
 everysec``; ``renderfarm up --appendonly`` does so for the Redis it starts): queues, job
@@ -62,7 +67,7 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True, broker_connection_max_retries=None,
         broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S, "priority_steps": list(range(10)),
                                   "sep": keys.PRIORITY_SEP, "queue_order_strategy": "priority"},
-        task_default_priority=PRIORITY_VALUES["normal"], worker_send_task_events=False,
-        task_send_sent_event=False, worker_enable_remote_control=False,
+        task_default_priority=PRIORITY_VALUES["normal"], worker_send_task_events=settings.celery_task_events,
+        task_send_sent_event=False, worker_enable_remote_control=True,
     )
     return app

@@ -2,21 +2,34 @@
 
 Place in the data flow: beside it (see :mod:`infra.localstack.stack`). ``renderfarm demo``
 (:mod:`producer.demo`) reuses the arguments and the foreground handling here.
+
+``up`` listens on documented ports (the API on 8000, S3 on SeaweedFS's usual 8333;
+``--api-port``, ``--s3-port``) and refuses to start, naming the process, when one is taken. While
+it runs, it keeps the client settings (API URL, Redis URL, bucket, S3 endpoint and keys) in
+``.renderfarm/env`` (:func:`infra.settings.env_file_path`; mode 0600), which ``renderfarm``
+commands started in that directory or below read by themselves; it removes the file when it stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from infra.localstack.ports import PortBusy
 from infra.localstack.processes import ProcessExited
 from infra.localstack.stack import LocalStack
+
+#: ``renderfarm up``'s ports: the API's (the README's clients use it) and SeaweedFS's usual S3 port.
+API_PORT, S3_PORT = 8000, 8333
 
 
 @contextlib.contextmanager
@@ -44,11 +57,36 @@ def add_stack_arguments(parser: argparse.ArgumentParser, *, workers: int = 1) ->
 
 
 def stack_from_args(args: argparse.Namespace, console: Console) -> LocalStack:
-    """A :class:`LocalStack` configured from the options of :func:`add_stack_arguments`."""
+    """A :class:`LocalStack` configured from the options of :func:`add_stack_arguments` (and
+    ``up``'s ports and Redis URL, when given; else free ports)."""
     if args.workers < 0:
         raise SystemExit("--workers must be >= 0")
     return LocalStack(workers=args.workers, model=args.model, device=args.device,
-                      batch_size=args.batch_size, appendonly=args.appendonly, console=console)  # fmt: skip
+                      batch_size=args.batch_size, appendonly=args.appendonly, console=console,
+                      api_port=getattr(args, "api_port", None), s3_port=getattr(args, "s3_port", None),
+                      redis_url=getattr(args, "redis_url", None))  # fmt: skip
+
+
+def write_client_env(path: Path, env: Mapping[str, str]) -> str:
+    """Write ``env`` as a dotenv file at ``path`` (mode 0600: it holds the S3 secret), atomically;
+    returns the text written (:func:`remove_client_env` removes only that)."""
+    header = f"# written by `renderfarm up` (pid {os.getpid()}) at {datetime.now():%Y-%m-%d %H:%M:%S}; " \
+             "removed when it stops\n"
+    text = header + "".join(f"{key}={value}\n" for key, value in env.items())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return text
+
+
+def remove_client_env(path: Path, text: str) -> None:
+    """Remove the client settings file if it still holds ``text`` (another ``up`` may own it now)."""
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == text:
+            path.unlink()
+            path.parent.rmdir()  # only when nothing else is in it
 
 
 @contextlib.contextmanager
@@ -82,15 +120,27 @@ def foreground(stack: LocalStack) -> Iterator[LocalStack]:
 def up_command(args: argparse.Namespace) -> int:
     """``renderfarm up``: run the local stack in the foreground until Ctrl-C or SIGTERM.
 
-    Returns the exit code: 0 after a requested stop, 1 when a service failed to start or died.
+    Returns the exit code: 0 after a requested stop, 1 when a service failed to start or died
+    (or a port was taken).
     """
+    from infra.settings import env_file_path
+
     console = Console()
+    env_path = env_file_path(for_writing=True)
     stack = stack_from_args(args, console)
     console.print(f"starting the local stack in {stack.run_dir} …")
+    written = None
     try:
         with foreground(stack):
             console.print(stack.table())
-            console.print("Clients reach it with:\n" + stack.exports())
+            console.print(f"Dashboard: [bold]{stack.api.url}/[/]")
+            if env_path is not None:
+                written = write_client_env(env_path, stack.env)
+                console.print(f"Client settings: {env_path} (renderfarm commands run in {env_path.parent.parent} "
+                              "or below read it; no exports needed there). Elsewhere:")
+            else:
+                console.print("Clients reach it with:")
+            console.print(stack.exports(), highlight=False)
             console.print("[bold]Ctrl-C stops everything.[/]")
             while not (dead := stack.exited()):
                 time.sleep(1.0)
@@ -100,9 +150,12 @@ def up_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("stopped.")
         return 0
-    except (ProcessExited, TimeoutError, ConnectionError) as exc:
-        console.print(f"[red]the stack did not start:[/] {exc}")
+    except (ProcessExited, TimeoutError, ConnectionError, PortBusy) as exc:
+        console.print(f"[red]the stack did not start:[/] {exc}", highlight=False)
         return 1
+    finally:
+        if written is not None and env_path is not None:
+            remove_client_env(env_path, written)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -110,9 +163,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "up",
         help="run the local stack in the foreground (Redis, SeaweedFS, API, workers)",
-        description="Start redis-server (unless one answers at RENDERFARM_REDIS_URL), SeaweedFS S3, "
-        "the bucket, the status API and N workers; Ctrl-C or SIGTERM stops them all.",
+        description="Start redis-server (unless one answers at the Redis URL), SeaweedFS S3, the bucket, "
+        "the status API and N workers; Ctrl-C or SIGTERM stops them all. While it runs, the client settings are "
+        "in .renderfarm/env (RENDERFARM_ENV_FILE names another file; empty: none), which renderfarm commands in "
+        "that directory or below read by themselves.",
     )
     add_stack_arguments(parser)
+    parser.add_argument("--api-port", type=int, default=API_PORT, help=f"the status API's port (default {API_PORT})")
+    parser.add_argument("--s3-port", type=int, default=S3_PORT, help=f"SeaweedFS's S3 port (default {S3_PORT})")
+    parser.add_argument("--redis-url", default=None,
+                        help="the Redis to use, or to start when none answers there and it is local "
+                             "(default RENDERFARM_REDIS_URL, redis://127.0.0.1:6379/0)")
     parser.set_defaults(func=up_command)
     return parser

@@ -53,7 +53,7 @@ def free_port(offset_free: int | None = None) -> int:
             continue
         if offset_free is not None:
             other = port + offset_free
-            if other > 65535 or other in _handed_out or not _port_is_free(other):
+            if other > 65535 or other in _handed_out or not port_is_free(other):
                 continue
             _handed_out.add(other)
         _handed_out.add(port)
@@ -61,7 +61,8 @@ def free_port(offset_free: int | None = None) -> int:
     raise RuntimeError("no free TCP port found on 127.0.0.1")
 
 
-def _port_is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Whether TCP ``port`` on 127.0.0.1 can be bound now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((LOCALHOST, port))

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 from rich.table import Table
 
+from infra.localstack.ports import check_free
 from infra.localstack.processes import ManagedProcess, new_run_dir
 from infra.localstack.services import ApiServer, RedisServer, SeaweedS3, WorkerProcess, redis_answers, start_workers
 
@@ -101,7 +102,8 @@ def ensure_bucket(env: Mapping[str, str]) -> None:
 class LocalStack:
     """Redis (reused when one answers), SeaweedFS S3, the bucket, the status API and N workers.
 
-    Settings not given are read from the ``RENDERFARM_*`` environment (:class:`infra.settings.Settings`).
+    Settings not given are read from the ``RENDERFARM_*`` environment (:class:`infra.settings.Settings`),
+    never from a client settings file (``.renderfarm/env``), and its processes read none either.
     If no Redis answers at the Redis URL and its host is local, a private redis-server is
     started on that URL's port. S3 credentials are random unless given. Everything runs from
     one run dir (logs and data; default :func:`new_run_dir`). :attr:`env` holds the variables a
@@ -128,9 +130,10 @@ class LocalStack:
         run_dir: Path | str | None = None,
         console: Console | None = None,
     ) -> None:
-        from infra.settings import Settings
+        from infra.settings import ENV_FILE_VAR, Settings
 
-        settings = Settings()
+        with patched_environ({ENV_FILE_VAR: ""}):  # a stack is set by its arguments and environment, never
+            settings = Settings()                 # by the client settings file (of another stack, maybe)
         self.console = console or Console(stderr=True)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else settings.cache_dir
         self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(self.cache_dir / "run")
@@ -150,9 +153,10 @@ class LocalStack:
             api_url=self.api.url,
             cache_dir=self.cache_dir,
         )
-        self.api.env.update(self.env)
+        children = {**self.env, ENV_FILE_VAR: ""}  # its processes read no client settings file either
+        self.api.env.update(children)
         self.workers = [
-            WorkerProcess(model, self.env, f"{model}-{i + 1}", batch_size, device=device, run_dir=self.run_dir)
+            WorkerProcess(model, children, f"{model}-{i + 1}", batch_size, device=device, run_dir=self.run_dir)
             for i in range(workers)
         ]
 
@@ -161,8 +165,23 @@ class LocalStack:
         """The processes this stack manages, in start order (Redis only if it started one)."""
         return [p for p in (self.redis, self.s3, self.api, *self.workers) if p is not None]
 
+    def ports(self) -> list[tuple[int, str]]:
+        """``(port, option that changes it)`` of every port this stack will listen on whose
+        number is chosen outside it: the API's, S3's, and Redis's when it will start one."""
+        ports = [(self.api.port, "--api-port"), (self.s3.port, "--s3-port")]
+        parts = urlsplit(self.redis_url)
+        if parts.hostname in ("127.0.0.1", "localhost") and not redis_answers(self.redis_url):
+            ports.append((parts.port or 6379, "--redis-url"))
+        return ports
+
     def start(self) -> "LocalStack":
-        """Start everything and wait until each part answers; on any failure, stop all and raise."""
+        """Start everything and wait until each part answers; on any failure, stop all and raise.
+
+        Raises:
+            PortBusy: before anything starts, when a port of :meth:`ports` is taken (the message
+                names the process holding it).
+        """
+        check_free(self.ports())
         try:
             self._start_storage()
             ensure_bucket(self.env)

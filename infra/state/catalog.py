@@ -32,19 +32,15 @@ import redis
 from pydantic import BaseModel, Field, field_validator
 
 from infra import keys
-from infra.schemas import JobError, JobState
+from infra.schemas import CATALOG_KEY_FIELD, MAX_LOOKUP_KEYS, JobError, JobState
 from infra.state.jobs import JobStore, NewJob
 
 #: ``(batch_id, job_id, output_format) → the S3 key of the job's image if the image exists, else
 #: None``; the API passes one that asks the bucket (a HEAD), so this module needs no S3 client.
 ImageLocator = Callable[[str, str, str], "str | None"]
 
-#: The metadata field of a RenderRequest that carries its catalog key.
-CATALOG_KEY_FIELD = "catalog_key"
 #: A catalog key: 64 lowercase hex digits (a SHA-256).
 KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
-#: Most keys one lookup may ask about.
-MAX_LOOKUP_KEYS = 10_000
 #: Seconds an entry whose job record does not exist yet is taken for a submission under way
 #: (answered ``queued``), before it counts as a failed submission and is dropped.
 SUBMITTING_GRACE_S = 60.0
@@ -94,13 +90,15 @@ class CatalogLookup(BaseModel):
 class CatalogEntry(BaseModel):
     """What the farm knows of one catalog key: the job that renders it and that job's state.
 
-    ``result_key`` is the image's S3 key once the job succeeded; ``error`` is set for a failed job.
+    ``result_key`` is the image's S3 key once the job succeeded, ``url`` a presigned GET of it
+    (the API adds it); ``error`` is set for a failed job.
     """
 
     job_id: str
     batch_id: str
     state: JobState
     result_key: str | None = None
+    url: str | None = None
     error: JobError | None = None
 
 

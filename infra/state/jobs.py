@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 import redis
 
@@ -73,7 +73,7 @@ class NewJob:
 def _ts(value: str | None) -> datetime | None:
     if not value or value == "0":
         return None
-    return datetime.fromtimestamp(float(value), tz=UTC)
+    return datetime.fromtimestamp(float(value), tz=timezone.utc)
 
 
 class JobStore:

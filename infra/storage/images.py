@@ -9,6 +9,11 @@ The ``parameters`` text is A1111's infotext layout::
     Negative prompt: blurry
     Steps: 20, Sampler: Euler a, CFG scale: 7.5, Seed: 7, Size: 512x512, Model: tiny
 
+``Sampler`` names the scheduler the image was really rendered with, in A1111's words
+(:mod:`infra.storage.samplers`): for a request that kept the model's own scheduler, the worker names
+that scheduler (``DDIM``, ``DPM++ 2M Karras``, …), so the text never says "Default" when a
+worker knew better.
+
 PNG keeps it in a ``tEXt``/``iTXt`` chunk named ``parameters``; WebP and JPEG keep it in the EXIF
 ``UserComment`` tag with the ``UNICODE`` prefix, which is where A1111 writes it for those formats.
 """
@@ -21,14 +26,9 @@ import re
 
 from PIL import Image, PngImagePlugin
 
+from infra.storage import samplers
 from infra.schemas import CONTENT_TYPES, RenderRequest
 
-#: Our scheduler names ↔ the sampler names A1111 shows. "default" is the model's own scheduler.
-SAMPLER_NAMES: dict[str, str] = {
-    "default": "Default", "ddim": "DDIM", "pndm": "PLMS", "euler": "Euler", "euler_ancestral": "Euler a",
-    "dpmpp_2m": "DPM++ 2M", "lms": "LMS", "heun": "Heun", "unipc": "UniPC", "lcm": "LCM",
-}
-_SCHEDULER_BY_SAMPLER = {v: k for k, v in SAMPLER_NAMES.items()}
 _EXIF_IFD = 0x8769
 _USER_COMMENT = 0x9286
 _PARAM_RE = re.compile(r'\s*([\w ]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
@@ -49,14 +49,17 @@ def _unquote(value: str) -> str:
     return value
 
 
-def format_parameters(request: RenderRequest, *, model: str, job_id: str | None = None) -> str:
-    """The A1111 infotext for a rendered request. ``request.seed`` must be set."""
+def format_parameters(request: RenderRequest, *, model: str, job_id: str | None = None,
+                      scheduler: str | None = None) -> str:
+    """The A1111 infotext for a rendered request. ``request.seed`` must be set. ``scheduler`` is
+    the farm name of the scheduler the image was rendered with (default: ``request.scheduler``);
+    a worker passes the model's own scheduler's name for ``default``."""
     lines = [request.prompt]
     if request.negative_prompt:
         lines.append(f"Negative prompt: {request.negative_prompt}")
     fields = {
         "Steps": str(request.num_inference_steps),
-        "Sampler": SAMPLER_NAMES[request.scheduler],
+        "Sampler": samplers.label(scheduler or request.scheduler),
         "CFG scale": f"{request.guidance_scale:g}",
         "Seed": str(request.seed),
         "Size": f"{request.width}x{request.height}",
@@ -82,13 +85,15 @@ def parse_parameters(text: str) -> dict[str, str]:
 
 
 def request_from_parameters(text: str) -> RenderRequest:
-    """Rebuild the :class:`RenderRequest` that an infotext describes (model included)."""
+    """Rebuild the :class:`RenderRequest` that an infotext describes (model included). Its
+    scheduler is the one the image names (for an image of a ``default`` request, the model's own
+    scheduler by name, which renders the same)."""
     p = parse_parameters(text)
     width, height = (int(x) for x in p["Size"].split("x"))
     return RenderRequest(
         prompt=p["prompt"], negative_prompt=p["negative_prompt"], model=p.get("Model"), width=width,
         height=height, num_inference_steps=int(p["Steps"]), guidance_scale=float(p["CFG scale"]),
-        seed=int(p["Seed"]), scheduler=_SCHEDULER_BY_SAMPLER.get(p.get("Sampler", "Default"), "default"),
+        seed=int(p["Seed"]), scheduler=samplers.from_label(p.get("Sampler", ""), p.get("Schedule type")),
     )
 
 

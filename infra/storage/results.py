@@ -28,7 +28,7 @@ class StoredImage:
 
 
 def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: str, request: RenderRequest,
-                model: str, retry_s: float = 60.0) -> StoredImage:
+                model: str, retry_s: float = 60.0, scheduler: str | None = None) -> StoredImage:
     """Encode ``image`` (RGB, ``request.width`` × ``request.height`` pixels) and write it once to
     ``{batch_id}/{job_id}.{ext}``.
 
@@ -36,6 +36,8 @@ def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: 
         storage: the bucket.
         request: the job's request (``seed`` set); its ``output_format`` picks the encoding.
         model: the model that rendered it, as the infotext and metadata name it.
+        scheduler: the farm name of the scheduler that rendered it, as the infotext names it
+            (default ``request.scheduler``; the worker names the model's own for ``default``).
         retry_s: how long the upload rides out a storage outage, seconds.
     Returns:
         the result to record (its ``bytes`` is the stored object's size, also when an earlier
@@ -43,7 +45,7 @@ def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: 
     Raises:
         botocore errors: storage refused the write, or stayed unreachable for ``retry_s``.
     """
-    parameters = format_parameters(request, model=model, job_id=job_id)
+    parameters = format_parameters(request, model=model, job_id=job_id, scheduler=scheduler)
     body, content_type = encode_image(image, request.output_format, parameters)
     key = object_key(batch_id, job_id, request.output_format)
     metadata = object_metadata({"job-id": job_id, "batch-id": batch_id, "seed": str(request.seed),

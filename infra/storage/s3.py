@@ -82,7 +82,8 @@ class Storage:
 
     Args:
         settings: endpoint (empty = AWS), bucket, region and presign lifetime come from here;
-            credentials from boto3's standard chain (``AWS_ACCESS_KEY_ID`` …).
+            credentials from boto3's standard chain (``AWS_ACCESS_KEY_ID`` …), or from the client
+            settings file when the environment has none (:meth:`infra.settings.Settings.s3_credentials`).
     """
 
     def __init__(self, settings: Settings, *, max_attempts: int = 8, connect_timeout_s: float = 5.0):
@@ -94,7 +95,8 @@ class Storage:
             connect_timeout=connect_timeout_s, read_timeout=60,
         )
         self.client = boto3.client(
-            "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region, config=config
+            "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region, config=config,
+            **settings.s3_credentials(),
         )
 
     def ensure_bucket(self) -> None:

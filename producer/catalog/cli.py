@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,9 @@ def run_catalog(path: str | Path, template: str, *, client: RenderClient, model:
     plans, context = prepare_catalog(path, template, model=model, params=params,
                                      negative_template=negative_template, input_format=input_format)
     run = CatalogRun(client, plans, **run_options)
-    context["started_at"] = datetime.now(UTC).isoformat()
+    context["started_at"] = datetime.now(timezone.utc).isoformat()
     run.run()
-    return run.report(**context, finished_at=datetime.now(UTC).isoformat())
+    return run.report(**context, finished_at=datetime.now(timezone.utc).isoformat())
 
 
 def _write_report(path: str | None, report: dict[str, Any]) -> None:
@@ -64,15 +64,15 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         _write_report(args.report, {"catalog": args.file, "error": str(exc)})
         return 2
-    context["started_at"] = datetime.now(UTC).isoformat()
+    context["started_at"] = datetime.now(timezone.utc).isoformat()
     with RenderClient() as client:
         run = CatalogRun(client, plans, chunk_size=args.chunk_size, poll_s=args.poll_interval,
                          timeout_s=args.timeout, priority=args.priority, progress=progress,
-                         state=StateDir(args.state_dir) if args.state_dir else None)
+                         state=StateDir(args.state_dir) if args.state_dir else None, manifest=not args.no_manifest)
         try:
             run.run()
         except KeyboardInterrupt:
-            report = run.report(**context, finished_at=datetime.now(UTC).isoformat())
+            report = run.report(**context, finished_at=datetime.now(timezone.utc).isoformat())
             _write_report(args.report, report)
             print(f"interrupted: {report['rendered']} rendered, {report['skipped']} skipped, {report['failed']} "
                   f"failed, {report['pending']} pending; jobs already submitted keep rendering, a re-run resumes",
@@ -82,7 +82,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             print(f"error: the API failed: {exc}", file=sys.stderr)
             _write_report(args.report, {**context, "error": f"{type(exc).__name__}: {exc}"})
             return 2
-    report = run.report(**context, finished_at=datetime.now(UTC).isoformat())
+        report = run.report(**context, finished_at=datetime.now(timezone.utc).isoformat())  # its manifest asks the API
     _write_report(args.report, report)
     for failure in report["failures"][:20]:
         print(f"failed: item {failure['id']!r} (line {failure['line']}): {failure['error']['type']}: "
@@ -110,7 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["png", "webp", "jpeg"], help="image format")
     p.add_argument("--input-format", choices=["auto", "csv", "jsonl"], default="auto",
                    help="catalog format (default: by extension, else sniffed)")
-    p.add_argument("--report", help="write the JSON report here")
+    p.add_argument("--report", help="write the JSON report here (with a manifest: item id, S3 key, presigned URL)")
+    p.add_argument("--no-manifest", action="store_true",
+                   help="leave the manifest out of the report (it takes one more lookup of the keys)")
     p.add_argument("--state-dir", help="also remember succeeded items here (they skip without asking the farm)")
     p.add_argument("--chunk-size", type=int, default=1000, help=f"jobs per batch, 1…{MAX_CHUNK} (default 1000)")
     p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])

@@ -19,8 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infra.schemas import RenderRequest
-from infra.state.catalog import CATALOG_KEY_FIELD
+from infra.schemas import CATALOG_KEY_FIELD, RenderRequest
 from producer.catalog.items import CatalogError, Item, read_catalog
 from producer.catalog.templates import Template, TemplateFieldError
 

@@ -1,7 +1,9 @@
 """The catalog run's outcomes per content key, and its JSON report.
 
 Place in the data flow: the run loop (:mod:`producer.catalog.run`) records an :class:`Outcome`
-per content key → **the report**, per item, which ``renderfarm catalog --report`` writes.
+per content key → **the report**, per item, which ``renderfarm catalog --report`` writes. Its
+``manifest`` says where each item's image is: item id → S3 key → presigned GET URL (from a last
+``POST /v1/catalog/lookup`` of the run's keys; the URLs last ``RENDERFARM_PRESIGN_EXPIRES_S``).
 """
 
 from __future__ import annotations
@@ -34,9 +36,24 @@ class RunState(Protocol):
     wall_s: float
 
 
-def build_report(run: RunState, context: dict[str, Any]) -> dict[str, Any]:
+def manifest(plans: list[Plan], located: dict[str, dict | None]) -> list[dict[str, Any]]:
+    """Per item whose content key has an image in ``located`` (catalog key → lookup entry with
+    ``result_key`` and ``url``), in item order: ``index``, ``line``, ``id``, ``key`` (content
+    key), ``job_id``, ``s3_key`` and ``url``."""
+    out = []
+    for plan in plans:
+        entry = located.get(plan.key) if plan.key else None
+        if entry and entry.get("result_key"):
+            out.append({"index": plan.item.index, "line": plan.item.line, "id": plan.item.id, "key": plan.key,
+                        "job_id": entry.get("job_id"), "s3_key": entry["result_key"], "url": entry.get("url")})
+    return out
+
+
+def build_report(run: RunState, context: dict[str, Any], located: dict[str, dict | None] | None = None,
+                 located_error: str | None = None) -> dict[str, Any]:
     """The JSON report: counts per item (an item sharing its key with an earlier one shares its
-    outcome), failures with reasons, wall seconds and images/s (distinct images rendered)."""
+    outcome), failures with reasons, wall seconds and images/s (distinct images rendered), and
+    the :func:`manifest` of ``located`` (``manifest_error`` says why it is missing)."""
     counts = {"rendered": 0, "skipped": 0, "failed": 0, "pending": 0}
     failures = []
     for plan in run.plans:
@@ -58,4 +75,6 @@ def build_report(run: RunState, context: dict[str, Any]) -> dict[str, Any]:
         "batches": run.batches,
         "wall_seconds": round(run.wall_s, 3),
         "images_per_second": round(rendered_images / run.wall_s, 3) if run.wall_s > 0 else 0.0,
+        **({"manifest": manifest(run.plans, located)} if located is not None else {}),
+        **({"manifest_error": located_error} if located_error else {}),
     }

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from infra.state.catalog import MAX_LOOKUP_KEYS
+from infra.schemas import MAX_LOOKUP_KEYS
 from producer.catalog.plan import Plan
 from producer.catalog.report import Outcome, build_report
 from producer.client import NotFoundError, RenderClient, RenderFarmError
@@ -76,6 +76,7 @@ class CatalogRun:
     priority: str = "normal"
     progress: bool = False
     state: StateDir | None = None
+    manifest: bool = True                                           # the report asks the farm where the images are
     outcomes: dict[str, Outcome] = field(default_factory=dict)      # key → outcome
     batches: list[str] = field(default_factory=list)
     resumed: int = 0
@@ -268,5 +269,16 @@ class CatalogRun:
     # -- the report ------------------------------------------------------------------------------
     def report(self, **context: Any) -> dict[str, Any]:
         """The JSON report of this run (:func:`producer.catalog.report.build_report`), with
-        ``context`` (file, template, model, times) first."""
-        return build_report(self, context)
+        ``context`` (file, template, model, times) first and the manifest of the images' S3 keys
+        and presigned URLs (one more catalog lookup of the keys that have an image), unless
+        :attr:`manifest` is off."""
+        imaged = [key for key, outcome in self.outcomes.items() if outcome.state in ("rendered", "skipped")]
+        if not self.manifest:
+            return build_report(self, context)
+        located: dict[str, dict | None] = {}
+        try:
+            for start in range(0, len(imaged), MAX_LOOKUP_KEYS):
+                located.update(self.client.catalog_lookup(imaged[start:start + MAX_LOOKUP_KEYS]))
+        except (RenderFarmError, NotFoundError, httpx.HTTPError) as exc:
+            return build_report(self, context, located, located_error=f"{type(exc).__name__}: {exc}")
+        return build_report(self, context, located)

@@ -13,19 +13,12 @@ import httpx
 import pytest
 
 from infra.schemas import RenderRequest
-from producer import RenderClient
 
 from .conftest import POISON, POISON_POOL
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 TITLE = "renderfarm dashboard"
-
-
-@pytest.fixture(scope="module")
-def client(api_server, workers):
-    with RenderClient() as c:
-        yield c
 
 
 def wait_until(page, selector: str, js: str, arg=None, timeout_s: float = 30.0, interval_s: float = 0.25):

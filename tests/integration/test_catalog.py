@@ -68,6 +68,28 @@ def test_csv_run_rerun_and_one_changed_item(client, tmp_path):
     assert "yellow chair" in job.request.prompt and job.result.width == 64
 
 
+def test_report_manifest_says_where_each_items_image_is(client, tmp_path, farm_env):
+    import httpx
+
+    from infra.storage.images import parse_parameters, read_parameters
+
+    template = f"a {{color}} {{name}}, {_nonce()}"
+    path = _csv(tmp_path / "m.csv", [("a", "cup", "red"), ("b", "cup", "red"), ("c", "bowl", "teal")])
+    first = run_catalog(path, template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+    manifest = first["manifest"]
+    assert [m["id"] for m in manifest] == ["a", "b", "c"]  # every item, the duplicate sharing its image
+    assert manifest[0]["s3_key"] == manifest[1]["s3_key"] != manifest[2]["s3_key"]
+    for entry in manifest:
+        job = client.job(entry["job_id"])
+        assert entry["s3_key"] == job.result.key == f"{job.batch_id}/{job.job_id}.png"
+        image = httpx.get(entry["url"], timeout=30)  # a presigned GET: no credentials
+        assert image.status_code == 200 and parse_parameters(read_parameters(image.content))["prompt"] == \
+            job.request.prompt
+    # a re-run that renders nothing still says where every image is
+    again = run_catalog(path, template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+    assert again["skipped"] == 3 and [m["s3_key"] for m in again["manifest"]] == [m["s3_key"] for m in manifest]
+
+
 def test_jsonl_with_item_parameters_duplicates_and_a_failing_item_via_cli(client, tmp_path):
     word = _nonce()
     lines = [
@@ -92,6 +114,7 @@ def test_jsonl_with_item_parameters_duplicates_and_a_failing_item_via_cli(client
     assert failures["bad"]["error"] == {"type": "ValidationError",
                                         "message": "width: Value error, width must be a multiple of 8, got 100"}
     assert failures["nameless"]["error"]["type"] == "TemplateError"
+    assert [m["id"] for m in report["manifest"]] == ["fox", "tall", "fox-again"]  # the failed items have no image
     assert "'name'" in failures["nameless"]["error"]["message"] and "line 5" in failures["nameless"]["error"]["message"]
     assert "failed: item 'bad' (line 3): ValidationError" in proc.stderr
     jobs = client.batch_jobs(report["batches"][0])

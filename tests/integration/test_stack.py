@@ -399,10 +399,10 @@ def test_default_prompts_and_demo_selection():
 
 def _private_env(cache_dir: Path) -> dict[str, str | None]:
     """Overrides for a child: no RENDERFARM_*/AWS_* of this session, a Redis URL nobody answers
-    at (so the stack starts its own), and the session's model cache."""
+    at (so the stack starts its own), the session's model cache, and no client settings file."""
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
     env.update(RENDERFARM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", RENDERFARM_CACHE_DIR=str(cache_dir),
-               COLUMNS="200")  # fmt: skip
+               RENDERFARM_ENV_FILE="", COLUMNS="200")  # fmt: skip
     return env
 
 
@@ -410,8 +410,10 @@ def _private_env(cache_dir: Path) -> dict[str, str | None]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_up_serves_until_signalled_then_leaves_nothing_behind(cache_dir, tmp_path, sig):
     # A ManagedProcess itself, so that even a killed pytest leaves no `up` behind.
-    up = ManagedProcess("up", cli_command("up", "--workers", "0"), env=_private_env(cache_dir), run_dir=tmp_path,
-                        cwd=REPO, ready=lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text(),
+    ports = ("--api-port", str(free_port()), "--s3-port", str(free_port()))
+    up = ManagedProcess("up", cli_command("up", "--workers", "0", *ports), env=_private_env(cache_dir),
+                        run_dir=tmp_path, cwd=REPO,
+                        ready=lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text(),
                         ready_timeout=180)  # fmt: skip
     with up:
         output = up.log_path.read_text()
@@ -425,6 +427,76 @@ def test_up_serves_until_signalled_then_leaves_nothing_behind(cache_dir, tmp_pat
     assert "stopped." in up.log_path.read_text()
     for pid in pids:
         assert group_members(pid) == [], f"pid {pid} outlived `renderfarm up`"
+
+
+def _up(cache_dir: Path, run_dir: Path, cwd: Path, *args: str, env_file: bool = True) -> ManagedProcess:
+    """``renderfarm up --workers 0 ARGS…`` in ``cwd``, ready once it says how to stop it; without
+    RENDERFARM_ENV_FILE when ``env_file`` (so it writes ``cwd/.renderfarm/env``)."""
+    env = _private_env(cache_dir)
+    if env_file:
+        env["RENDERFARM_ENV_FILE"] = None
+    return ManagedProcess("up", cli_command("up", "--workers", "0", *args), env=env, run_dir=run_dir, cwd=cwd,
+                          ready=lambda: "Ctrl-C stops everything" in (run_dir / "up.log").read_text(),
+                          ready_timeout=180)
+
+
+def _client(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``argv`` run in ``cwd`` as a new shell would run it: no RENDERFARM_* or AWS_* variable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RENDERFARM_", "AWS_"))}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.integration
+def test_up_writes_client_settings_that_other_shells_read(cache_dir, tmp_path):
+    project, run = tmp_path / "project", tmp_path / "run"
+    (project / "sub" / "dir").mkdir(parents=True)
+    api_port, s3_port = free_port(), free_port()
+    env_file = project / ".renderfarm" / "env"
+    with _up(cache_dir, run, project, "--api-port", str(api_port), "--s3-port", str(s3_port)) as up:
+        output = up.log_path.read_text()
+        assert f"Dashboard: http://127.0.0.1:{api_port}/" in output
+        assert env_file.stat().st_mode & 0o777 == 0o600, "it holds the S3 secret"
+        text = env_file.read_text()
+        assert f"RENDERFARM_API_URL=http://127.0.0.1:{api_port}\n" in text
+        assert f"RENDERFARM_S3_ENDPOINT_URL=http://127.0.0.1:{s3_port}\n" in text
+
+        # a shell in a directory below, with no exports: the CLI reaches this API (an unknown
+        # id is its 404), and boto3 gets the file's S3 keys
+        status = _client(*cli_command("status", "0" * 32), cwd=project / "sub" / "dir")
+        assert status.returncode == 2 and "unknown batch id" in status.stderr, status.stderr
+        probe = ("from infra.settings import get_settings; from infra.storage.s3 import Storage; "
+                 "s = get_settings(); Storage(s).client.head_bucket(Bucket=s.s3_bucket); print(s.api_url)")
+        seen = _client(sys.executable, "-c", probe, cwd=project / "sub")
+        assert seen.returncode == 0 and seen.stdout.strip() == f"http://127.0.0.1:{api_port}", seen.stderr
+        # the environment still wins over the file
+        env_url = "http://127.0.0.1:9"
+        overridden = subprocess.run([sys.executable, "-c", "from infra.settings import get_settings; "
+                                     "print(get_settings().api_url)"], cwd=project, capture_output=True, text=True,
+                                    env={**{k: v for k, v in os.environ.items() if k != "RENDERFARM_ENV_FILE"},
+                                         "RENDERFARM_API_URL": env_url}, timeout=60)
+        assert overridden.stdout.strip() == env_url, overridden.stderr
+        up.send_signal(signal.SIGTERM)
+        assert up.proc.wait(timeout=120) == 0, up.log_tail()
+    assert not env_file.exists(), "`up` removes its client settings when it stops"
+
+
+@pytest.mark.integration
+def test_up_refuses_a_busy_port_and_names_its_holder(cache_dir, tmp_path):
+    busy = free_port()
+    holder = ManagedProcess("holder", [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(busy)],
+                            run_dir=tmp_path, ready=lambda: _port_open(busy))  # fmt: skip
+    with holder:
+        up = _up(cache_dir, tmp_path / "run", tmp_path, "--api-port", str(busy), "--s3-port", str(free_port()),
+                 env_file=False)
+        up.start()
+        try:
+            assert up.proc.wait(timeout=120) == 1
+        finally:
+            up.stop()
+        output = " ".join(up.log_path.read_text().split())
+        assert f"port {busy} is in use by pid {holder.pid} (" in output and "http.server" in output, output
+        assert "--api-port" in output
+        assert "✓" not in output, "nothing was started"
 
 
 @pytest.mark.integration

@@ -12,7 +12,6 @@ from starlette.concurrency import run_in_threadpool
 from infra.api.deps import FarmDep, Tenant
 from infra.api.models import BatchCanceled
 from infra.schemas import BatchAccepted, BatchStatus, BatchSubmission
-from infra.state import metrics
 from infra.state.jobs import PUBLIC_TENANT
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -54,6 +53,4 @@ def cancel_batch(batch_id: str, farm: FarmDep, tenant: Tenant) -> BatchCanceled:
     meta = farm.store.batch_meta(batch_id)
     if not meta or meta.get("tenant", PUBLIC_TENANT) != tenant:
         raise HTTPException(404, f"unknown batch id {batch_id!r}")
-    canceled = [j for j in farm.store.batch_job_ids(batch_id) if farm.store.cancel(j)]
-    metrics.count_images(farm.redis, [pool for _, _, pool, _ in farm.store.routes(canceled)], "canceled")
-    return BatchCanceled(batch_id=batch_id, canceled=len(canceled))
+    return BatchCanceled(batch_id=batch_id, canceled=farm.cancel_batch(batch_id))

@@ -177,6 +177,29 @@
     ], "no batch submitted yet");
   }
 
+  // A retry button per failure (a job that fails again gets a fresh one: its finish time changed).
+  function retryCell(job) {
+    return (td) => {
+      if (td.firstElementChild && td.dataset.finished === String(job.finished_at)) return;
+      td.dataset.finished = String(job.finished_at);
+      const button = el("button", { type: "button", class: "retry" }, "retry");
+      button.addEventListener("click", async () => {
+        button.disabled = true;
+        button.textContent = "retrying…";
+        try {
+          const response = await fetch(`/v1/dead-letter/${encodeURIComponent(job.job_id)}/retry`,
+            { method: "POST", headers: authHeaders(), cache: "no-store" });
+          button.textContent = response.ok ? "queued again" : `refused: HTTP ${response.status}`;
+          button.disabled = response.ok;
+        } catch (exc) {
+          button.textContent = `failed: ${exc.message || exc}`;
+          button.disabled = false;
+        }
+      });
+      td.replaceChildren(button);
+    };
+  }
+
   function drawFailed(jobs) {
     fillTable(document.getElementById("failed"), jobs, (j) => j.job_id, [
       { cell: (j) => ago(j.finished_at) },
@@ -187,7 +210,52 @@
       { cell: (j) => (j.error ? j.error.type : null) },
       { cell: (j) => (j.error ? j.error.message : null), cls: "message" },
       { cell: (j) => (j.request ? j.request.prompt : null), cls: "prompt" },
+      { cell: (j) => retryCell(j) },
     ], "no failed job");
+  }
+
+  // ---- gallery: thumbnails straight from the bucket (presigned URLs), a viewer on click ------
+  async function openViewer(jobId) {
+    const viewer = document.getElementById("viewer");
+    const image = await getJSON(`/v1/gallery/${encodeURIComponent(jobId)}`);
+    const img = document.getElementById("viewer-img");
+    img.src = image.url;
+    img.alt = image.prompt;
+    document.getElementById("viewer-link").href = image.url;
+    document.getElementById("viewer-params").textContent =
+      `${image.parameters || image.prompt}\n\n${image.width}×${image.height} · ${image.content_type} · job ${image.job_id}`;
+    viewer.dataset.key = image.job_id;
+    if (!viewer.open) viewer.showModal();
+  }
+
+  function drawGallery(page) {
+    const box = document.getElementById("gallery");
+    if (!page.images.length) {
+      box.replaceChildren(el("p", { class: "muted" }, "no image rendered yet"));
+      return;
+    }
+    const previous = new Map([...box.children].map((figure) => [figure.dataset.key, figure]));
+    box.replaceChildren(...page.images.map((image) => {
+      let figure = previous.get(image.job_id);
+      if (!figure) {
+        figure = el("figure");
+        figure.dataset.key = image.job_id;
+        const img = el("img", { alt: image.prompt, loading: "lazy", width: "126",
+          height: String(Math.max(1, Math.round((126 * image.height) / image.width))) });
+        // a presigned URL expires: on a load error, take the newest one once
+        img.addEventListener("error", () => {
+          if (img.dataset.fresh && img.src !== img.dataset.fresh) img.src = img.dataset.fresh;
+        });
+        img.src = image.url;
+        const button = el("button", { type: "button", class: "thumb", title: image.prompt });
+        button.append(img);
+        button.addEventListener("click", () => openViewer(image.job_id).catch((exc) =>
+          showStatus(`image ${image.job_id}: ${exc.message || exc}`, true)));
+        figure.append(button, el("figcaption", { title: image.prompt }, image.prompt));
+      }
+      figure.querySelector("img").dataset.fresh = image.url;
+      return figure;
+    }));
   }
 
   // Stacked bars: images per minute and pool over the last hour, the current minute last.
@@ -246,6 +314,7 @@
     ["/v1/batches?limit=20", drawBatches],
     ["/v1/dead-letter?limit=50", (page) => drawFailed(page.jobs)],
     ["/v1/throughput?minutes=60", drawThroughput],
+    ["/v1/gallery?limit=24", drawGallery],
   ];
 
   function showStatus(text, isError) {
@@ -287,6 +356,8 @@
       setTimeout(tick, document.hidden ? HIDDEN_POLL_MS : POLL_MS);
     }
   }
+
+  document.getElementById("viewer-close").addEventListener("click", () => document.getElementById("viewer").close());
 
   document.getElementById("auth").addEventListener("submit", (event) => {
     event.preventDefault();

@@ -7,7 +7,7 @@ import torch
 from infra.schemas import RenderRequest
 from pipeline import compat_key
 from pipeline.invariance import make_batch_invariant
-from pipeline.schedulers import SCHEDULERS, scheduler_for
+from pipeline.schedulers import SCHEDULERS, scheduler_for, scheduler_name
 
 PROMPTS = ["a red fox", "a cat on a mat", "blue sky over a city at night", "x",
            "portrait of an old sailor, oil on canvas", "a", "the quick brown fox jumps", "zebra"]
@@ -88,6 +88,26 @@ def test_schedulers(tiny_renderer, name):
     image = tiny_renderer.render([req(scheduler=name)])[0]
     assert pixels(image).std() > 1
     assert type(scheduler_for(tiny_renderer.pipe, "default")).__name__ == "DDIMScheduler"
+
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_every_scheduler_is_named_back_by_its_class_and_config(tiny_pipe, name):
+    assert scheduler_name(scheduler_for(tiny_pipe, name)) == name
+
+
+def test_the_default_scheduler_is_named_for_the_infotext(tiny_renderer, tiny_pipe):
+    from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
+
+    from pipeline.scheduling import precompute_scheduler
+
+    assert tiny_renderer.scheduler_name("default") == "ddim"  # the tiny model ships DDIM
+    assert tiny_renderer.scheduler_name("euler_ancestral") == "euler_ancestral"
+    base = scheduler_for(tiny_pipe, "default").config
+    karras = DPMSolverMultistepScheduler.from_config(base, algorithm_type="dpmsolver++", solver_order=2,
+                                                     use_karras_sigmas=True)
+    assert scheduler_name(karras) == "dpmpp_2m_karras"  # a model whose config says Karras
+    assert scheduler_name(precompute_scheduler(scheduler_for(tiny_pipe, "euler"))) == "euler"  # a recipe's twin
+    assert scheduler_name(FlowMatchEulerDiscreteScheduler()) == "FlowMatchEulerDiscreteScheduler"
 
 
 def test_unknown_scheduler(tiny_pipe):

@@ -1,0 +1,158 @@
+"""``/sdapi/v1``: the AUTOMATIC1111 web UI's API, so that its many clients (``webuiapi`` on PyPI,
+the tools built on the stable-diffusion-webui API) render on the farm unchanged.
+
+Place in the data flow: an A1111 client → **``POST /sdapi/v1/txt2img`` here** → the body's
+mapping onto render requests (:mod:`infra.api.a1111_models`) → the farm's submission path, then
+waiting for the batch (:mod:`infra.api.sync`: synchronous over the queue, as the webui is, with
+``RENDERFARM_SYNC_TIMEOUT_S``) → the stored PNGs, base64, with their infotext. The GETs answer
+from the farm's own state: models (:meth:`infra.api.deps.Farm.known_models`), samplers and
+schedule types (:mod:`infra.storage.samplers`), and the tenant's progress.
+
+Errors keep the webui's shapes: a body it would refuse is a 422 ``{"detail": [{"loc", "msg",
+"type"}]}`` naming the A1111 field; other failures ``{"error", "detail", "body", "errors"}``
+(its API exception handler's shape) with 500 (a job failed), 504 (timeout) or 429 (rate limit,
+``Retry-After``). Every route acts for the request's tenant (``X-API-Key``, or a farm key as the
+password of the webui clients' HTTP Basic auth).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from infra.storage import samplers
+from infra.api import sync
+from infra.api.a1111_models import (
+    Progress,
+    ProgressState,
+    SamplerItem,
+    SchedulerItem,
+    SdModel,
+    Txt2ImgRequest,
+    Txt2ImgResponse,
+    a1111_errors,
+)
+from infra.api.deps import FarmDep, Tenant
+from infra.storage.images import parse_parameters, read_parameters
+
+router = APIRouter(prefix="/sdapi/v1", tags=["a1111"])
+
+SCHEDULE_LABELS = {"automatic": "Automatic", "uniform": "Uniform", "karras": "Karras"}
+
+
+def _error(status: int, exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The webui's API exception shape."""
+    return JSONResponse({"error": type(exc).__name__, "detail": str(exc), "body": "", "errors": str(exc)},
+                        status_code=status, headers=headers)
+
+
+def _invalid(field: str, message: str, value: object = None) -> RequestValidationError:
+    return RequestValidationError([{"type": "value_error", "loc": ("body", field), "msg": message, "input": value}])
+
+
+@router.post("/txt2img", response_model=Txt2ImgResponse)
+async def txt2img(body: Txt2ImgRequest, request: Request, farm: FarmDep, tenant: Tenant):
+    """Render ``batch_size`` × ``n_iter`` images and answer once they are all done (base64 PNGs
+    whose ``parameters`` chunk names the real sampler), as the webui does. 422 names the field
+    of a body the farm cannot render; 504 after ``RENDERFARM_SYNC_TIMEOUT_S`` (the jobs are
+    then canceled); 500 when a job fails."""
+    problems = body.unsupported()
+    if problems:
+        raise RequestValidationError([{"type": "value_error", "loc": ("body", field), "msg": msg, "input": None}
+                                      for field, msg in problems])
+    model = body.checkpoint
+    if model is not None and model not in await run_in_threadpool(farm.known_models):
+        raise _invalid("override_settings", f"sd_model_checkpoint {model!r} is not served by this farm", model)
+    first_seed = body.first_seed()
+    try:
+        requests = body.render_requests(first_seed, model)
+    except samplers.SamplerError as exc:
+        raise _invalid(exc.field, str(exc), getattr(body, exc.field)) from None
+    except ValidationError as exc:
+        raise RequestValidationError(a1111_errors(exc.errors())) from None
+    started = datetime.now(timezone.utc)
+    try:
+        jobs = await sync.render(farm, requests, tenant=tenant, timeout_s=farm.settings.sync_timeout_s,
+                                 disconnected=request.is_disconnected)
+    except sync.SyncTimeout as exc:
+        return _error(504, exc)
+    except sync.RenderFailed as exc:
+        return _error(500, exc)
+    except sync.ClientGone as exc:
+        return _error(499, exc)
+    except RequestValidationError as exc:  # no pool serves the model or the size
+        raise RequestValidationError(a1111_errors(list(exc.errors()))) from None
+    images = await sync.image_bytes(farm, jobs)
+    infotexts = [read_parameters(data) or "" for data in images]
+    first = requests[0]
+    sampler = parse_parameters(infotexts[0]).get("Sampler", samplers.label(first.scheduler)) if infotexts else ""
+    info = {
+        "prompt": first.prompt, "all_prompts": [r.prompt for r in requests],
+        "negative_prompt": first.negative_prompt, "all_negative_prompts": [r.negative_prompt for r in requests],
+        "seed": first_seed, "all_seeds": [r.seed for r in requests], "subseed": -1,
+        "all_subseeds": [-1] * len(requests), "subseed_strength": 0, "width": first.width, "height": first.height,
+        "sampler_name": sampler, "scheduler": body.scheduler or "automatic", "cfg_scale": first.guidance_scale,
+        "steps": first.num_inference_steps, "batch_size": body.batch_size, "n_iter": body.n_iter,
+        "restore_faces": False, "sd_model_name": jobs[0].request.model if jobs[0].request else first.model,
+        "sd_model_hash": None, "index_of_first_image": 0, "infotexts": infotexts, "styles": [],
+        "job_timestamp": started.strftime("%Y%m%d%H%M%S"), "clip_skip": 1, "version": "renderfarm",
+        "batch_id": jobs[0].batch_id, "job_ids": [j.job_id for j in jobs],
+    }
+    encoded = [sync.b64(data) for data in images] if body.send_images else []
+    return Txt2ImgResponse(images=encoded, parameters=body.model_dump(mode="json"), info=json.dumps(info))
+
+
+@router.get("/sd-models", response_model=list[SdModel])
+def sd_models(farm: FarmDep, tenant: Tenant) -> list[SdModel]:
+    """The models the farm serves: the default, the declared pools' and the live workers'."""
+    return [SdModel(title=m, model_name=m, filename=m) for m in farm.known_models()]
+
+
+@router.get("/samplers", response_model=list[SamplerItem])
+def sampler_list(tenant: Tenant) -> list[SamplerItem]:
+    """The samplers the farm renders, with their aliases; ``options.scheduler`` is the schedule
+    ``automatic`` picks (Karras for the DPM++ 2M family, as in A1111 ≥ 1.9)."""
+    return [SamplerItem(name=s.name, aliases=list(s.aliases), options=s.options()) for s in samplers.SAMPLERS]
+
+
+@router.get("/schedulers", response_model=list[SchedulerItem])
+def scheduler_list(tenant: Tenant) -> list[SchedulerItem]:
+    """The schedule types the farm renders (A1111 ≥ 1.9's ``scheduler`` field)."""
+    return [SchedulerItem(name=n, label=SCHEDULE_LABELS[n], default_rho=7.0 if n == "karras" else -1)
+            for n in samplers.SCHEDULES]
+
+
+@router.get("/options")
+def options(farm: FarmDep, tenant: Tenant) -> dict:
+    """The few webui options a client reads: the default model and the sample format."""
+    return {"sd_model_checkpoint": farm.settings.default_model, "samples_format": "png"}
+
+
+@router.get("/scripts")
+def scripts(tenant: Tenant) -> dict:
+    """No webui scripts or extensions run here."""
+    return {"txt2img": [], "img2img": []}
+
+
+@router.get("/progress", response_model=Progress)
+def progress(farm: FarmDep, tenant: Tenant, skip_current_image: bool = False) -> Progress:
+    """Progress of this tenant's unfinished batches (among its 20 newest): done fraction over
+    their images, and the seconds left at the rate since the oldest of them was submitted."""
+    running = [b for b in farm.store.recent_batches(tenant, limit=20) if not b.done]
+    if not running:
+        return Progress()
+    total = sum(b.total for b in running)
+    fraction = sum(b.progress * b.total for b in running) / total
+    elapsed = time.time() - min(b.created_at.timestamp() for b in running)
+    eta = elapsed * (1 - fraction) / fraction if fraction > 0 else 0.0
+    ended = sum(b.counts.get(s, 0) for b in running for s in ("succeeded", "failed", "canceled"))
+    state = ProgressState(job=running[0].batch_id, job_count=total, job_no=ended,
+                          job_timestamp=running[-1].created_at.strftime("%Y%m%d%H%M%S"))
+    return Progress(progress=round(fraction, 4), eta_relative=round(eta, 2), state=state)
