@@ -358,19 +358,22 @@ def print_plan(result: PlanResult, pool: PoolModel, *, name: str, start: float |
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"renderfarm plan: pool {name}, {result.jobs:,} jobs, {pool.images_per_s:g} images/s per replica",
-                  title_justify="left")
+    title = f"renderfarm plan: pool {name}, {result.jobs:,} jobs, {pool.images_per_s:g} images/s per replica"
+    table = Table(title=title, title_justify="left")
     for col in ("time", "replicas", "ready", "outstanding", "images/s"):
         table.add_column(col, justify="right")
     for row in _thin(result.timeline, max_rows):
         table.add_row(_clock(start, row["t"]), str(row["replicas"]), str(row["ready"]),
                       f"{row['outstanding']:,}", f"{row['images_per_s']:g}")
     console.print(table)
-    console.print(f"time to drain {_fmt_s(result.drain_s)} · first replica serving after {_fmt_s(result.first_ready_s)} · "
-                  f"mean job latency {_fmt_s(result.mean_latency_s)} · peak {result.peak_replicas} replicas · back to zero after {_fmt_s(result.zero_at_s)} · "
+    console.print(f"time to drain {_fmt_s(result.drain_s)} · "
+                  f"first replica serving after {_fmt_s(result.first_ready_s)} · "
+                  f"mean job latency {_fmt_s(result.mean_latency_s)} · peak {result.peak_replicas} replicas · "
+                  f"back to zero after {_fmt_s(result.zero_at_s)} · "
                   f"replica-hours {result.replica_hours:.2f} · GPU-hours {result.gpu_hours:.2f}")
-    console.print(f"[dim]target {pool.target:g} outstanding/replica, replicas {pool.min_replicas}..{pool.max_replicas}, "
-                  f"cold start {pool.cold_start_s:g}s, polling {pool.polling_interval_s}s, cooldown {pool.cooldown_s}s[/dim]")
+    console.print(f"[dim]target {pool.target:g} outstanding/replica, "
+                  f"replicas {pool.min_replicas}..{pool.max_replicas}, cold start {pool.cold_start_s:g}s, "
+                  f"polling {pool.polling_interval_s}s, cooldown {pool.cooldown_s}s[/dim]")
 
 
 def _floats(text: str) -> list[float]:
@@ -442,8 +445,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``renderfarm plan`` to the CLI."""
-    p = subparsers.add_parser("plan", help="replay an arrival against KEDA/HPA autoscaling: replicas, drain time, GPU-hours",
-                              description=__doc__.split("\n\n")[0])
+    p = subparsers.add_parser(
+        "plan", help="replay an arrival against KEDA/HPA autoscaling: replicas, drain time, GPU-hours",
+        description=__doc__.split("\n\n")[0])
     src = p.add_argument_group("arrival")
     src.add_argument("--jobs", type=int, default=100_000, help="jobs arriving at once (default 100000)")
     src.add_argument("--at", default=None, help="clock time of the burst, HH:MM (e.g. 02:00)")

@@ -86,7 +86,8 @@ class RenderRequest(BaseModel):
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError:
-                    raise ValueError(f"metadata key {key[:64]!r} or its value is not valid UTF-8 (lone surrogate)") from None
+                    raise ValueError(
+                        f"metadata key {key[:64]!r} or its value is not valid UTF-8 (lone surrogate)") from None
             if not 1 <= len(key) <= 64:
                 raise ValueError(f"metadata key {key[:64]!r} must be 1…64 characters")
             if len(value) > 1024:

@@ -101,8 +101,9 @@ class Settings(BaseSettings):
                                                            "fails into the dead-letter set.")
     reaper_enabled: bool = Field(True, description="Run the reaper inside the status API process.")
     reaper_interval_s: float = Field(5.0, gt=0, description="Seconds between two reaper sweeps.")
-    republish_after_s: float = Field(30.0, gt=0, description="A queued job found in no queue and held by no live "
-                                                             "worker this long after its last publish is republished, seconds.")
+    republish_after_s: float = Field(
+        30.0, gt=0, description="A queued job found in no queue and held by no live "
+        "worker this long after its last publish is republished, seconds.")
     job_timeout_s: float = Field(600.0, gt=0, description="Longest render of one job (its group), seconds; "
                                                           "checked between denoising steps.")
     upload_retry_s: float = Field(60.0, ge=0, description="How long an upload rides out a storage outage, seconds.")
@@ -118,7 +119,8 @@ class Settings(BaseSettings):
     rate_limit_requests_per_s: float = Field(50.0, ge=0, description="Per-tenant API requests/s; 0 = no limit.")
     rate_limit_request_burst: int = Field(200, ge=1, description="Per-tenant request burst (token-bucket size).")
     rate_limit_jobs_per_s: float = Field(100.0, ge=0, description="Per-tenant submitted jobs/s; 0 = no limit.")
-    rate_limit_job_burst: int = Field(20_000, ge=1, description="Per-tenant job burst; a batch larger than it is a 413.")
+    rate_limit_job_burst: int = Field(
+        20_000, ge=1, description="Per-tenant job burst; a batch larger than it is a 413.")
     webhook_allow_private: bool = Field(False, description="Allow webhook hosts on loopback/private/link-local "
                                                            "addresses (SSRF guard off).")
     # webhooks on batch completion (infra/api/webhooks.py)

@@ -21,8 +21,11 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from pipeline.models import OFFLINE_MODELS, build_offline_model, load_pipeline
-    from pipeline.render import Renderer, compat_key
+    from pipeline.models import OFFLINE_MODELS as OFFLINE_MODELS
+    from pipeline.models import build_offline_model as build_offline_model
+    from pipeline.models import load_pipeline as load_pipeline
+    from pipeline.render import Renderer as Renderer
+    from pipeline.render import compat_key as compat_key
 
 
 def __getattr__(name: str):

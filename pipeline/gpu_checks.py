@@ -167,7 +167,8 @@ def invariance_cost(model: str, device: str, size: int, steps: int, batch: int, 
             times[name].append((time.perf_counter() - t0) / batch)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"model": model, "device": device, "size": size, "steps": steps, "batch": batch, "rounds": rounds,
-            "s_per_img": {k: round(v, 4) for k, v in med.items()}, "cost_pct": round(100 * (med["on"] / med["off"] - 1), 1),
+            "s_per_img": {k: round(v, 4) for k, v in med.items()},
+            "cost_pct": round(100 * (med["on"] / med["off"] - 1), 1),
             "identical_alone_and_batched": identical, "mode_on": modes["on"].invariance,
             "default_on": med["on"] / med["off"] - 1 < 0.10}
 

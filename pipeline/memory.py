@@ -29,8 +29,9 @@ import resource
 import sys
 import threading
 import warnings
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 

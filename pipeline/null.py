@@ -1,7 +1,8 @@
 """Renderers a worker can pin: the warm diffusers pipeline, or the null renderer.
 
-Place in the data flow: worker → **renderer** → images (the warm diffusers pipeline, or this one). The null renderer (a constant 64×64 image, no
-model) measures the queue, storage and state path alone (``renderfarm bench farm``).
+Place in the data flow: worker → **renderer** → images (the warm diffusers pipeline, or this one).
+The null renderer (a constant 64×64 image, no model) measures the queue, storage and state path
+alone (``renderfarm bench farm``).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ pipeline's scheduler with its precomputed twin (recipe knob ``scheduler_precompu
 :class:`pipeline.render.Renderer` runs the denoising loop with it.
 
 Why (the PaddlePaddle ERNIE-ViLG 2.0 inference article, PPDiffusers: "pre-computed parameters
-remove CPU work and GPU-CPU synchronization during sampling loops"): the stock diffusers schedulers derive their per-step
-scalars inside ``step`` from the timestep *value*, which the pipeline passes as a device tensor.
+remove CPU work and GPU-CPU synchronization during sampling loops"): the stock diffusers schedulers
+derive their per-step scalars inside ``step`` from the timestep *value*, which the pipeline passes as a device tensor.
 That costs host-device synchronizations on every step of the loop on CUDA:
 
 * ``DDIMScheduler`` / ``PNDMScheduler``: ``alphas_cumprod[timestep]`` indexes a CPU table with a

@@ -20,7 +20,6 @@ import os
 import time
 from dataclasses import dataclass, replace
 
-
 from infra.schemas import RenderRequest
 from pipeline.capabilities import check_pool_family
 from pipeline.device import probe

@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", default=None,
                    help="exact (default: RENDERFARM_RECIPE), fast (allows approximations: half precision, tiny VAE…), "
                         "baseline, or a named recipe")
-    p.add_argument("--pool", default=None, help="pool to serve: a declared pool of RENDERFARM_POOLS whose model must be "
+    p.add_argument("--pool", default=None,
+                   help="pool to serve: a declared pool of RENDERFARM_POOLS whose model must be "
                                                 "--model (default: the one declared pool of the model, or, with "
                                                 "none declared, derived from the model)")
     p.add_argument("--batch-size", type=int, default=0,

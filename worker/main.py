@@ -172,7 +172,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     signals.task_received.connect(on_received, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
-    task = install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s)
+    install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s)
     started_at = time.time()
 
     def describe() -> dict:

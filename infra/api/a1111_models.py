@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.storage import samplers
 from infra.api.sync import requested_field
 from infra.schemas import MAX_SEED, RenderRequest
+from infra.storage import samplers
 
 #: Most images one txt2img call may ask for (``batch_size`` × ``n_iter``).
 MAX_IMAGES = 100

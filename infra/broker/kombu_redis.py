@@ -100,7 +100,8 @@ def publish_by_template(producer: Any, send: Callable[[str], None], job_ids: Seq
             pipe = client.pipeline(transaction=False)
             for job_id in job_ids[start:start + PUBLISH_CHUNK]:
                 new_body = base64.b64encode(body_text.replace(template_id, job_id).encode()).decode()
-                pipe.lpush(key, raw.replace(body, new_body).replace(tag, str(uuid.uuid4())).replace(template_id, job_id))
+                message = raw.replace(body, new_body).replace(tag, str(uuid.uuid4()))
+                pipe.lpush(key, message.replace(template_id, job_id))
             pipe.execute()
     return True
 

@@ -26,8 +26,8 @@ import re
 
 from PIL import Image, PngImagePlugin
 
-from infra.storage import samplers
 from infra.schemas import CONTENT_TYPES, RenderRequest
+from infra.storage import samplers
 
 _EXIF_IFD = 0x8769
 _USER_COMMENT = 0x9286

@@ -163,7 +163,8 @@ def analyze(events: list[dict], ranges: tuple[str, str, str]) -> dict:
         busy = spans
         selves = [st for tl in op_lines.values() for st in _self_times(tl.events)]
         render_time = _category_ms((op["name"], t) for op, t in selves)
-        windows = [(r["ts"], r["ts"] + r.get("dur", 0), r.get("tid")) for r in annotations if r["name"] == denoiser_name]
+        windows = [(r["ts"], r["ts"] + r.get("dur", 0), r.get("tid"))
+                   for r in annotations if r["name"] == denoiser_name]
         denoiser_time = _category_ms((op["name"], t) for op, t in selves
                                      if any(s <= op["ts"] <= e and op.get("tid") == tid for s, e, tid in windows))
         unit = "CPU ms: self time of ATen ops"

@@ -55,7 +55,7 @@ def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_
     runners["torch bfloat16"] = lambda x: unet_bf16(x[0].bfloat16(), x[1], x[2].bfloat16())
     times: dict[str, list[float]] = {f"{k} b{b}": [] for k in runners for b in batches}
     with torch.inference_mode():
-        for name, run in runners.items():  # warm-up
+        for run in runners.values():  # warm-up
             for b in batches:
                 run(inputs[b])
         cells = [(k, b) for k in runners for b in batches]
@@ -64,12 +64,20 @@ def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_
                 t = time.perf_counter()
                 runners[k](inputs[b])
                 times[f"{k} b{b}"].append(time.perf_counter() - t)
-    return {"model": model, "size": size, "rounds": rounds, "convert_s": round(convert_s, 1),
-            "threads": torch.get_num_threads(), "s_per_call": {k: round(statistics.median(v), 3) for k, v in times.items()}}
+    return {
+        "model": model,
+        "size": size,
+        "rounds": rounds,
+        "convert_s": round(convert_s, 1),
+        "threads": torch.get_num_threads(),
+        "s_per_call": {k: round(statistics.median(v), 3) for k, v in times.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.measure.openvino_unet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.measure.openvino_unet", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--model", default="sd-turbo-arch")
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--batches", default="1,2")

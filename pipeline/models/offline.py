@@ -128,7 +128,8 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
          "mid_block_type": None}, c.CLIP_L, "PNDMScheduler", c.PNDM_SD15,
         notes="UNet config follows the BK-SDM authors' published unet_config/bk_tiny/config.json."),
     _sdxl("tiny-sdxl", "SDXL's classes at test widths: text_time UNet, CLIP-L + bigG-style text towers, SDXL VAE "
-          "scaling factor.", c.TINY_SDXL_UNET, c.tiny_clip(32), c.tiny_clip(32, 32), {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),
+          "scaling factor.", c.TINY_SDXL_UNET, c.tiny_clip(32), c.tiny_clip(32, 32),
+          {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),
     _sdxl("sdxl-arch", "stabilityai/stable-diffusion-xl-base-1.0 architecture (UNet 2.6B, CLIP-L + OpenCLIP bigG, "
           "VAE), random weights; SDXL-Turbo has the same architecture.", c.SDXL_UNET, c.CLIP_L, c.OPENCLIP_BIGG,
           c.SDXL_VAE, published_params={"unet": 2.567e9, "text_encoder": 123.06e6, "text_encoder_2": 694.66e6}),

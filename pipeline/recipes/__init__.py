@@ -15,15 +15,25 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from pipeline.device import GB, DeviceProfile
 from pipeline.models.families import FAMILY_SPECS, reference_dtype
-from pipeline.recipes.knobs import (ALIASES, ATTENTION, COMPILE_MODES, DTYPES, OPTIMIZATIONS, QUANTIZATION,
-                                    Optimization, Recipe, knob_names)
+from pipeline.recipes.knobs import (
+    ALIASES,
+    ATTENTION,
+    COMPILE_MODES,
+    DTYPES,
+    OPTIMIZATIONS,
+    QUANTIZATION,
+    Optimization,
+    Recipe,
+    knob_names,
+)
 from pipeline.recipes.table import FAMILY_FITS, RECIPE_TABLE, RECIPES, FamilyFit, Rule
 
 __all__ = ["ATTENTION", "BASELINE", "COMPILE_MODES", "DTYPES", "FAMILY_FITS", "OPTIMIZATIONS", "QUANTIZATION",

@@ -40,7 +40,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
     "attention": Optimization(EXACT, "ERNIE-ViLG 2.0 inference article (Flash Attention); Rapid Diffusion "
                                      "(FlashAttention, Dao et al. 2022); PyTorch SDPA; diffusers attention backends"),
     "channels_last": Optimization(EXACT, "ERNIE-ViLG 2.0 inference article: mixed layout computation"),
-    "fuse_qkv": Optimization(EXACT, "ERNIE-ViLG 2.0 inference article: operator fusion; diffusers fuse_qkv_projections"),
+    "fuse_qkv": Optimization(EXACT, "ERNIE-ViLG 2.0 inference article: operator fusion; "
+                                    "diffusers fuse_qkv_projections"),
     "compile_denoiser": Optimization(EXACT, "ERNIE-ViLG 2.0 article: norm/operator fusion; Rapid Diffusion: "
                                             "compiler; here torch.compile of the UNet or transformer"),
     "compile_regional": Optimization(EXACT, "diffusers compile_repeated_blocks (regional compilation)"),

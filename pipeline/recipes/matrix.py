@@ -21,7 +21,10 @@ PROFILES = {
 
 
 def rows(allow_approximate: bool) -> list[list[str]]:
-    """One row per (profile, family): recipe, dtype, attention, compile, QKV, layout, quantization, tiny VAE, offload, batch."""
+    """One row per (profile, family).
+
+    Columns: recipe, dtype, attention, compile, QKV, layout, quantization, tiny VAE, offload, batch.
+    """
     out = []
     for label, profile in PROFILES.items():
         for family in FAMILY_SPECS:

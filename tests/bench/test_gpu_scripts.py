@@ -72,6 +72,7 @@ def test_custom_invocations_and_unknown_stages():
 
     env = {**os.environ, "BENCH_CMDS": "pipeline --model tiny --json @/a.json; profile --model tiny"}
     listing = _run(BENCH, "--dry-run", "custom", env=env)
-    assert listing.stdout.splitlines() == ["python3 -m producer.bench_cli pipeline --model tiny --json /tmp/bench-results/a.json",
-                                           "python3 -m producer.bench_cli profile --model tiny"]
+    assert listing.stdout.splitlines() == [
+        "python3 -m producer.bench_cli pipeline --model tiny --json /tmp/bench-results/a.json",
+        "python3 -m producer.bench_cli profile --model tiny"]
     assert _run(BENCH, "--dry-run", "warp").returncode == 2

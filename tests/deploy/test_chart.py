@@ -250,8 +250,8 @@ def test_catalog_cronjob_runs_the_catalog_command(render):
     values = values_of("three-pools")["catalog"]
     assert cron["spec"]["schedule"] == "0 2 * * *" and cron["spec"]["concurrencyPolicy"] == "Forbid"
     container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"] == ["catalog", values["file"], "--template", values["template"], "--model", values["model"],
-                                 "--report", values["report"]]
+    assert container["args"] == ["catalog", values["file"], "--template", values["template"],
+                                 "--model", values["model"], "--report", values["report"]]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/catalog", "/reports"} <= mounts
 

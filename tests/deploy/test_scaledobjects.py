@@ -10,8 +10,8 @@ import pytest
 from tests.deploy.conftest import by_kind, values_of
 
 VALUE_SETS = ["default", "three-pools"]
-SCALED_OBJECT_KEYS = {"scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod", "idleReplicaCount",
-                      "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers"}
+SCALED_OBJECT_KEYS = {"scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod",
+                      "idleReplicaCount", "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers"}
 TRIGGER_KEYS = {"type", "name", "metadata", "metricType", "authenticationRef", "useCachedMetrics"}
 REQUIRED_METADATA = {"metrics-api": {"url", "valueLocation", "targetValue"},
                      "prometheus": {"serverAddress", "query", "threshold"}}
@@ -91,7 +91,8 @@ def test_triggers_have_what_the_scaler_needs(render, values):
             host = f"http://{api_svc['metadata']['name']}.render.svc:{api_svc['spec']['ports'][0]['port']}"
             assert meta["url"] == f"{host}/v1/queues/{pool}"
             if "authenticationRef" in trigger:
-                assert meta["authMode"] == "apiKey" and meta["keyParamName"] == "X-API-Key" and meta["method"] == "header"
+                assert meta["authMode"] == "apiKey" and meta["keyParamName"] == "X-API-Key"
+                assert meta["method"] == "header"
         else:
             assert f'pool="{pool}"' in meta["query"] and "renderfarm_outstanding_jobs" in meta["query"]
             assert meta["query"].startswith("max("), "every API replica exports the gauge: max, not sum"

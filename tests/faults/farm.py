@@ -66,7 +66,8 @@ class FaultFarm:
         self.bucket = f"faults-{name}-{secrets.token_hex(3)}"
         self.db = next(_databases)  # farms alive at once (a module's and a test's) must not share queues
         self.env = stack_env(redis_url=redis_server.db_url(self.db),
-                             s3_endpoint_url=s3_server.url, access_key=s3_server.access_key, secret_key=s3_server.secret_key, bucket=self.bucket,
+                             s3_endpoint_url=s3_server.url, access_key=s3_server.access_key,
+                             secret_key=s3_server.secret_key, bucket=self.bucket,
                              api_url=f"http://127.0.0.1:{free_port()}", cache_dir=cache_dir)
         self.env.update(FAULT_SETTINGS)
         self.env.update(settings)

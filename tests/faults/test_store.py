@@ -123,11 +123,16 @@ def test_counters_stay_consistent_under_random_transitions(r):
             store.cancel(job_id)
         elif job_id in held:
             job = held[job_id]
-            {"progress": lambda: store.progress_many([(job, rng.random())]),
-             "succeed": lambda: store.succeed(job, RESULT),
-             "fail": lambda: store.fail(job, ERROR),
-             "retryfail": lambda: store.fail(job, ERROR, retry=True),
-             "release": lambda: store.release([job])}[op]()
+            if op == "progress":
+                store.progress_many([(job, rng.random())])
+            elif op == "succeed":
+                store.succeed(job, RESULT)
+            elif op == "fail":
+                store.fail(job, ERROR)
+            elif op == "retryfail":
+                store.fail(job, ERROR, retry=True)
+            elif op == "release":
+                store.release([job])
         _counts_add_up(store)
     states = {j: store.get_job(j).state for j in ids}
     assert set(r.zrange(keys.LEASES, 0, -1)) == {j for j, s in states.items() if s == "running"}

@@ -8,8 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from infra.schemas import RenderRequest
 from infra.localstack import WorkerProcess, start_workers
+from infra.schemas import RenderRequest
 from producer import RenderClient
 
 pytestmark = pytest.mark.integration

@@ -93,7 +93,8 @@ def test_parameters_chunk_round_trips(mixed_batch, client, s3):
         assert back.model_dump(exclude={"output_format", "metadata"}) == rendered.model_dump(
             exclude={"output_format", "metadata"})
         head = s3_client.head_object(Bucket=bucket, Key=job.result.key)
-        assert "Seed%3A" not in head["Metadata"]["parameters"] and f"Seed: {request.seed}" in head["Metadata"]["parameters"]
+        parameters = head["Metadata"]["parameters"]
+        assert "Seed%3A" not in parameters and f"Seed: {request.seed}" in parameters
 
 
 def test_alone_and_in_a_mixed_batch_give_identical_pixels(mixed_batch, lone_job, client):

@@ -27,7 +27,6 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from infra.storage import samplers
 from infra.api import sync
 from infra.api.a1111_models import (
     Progress,
@@ -40,6 +39,7 @@ from infra.api.a1111_models import (
     a1111_errors,
 )
 from infra.api.deps import FarmDep, Tenant
+from infra.storage import samplers
 from infra.storage.images import parse_parameters, read_parameters
 
 router = APIRouter(prefix="/sdapi/v1", tags=["a1111"])

@@ -88,7 +88,8 @@ def test_oversized_body_is_a_413(url):
     assert response.status_code == 413
 
 
-@pytest.mark.parametrize("headers", [{"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"},
+@pytest.mark.parametrize("headers", [{"Content-Type": "text/plain"},
+                                     {"Content-Type": "application/x-www-form-urlencoded"},
                                      {"Content-Type": "multipart/form-data; boundary=x"}, {},
                                      {"Content-Type": "application/json; charset=latin-1"}])
 def test_wrong_content_types_get_a_4xx(url, headers):

@@ -71,7 +71,7 @@ def test_another_tenants_ten_high_jobs_overtake_a_2000_job_backlog(r, app):
 
 def test_busy_tenants_share_by_priority_weight(r, app):
     normal = set(_submit(r, "a", "normal", 300))
-    low = set(_submit(r, "b", "low", 300))
+    _submit(r, "b", "low", 300)
     order = Dispatcher(r, app, aging_s=0).pop(POOL, 300)
     share = Counter("normal" if j in normal else "low" for j in order)
     assert share["low"] > 0 and abs(share["normal"] / share["low"] - 2.0) < 0.1, share

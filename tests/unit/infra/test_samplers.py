@@ -7,8 +7,8 @@ from typing import get_args
 
 import pytest
 
-from infra.storage import samplers
 from infra.schemas import RenderRequest, SchedulerName
+from infra.storage import samplers
 from infra.storage.images import format_parameters, parse_parameters, request_from_parameters
 
 

@@ -41,7 +41,8 @@ def test_ernie_gets_use_pe_from_the_pool():
     assert call_arguments(ernie, [_req()], generators=[None], use_pe=True)["use_pe"] is True
 
 
-@pytest.mark.parametrize("cls_name, family", [("StableDiffusionXLPipeline", "sdxl"), ("StableDiffusion3Pipeline", "sd3"),
+@pytest.mark.parametrize("cls_name, family", [("StableDiffusionXLPipeline", "sdxl"),
+                                              ("StableDiffusion3Pipeline", "sd3"),
                                               ("ErnieImagePipeline", "ernie-image"), ("Flux2Pipeline", "flux2")])
 def test_derived_capabilities_are_the_table(cls_name, family):
     assert derive_capabilities(_bare(cls_name)) == FAMILIES[family]

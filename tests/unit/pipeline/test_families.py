@@ -44,7 +44,8 @@ def _mixed(model: str, caps) -> list[RenderRequest]:
     negatives = ["", "blurry", "", "low quality"] if caps.negative_prompt else [""] * 4
     prompts = ["a red fox in the snow", "a cat", "an isometric city map, pastel colors", "x"]
     return [RenderRequest(prompt=p, negative_prompt=n, seed=10 + i, model=model, width=64, height=64,
-                          num_inference_steps=2, guidance_scale=guidance) for i, (p, n) in enumerate(zip(prompts, negatives))]
+                          num_inference_steps=2, guidance_scale=guidance)
+            for i, (p, n) in enumerate(zip(prompts, negatives))]
 
 
 def test_offline_names_and_families_are_one_table():

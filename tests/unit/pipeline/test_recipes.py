@@ -9,11 +9,29 @@ import json
 import pytest
 
 from pipeline.device import GB, DeviceProfile
-from pipeline.memory import (PeakMeasurement, allocator_env, batch_size_for, check_allocator_env,
-                             is_oom_error, measure_per_image, split_on_oom)
+from pipeline.memory import (
+    PeakMeasurement,
+    allocator_env,
+    batch_size_for,
+    check_allocator_env,
+    is_oom_error,
+    measure_per_image,
+    split_on_oom,
+)
 from pipeline.models.families import FAMILY_SPECS
-from pipeline.recipes import (BASELINE, FAMILY_FITS, OPTIMIZATIONS, RECIPE_TABLE, RECIPES, Recipe, apply_overrides,
-                              device_class, overrides_from_env, recipe_for, select_recipe)
+from pipeline.recipes import (
+    BASELINE,
+    FAMILY_FITS,
+    OPTIMIZATIONS,
+    RECIPE_TABLE,
+    RECIPES,
+    Recipe,
+    apply_overrides,
+    device_class,
+    overrides_from_env,
+    recipe_for,
+    select_recipe,
+)
 
 
 def cuda(gb: float, cc: tuple[int, int], flash: bool = False) -> DeviceProfile:

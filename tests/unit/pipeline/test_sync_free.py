@@ -12,8 +12,8 @@ import torch
 from diffusers import EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler
 
 from pipeline.models import configs
-from pipeline.scheduling import precompute_scheduler, unsupported_reason
 from pipeline.schedulers import SCHEDULERS
+from pipeline.scheduling import precompute_scheduler, unsupported_reason
 from pipeline.sync_free import SyncSpy, install_pinned_noise, spy_scheduler_loop
 
 BASE = EulerDiscreteScheduler(**configs.EULER_TURBO).config
