@@ -40,11 +40,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --no-deps open-clip-torch "sdnq==0.2.8"
 	touch $@
 
-# apt-get update runs only when a package is missing.
+# apt-get update runs only when a package is missing. fonts-noto-cjk: the dashboard shows Chinese
+# and Japanese prompts (Chromium has no CJK glyphs without it).
 system-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -d /usr/share/fonts/opentype/noto ] || missing="$$missing fonts-noto-cjk"; \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install:$$missing"; \
 		$(SUDO) apt-get update -q && \
