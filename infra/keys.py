@@ -19,7 +19,9 @@ rf:batch:{id}:counts           hash        one counter per state, and ``done`` =
 rf:batches:{tenant}            zset        a tenant's newest batch ids → created_at
 rf:leases                      zset        running job id → lease_until (server clock)
 rf:pending                     zset        queued job id → when its message was last (re)published
-rf:dead                        zset        failed job id → when it failed (the dead-letter set)
+rf:dead                        zset        failed job id → when it failed (the dead-letter set, farm-wide)
+rf:dead:{tenant}               zset        the same, one tenant's jobs only (its dead-letter pages)
+rf:migrations                  hash        one-time data migrations done → when (:mod:`infra.state.jobs`)
 rf:idem:{tenant}:{key}         string      an idempotency key → its batch id
 rf:wait:pools                  set         pools with waiting jobs (:mod:`infra.broker.dispatch`)
 rf:wait:lanes:{pool}           set         "{tenant}:{priority}" of the pool's non-empty lanes
@@ -56,6 +58,7 @@ LEASES = f"{PREFIX}leases"
 PENDING = f"{PREFIX}pending"
 DEAD = f"{PREFIX}dead"
 JOB_PREFIX = f"{PREFIX}job:"
+MIGRATIONS = f"{PREFIX}migrations"
 
 
 def job(job_id: str) -> str:
@@ -76,6 +79,11 @@ def batch_jobs(batch_id: str) -> str:
 def batch_counts(batch_id: str) -> str:
     """A batch's per-state counters."""
     return f"{batch(batch_id)}:counts"
+
+
+def dead_of(tenant: str) -> str:
+    """A tenant's own dead-letter index (its failed job ids → when they failed)."""
+    return f"{DEAD}:{tenant}"
 
 
 def recent_batches(tenant: str) -> str:

@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     # security (infra/api/auth.py, infra/api/limits.py, infra/api/webhook_policy.py)
     auth_required: bool = Field(False, description="Require a tenant's X-API-Key on /v1 routes; off: keys optional, "
                                                    "anonymous requests are tenant 'public'.")
+    admin_tenants: str = Field("", description="Comma-separated tenants that see farm-wide details "
+                                                "(every tenant's job ids in GET /v1/workers).")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body, bytes; larger → 413. "
                                                                  "10,000 typical requests are ~3.7 MB of JSON.")
     rate_limit_requests_per_s: float = Field(50.0, ge=0, description="Per-tenant API requests/s; 0 = no limit.")
@@ -152,6 +154,11 @@ class Settings(BaseSettings):
         path = env_file_path()
         file = () if path is None else (DotEnvSettingsSource(settings_cls, env_file=path),)
         return init_settings, env_settings, *file, file_secret_settings
+
+    @property
+    def admin_tenant_set(self) -> frozenset[str]:
+        """``admin_tenants`` as a set of tenant names (empty: no admin tenant)."""
+        return frozenset(t.strip() for t in self.admin_tenants.split(",") if t.strip())
 
     def s3_credentials(self) -> dict[str, str]:
         """Keyword arguments for ``boto3.client``: the client settings file's S3 keys when the

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import redis
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import KeyStore, current_tenant
@@ -19,7 +19,7 @@ from infra.api.submission import Submitter
 from infra.api.webhook_policy import WebhookRefused, check_webhook_url
 from infra.broker.app import make_celery
 from infra.pools import NoPoolError
-from infra.schemas import BatchAccepted, JobStatus, RenderRequest
+from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry
 from infra.state.catalog import CatalogIndex
@@ -28,6 +28,25 @@ from infra.storage.s3 import Storage, object_key
 
 #: A route parameter holding the request's tenant (and documenting ``X-API-Key`` in the schema).
 Tenant = Annotated[str, Depends(current_tenant)]
+
+
+def not_found(what: str) -> HTTPException:
+    """The one 404 for an id the caller may not see: unknown, malformed or another tenant's all
+    answer ``{"detail": "unknown <what> id"}``, byte for byte (the id is not echoed, so the body
+    says nothing about it)."""
+    return HTTPException(404, f"unknown {what} id")
+
+
+def require_id(value: str, what: str) -> str:
+    """``value`` when it is shaped like a job or batch id (:func:`infra.schemas.is_farm_id`);
+    else the same 404 as an unknown id (a malformed id never reaches a Redis key name).
+
+    Raises:
+        HTTPException: 404 :func:`not_found`.
+    """
+    if not is_farm_id(value):
+        raise not_found(what)
+    return value
 
 
 class Farm:
@@ -57,6 +76,22 @@ class Farm:
     def live_workers(self) -> list[dict]:
         """Workers heard from within the heartbeat TTL (:func:`infra.state.registry.live_workers`)."""
         return registry.live_workers(self.redis, self.settings.heartbeat_ttl_s)
+
+    def visible_workers(self, tenant: str) -> list[dict]:
+        """:meth:`live_workers` as ``tenant`` may see them: the ids in ``current_jobs`` and
+        ``reserved_jobs`` are only those of its own jobs, unless it is an admin tenant
+        (``RENDERFARM_ADMIN_TENANTS``), which sees them all."""
+        workers = self.live_workers()
+        if tenant in self.settings.admin_tenant_set:
+            return workers
+        ids = sorted({j for w in workers for f in ("current_jobs", "reserved_jobs") for j in w.get(f) or []
+                      if isinstance(j, str)})
+        owners = dict(zip(ids, self.store.tenants_of(ids))) if ids else {}
+        for w in workers:
+            for field in ("current_jobs", "reserved_jobs"):
+                if field in w:
+                    w[field] = [j for j in w[field] or [] if owners.get(j) == tenant]
+        return workers
 
     def check_webhook(self, url: str | None) -> None:
         """Refuse a webhook URL that fails the SSRF policy, as a 422 on ``body.webhook_url``."""

@@ -9,6 +9,7 @@ happens at most once whatever runs it concurrently (several workers, reapers or 
 # Every transition script gets the same keys, so each one is atomic over everything it touches:
 #   KEYS[1] job hash   KEYS[2] its batch's counts hash
 #   KEYS[3] rf:leases  KEYS[4] rf:pending  KEYS[5] rf:dead      ARGV[1] the job id
+#   KEYS[6] rf:dead:{tenant}, the job's tenant's own dead-letter index (finish, requeue, retry)
 # Times are the Redis server's clock (TIME), so a lease never depends on a worker's clock.
 _PRELUDE = """
 local id = ARGV[1]
@@ -46,7 +47,10 @@ local function finish(state, new, t, field, payload)
   if field ~= '' then redis.call('HSET', KEYS[1], field, payload) end
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZREM', KEYS[4], id)
-  if new == 'failed' then redis.call('ZADD', KEYS[5], t, id) end
+  if new == 'failed' then
+    redis.call('ZADD', KEYS[5], t, id)
+    if KEYS[6] then redis.call('ZADD', KEYS[6], t, id) end
+  end
 end
 """
 
@@ -154,12 +158,16 @@ return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 RETRY = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'failed' then
-  if not state then redis.call('ZREM', KEYS[5], id) end
+  if not state then
+    redis.call('ZREM', KEYS[5], id)
+    if KEYS[6] then redis.call('ZREM', KEYS[6], id) end
+  end
   return {0, state or 'missing'}
 end
 redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'))
 requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
 redis.call('HDEL', KEYS[1], 'error', 'finished_at')
 redis.call('ZREM', KEYS[5], id)
+if KEYS[6] then redis.call('ZREM', KEYS[6], id) end
 return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 """
