@@ -115,6 +115,11 @@ class Settings(BaseSettings):
                                                    "anonymous requests are tenant 'public'.")
     admin_tenants: str = Field("", description="Comma-separated tenants that see farm-wide details "
                                                 "(every tenant's job ids in GET /v1/workers).")
+    metrics_token: SecretStr = Field(SecretStr(""), description="Bearer token Prometheus sends to scrape /metrics "
+                                     "(Authorization: Bearer …); an admin tenant's key works too. Empty and auth off: "
+                                     "/metrics is open.")
+    metrics_cache_s: float = Field(5.0, ge=0, description="Seconds one /metrics answer is reused by every scrape.")
+    health_s3_cache_s: float = Field(10.0, ge=0, description="Seconds /healthz reuses its S3 check's answer.")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body, bytes; larger → 413. "
                                                                  "10,000 typical requests are ~3.7 MB of JSON.")
     rate_limit_requests_per_s: float = Field(50.0, ge=0, description="Per-tenant API requests/s; 0 = no limit.")
