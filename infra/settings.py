@@ -82,7 +82,8 @@ class Settings(BaseSettings):
     flush_interval_s: float = Field(0.25, gt=0, le=0.25, description="celery-batches flush interval, seconds.")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="Worker heartbeat period, seconds.")
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
-    job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after creation, seconds.")
+    job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after the job ended "
+                                                          "(never while queued or running), seconds.")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
     # pools and priorities (infra/pools.py, infra/broker/dispatch.py)
     pools: Annotated[list[PoolSpec], NoDecode] = Field(

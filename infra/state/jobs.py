@@ -84,7 +84,9 @@ class JobStore:
 
     Args:
         client: a ``redis.Redis`` with ``decode_responses=True``.
-        job_ttl_s: seconds after creation that job and batch records expire.
+        job_ttl_s: seconds a job's record is kept after it ended (succeeded, failed, canceled),
+            counted afresh at each such transition; the batch's records, after its last job
+            ended. Queued and running jobs (and their batch) never expire.
         lease_s: seconds a running job's lease lasts without renewal (progress and the
             worker's heartbeat renew it); the reaper requeues a job whose lease ran out.
         max_attempts: attempts a job may spend (worker lost, or a retryable error) before it
@@ -116,8 +118,8 @@ class JobStore:
     # ---- creation -------------------------------------------------------------------------
     def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
                      extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
-        """Record a batch and all its jobs as ``queued``, owned by ``tenant``, in one MULTI/EXEC
-        round trip (all or nothing), and index the jobs in ``rf:pending`` (their messages are
+        """Record a batch and all its jobs as ``queued`` (no expiry until they end; see ``job_ttl_s``),
+        owned by ``tenant``, in one MULTI/EXEC round trip (all or nothing), and index the jobs in ``rf:pending`` (their messages are
         about to be published; the reaper republishes any that never arrive)."""
         published = self.server_time()
         now = repr(time.time())
@@ -131,10 +133,8 @@ class JobStore:
             pipe.hset(keys.job(job.job_id), mapping={
                 "batch_id": batch_id, "tenant": tenant, "pool": job.pool, "state": "queued", "progress": 0,
                 "attempts": 0, "created_at": now, "request": job.request.model_dump_json(), "priority": priority,
+                "ttl_s": self.job_ttl_s,
             })
-            pipe.expire(keys.job(job.job_id), self.job_ttl_s)
-        for key in (bkey, keys.batch_counts(batch_id), keys.batch_jobs(batch_id)):
-            pipe.expire(key, self.job_ttl_s)
         pipe.zadd(keys.PENDING, {j.job_id: published for j in jobs})
         pipe.zadd(keys.recent_batches(tenant), {batch_id: float(now)})
         pipe.zremrangebyrank(keys.recent_batches(tenant), 0, -RECENT_BATCHES_MAX - 1)
@@ -146,7 +146,7 @@ class JobStore:
         if batch_id is None or tenant is None:
             batch_id, tenant = self._owners([job_id])[0]
         return [keys.job(job_id), keys.batch_counts(batch_id), keys.LEASES, keys.PENDING, keys.DEAD,
-                keys.dead_of(tenant)]
+                keys.dead_of(tenant), keys.batch(batch_id), keys.batch_jobs(batch_id)]
 
     def _owners(self, job_ids: Sequence[str]) -> list[tuple[str, str]]:
         """``(batch_id, tenant)`` per job id, in one round trip (``"_"`` for an unknown job)."""

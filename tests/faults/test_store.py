@@ -270,3 +270,26 @@ def test_dead_letters_are_paged_per_tenant_and_backfilled(r):
     r.delete(keys.dead_of("alice"), keys.dead_of("bob"))
     assert store.backfill_dead_index(chunk=7) == 52 and store.backfill_dead_index() == 0
     assert r.zcard(keys.dead_of("alice")) == 2 and r.zcard(keys.dead_of("bob")) == 50
+
+
+def test_records_never_expire_while_queued_or_running_and_ttl_restarts_at_each_end(r):
+    """Issue 14, item 3: a job queued or running longer than the TTL is still there; each move to
+    a terminal state sets the TTL afresh; the batch's keys expire only after its last job ended,
+    and a dead-letter retry makes them persistent again."""
+    store = _store(r, job_ttl_s=100)
+    a, b = _batch(store, 2)
+    batch_keys = [keys.batch("b1"), keys.batch_counts("b1"), keys.batch_jobs("b1")]
+    assert [r.ttl(k) for k in [keys.job(a), keys.job(b), *batch_keys]] == [-1] * 5
+    ja = store.start_many([a], "w")[a]
+    assert r.ttl(keys.job(a)) == -1
+    assert store.succeed(ja, RESULT)
+    assert 95 <= r.ttl(keys.job(a)) <= 100 and r.ttl(keys.job(b)) == -1
+    assert [r.ttl(k) for k in batch_keys] == [-1] * 3  # b is still queued
+    r.expire(keys.job(a), 5)  # time passes for a
+    jb = store.start_many([b], "w")[b]
+    assert store.fail(jb, ERROR) == "failed"
+    assert 95 <= r.ttl(keys.job(b)) <= 100 and all(95 <= r.ttl(k) <= 100 for k in batch_keys)
+    assert store.retry(b) == "null"  # queued again: neither it nor its batch may expire
+    assert r.ttl(keys.job(b)) == -1 and [r.ttl(k) for k in batch_keys] == [-1] * 3
+    assert store.cancel(b)
+    assert 95 <= r.ttl(keys.job(b)) <= 100 and all(95 <= r.ttl(k) <= 100 for k in batch_keys)
