@@ -119,8 +119,9 @@ class JobStore:
     def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
                      extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
         """Record a batch and all its jobs as ``queued`` (no expiry until they end; see ``job_ttl_s``),
-        owned by ``tenant``, in one MULTI/EXEC round trip (all or nothing), and index the jobs in ``rf:pending`` (their messages are
-        about to be published; the reaper republishes any that never arrive)."""
+        owned by ``tenant``, in one MULTI/EXEC round trip (all or nothing), and index the jobs in
+        ``rf:pending`` (their messages are about to be published; the reaper republishes any that
+        never arrive)."""
         published = self.server_time()
         now = repr(time.time())
         pipe = self.r.pipeline(transaction=True)
