@@ -39,6 +39,7 @@ rf:catalog:{tenant}            hash        catalog key → job (:mod:`infra.stat
 rf:apikey:{sha256}             hash        one API key's tenant, id, name (:mod:`infra.api.auth`)
 rf:apikeys                     hash        key id → sha256
 rf:tenant:{tenant}:keys        set         a tenant's key ids
+rf:tenant:{tenant}:webhook_secret  string  its webhook signing secret (:mod:`infra.api.webhook_secrets`)
 rf:rl:{tenant}:{kind}          hash        a token bucket (:mod:`infra.api.limits`)
 rf:webhooks:pending            zset        batch id → when to look at its webhook next
 rf:webhook:{batch}             hash        a batch's webhook body and outcome
@@ -169,6 +170,11 @@ def api_key(digest: str) -> str:
 def tenant_keys(tenant: str) -> str:
     """A tenant's API key ids."""
     return f"{PREFIX}tenant:{tenant}:keys"
+
+
+def webhook_secret(tenant: str) -> str:
+    """A tenant's webhook signing secret."""
+    return f"{PREFIX}tenant:{tenant}:webhook_secret"
 
 
 def rate_bucket(tenant: str, kind: str) -> str:

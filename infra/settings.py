@@ -131,7 +131,8 @@ class Settings(BaseSettings):
                                                            "addresses (SSRF guard off).")
     # webhooks on batch completion (infra/api/webhooks.py)
     webhooks_enabled: bool = Field(True, description="Run the webhook dispatcher inside the status API process.")
-    webhook_secret: str = Field("", description="HMAC-SHA256 key signing webhook bodies; empty = unsigned.")
+    webhook_secret: str = Field("", description="Ignored: webhooks are signed with each tenant's own secret "
+                                                "(GET /v1/webhooks/secret), the Standard Webhooks way.")
     webhook_max_attempts: int = Field(5, ge=1, le=20, description="Delivery attempts per batch before giving up.")
     webhook_backoff_s: float = Field(2.0, gt=0, description="Wait before the 2nd attempt, seconds; doubles each "
                                                             "attempt, capped at 300 s.")

@@ -64,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if reaper is not None:
             reaper.stop()
         farm.celery.close()
+        farm.dns_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,
                   description=DESCRIPTION)

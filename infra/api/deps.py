@@ -7,6 +7,7 @@ submission path and the limits through :func:`get_farm`, and its tenant through 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 import redis
@@ -67,6 +68,8 @@ class Farm:
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
         self.catalog = CatalogIndex(self.store, self.locate_image)
+        #: Blocking DNS of webhook URLs runs here, not in the shared thread pool of sync routes.
+        self.dns_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="renderfarm-webhook-dns")
 
     def locate_image(self, batch_id: str, job_id: str, output_format: str) -> str | None:
         """The S3 key of a job's image when the image is in the bucket (a HEAD), else None."""

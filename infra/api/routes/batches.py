@@ -6,6 +6,8 @@ batch id answers 404 exactly like an unknown one.
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
@@ -21,7 +23,8 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 async def submit_batch(body: BatchSubmission, farm: FarmDep, tenant: Tenant) -> BatchAccepted:
     """Submit up to 10,000 renders as one batch. A repeated ``idempotency_key`` returns the first batch.
     A ``webhook_url`` must be http(s) on a public address (422 otherwise)."""
-    await run_in_threadpool(farm.check_webhook, body.webhook_url)
+    if body.webhook_url is not None:  # its DNS lookups run on the farm's own executor
+        await asyncio.get_running_loop().run_in_executor(farm.dns_pool, farm.check_webhook, body.webhook_url)
     await run_in_threadpool(farm.limiter.charge_jobs, tenant, len(body.jobs))
     return await run_in_threadpool(farm.submit, body.jobs, batch=True, priority=body.priority,
                                    idempotency_key=body.idempotency_key, webhook_url=body.webhook_url,
