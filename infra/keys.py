@@ -41,6 +41,7 @@ rf:apikeys                     hash        key id → sha256
 rf:tenant:{tenant}:keys        set         a tenant's key ids
 rf:tenant:{tenant}:webhook_secret  string  its webhook signing secret (:mod:`infra.api.webhook_secrets`)
 rf:rl:{tenant}:{kind}          hash        a token bucket (:mod:`infra.api.limits`)
+rf:quota:{tenant}              hash        outstanding jobs and GPU-seconds (:mod:`infra.state.quota`)
 rf:webhooks:pending            zset        batch id → when to look at its webhook next
 rf:webhook:{batch}             hash        a batch's webhook body and outcome
 rf:webhook:{batch}:lock        string      the delivery claim
@@ -175,6 +176,11 @@ def tenant_keys(tenant: str) -> str:
 def webhook_secret(tenant: str) -> str:
     """A tenant's webhook signing secret."""
     return f"{PREFIX}tenant:{tenant}:webhook_secret"
+
+
+def quota(tenant: str) -> str:
+    """A tenant's outstanding jobs and estimated GPU-seconds."""
+    return f"{PREFIX}quota:{tenant}"
 
 
 def rate_bucket(tenant: str, kind: str) -> str:

@@ -121,6 +121,12 @@ class Settings(BaseSettings):
                                      "/metrics is open.")
     metrics_cache_s: float = Field(5.0, ge=0, description="Seconds one /metrics answer is reused by every scrape.")
     health_s3_cache_s: float = Field(10.0, ge=0, description="Seconds /healthz reuses its S3 check's answer.")
+    quota_outstanding_jobs: int = Field(200_000, ge=0, description="Per-tenant queued + running jobs; more → 429 "
+                                                                   "(one request over it: 413). 0 = no quota.")
+    quota_gpu_seconds: float = Field(7 * 24 * 3600.0, ge=0, description="Per-tenant outstanding estimated "
+                                     "GPU-seconds (pool's s_per_mpx_step × Mpx × steps); 0 = no quota.")
+    default_s_per_mpx_step: float = Field(0.05, gt=0, description="Seconds per megapixel-step of a pool that "
+                                                                  "declares none (quotas, fair share).")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body, bytes; larger → 413. "
                                                                  "10,000 typical requests are ~3.7 MB of JSON.")
     rate_limit_requests_per_s: float = Field(50.0, ge=0, description="Per-tenant API requests/s; 0 = no limit.")

@@ -25,6 +25,7 @@ from infra.settings import Settings
 from infra.state import metrics, registry
 from infra.state.catalog import CatalogIndex
 from infra.state.jobs import JobStore
+from infra.state.quota import QuotaExceeded, Quotas
 from infra.storage.s3 import Storage, object_key
 
 #: A route parameter holding the request's tenant (and documenting ``X-API-Key`` in the schema).
@@ -64,7 +65,11 @@ class Farm:
                               max_attempts=settings.max_attempts)
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
-        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools)
+        self.quotas = Quotas(self.redis, max_jobs=settings.quota_outstanding_jobs,
+                             max_gpu_s=settings.quota_gpu_seconds)
+        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
+                                   quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,
+                                   drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))))
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
         self.catalog = CatalogIndex(self.store, self.locate_image)
@@ -108,9 +113,13 @@ class Farm:
 
     def submit(self, requests: list[RenderRequest], *, batch: bool, **kwargs) -> BatchAccepted:
         """``Submitter.submit``; requests no declared pool can serve are a 422 whose ``loc`` names
-        the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size."""
+        the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size; over
+        the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it)."""
         try:
             return self.submitter.submit(requests, **kwargs)
+        except QuotaExceeded as exc:
+            headers = {"Retry-After": str(exc.retry_after_s)} if exc.status == 429 else None
+            raise HTTPException(exc.status, exc.message, headers=headers) from None
         except NoPoolError as exc:
             raise RequestValidationError([
                 {"type": e["type"], "msg": e["msg"], "input": e["input"],

@@ -71,6 +71,7 @@ class NewJob:
     job_id: str
     request: RenderRequest
     pool: str
+    cost_s: float | None = None  # estimated GPU-seconds (infra.state.quota); None: not counted
 
 
 def _ts(value: str | None) -> datetime | None:
@@ -134,7 +135,7 @@ class JobStore:
             pipe.hset(keys.job(job.job_id), mapping={
                 "batch_id": batch_id, "tenant": tenant, "pool": job.pool, "state": "queued", "progress": 0,
                 "attempts": 0, "created_at": now, "request": job.request.model_dump_json(), "priority": priority,
-                "ttl_s": self.job_ttl_s,
+                "ttl_s": self.job_ttl_s, **({"cost_s": repr(job.cost_s)} if job.cost_s is not None else {}),
             })
         pipe.zadd(keys.PENDING, {j.job_id: published for j in jobs})
         pipe.zadd(keys.recent_batches(tenant), {batch_id: float(now)})
@@ -147,7 +148,7 @@ class JobStore:
         if batch_id is None or tenant is None:
             batch_id, tenant = self._owners([job_id])[0]
         return [keys.job(job_id), keys.batch_counts(batch_id), keys.LEASES, keys.PENDING, keys.DEAD,
-                keys.dead_of(tenant), keys.batch(batch_id), keys.batch_jobs(batch_id)]
+                keys.dead_of(tenant), keys.batch(batch_id), keys.batch_jobs(batch_id), keys.quota(tenant)]
 
     def _owners(self, job_ids: Sequence[str]) -> list[tuple[str, str]]:
         """``(batch_id, tenant)`` per job id, in one round trip (``"_"`` for an unknown job)."""

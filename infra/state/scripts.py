@@ -11,6 +11,8 @@ happens at most once whatever runs it concurrently (several workers, reapers or 
 #   KEYS[3] rf:leases  KEYS[4] rf:pending  KEYS[5] rf:dead      ARGV[1] the job id
 #   KEYS[6] rf:dead:{tenant}, the job's tenant's own dead-letter index (finish, requeue, retry)
 #   KEYS[7] its batch's hash   KEYS[8] its batch's job list
+#   KEYS[9] rf:quota:{tenant}: a job with ``cost_s`` gives its job and GPU-seconds back when it
+#           ends and takes them again on a dead-letter retry (infra.state.quota)
 # Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running (keep); each
 # move to a terminal state sets its TTL afresh, and its batch's keys get theirs once no job of
 # the batch is queued or running (expire_ended). Records without ``ttl_s`` keep their creation TTL.
@@ -28,6 +30,12 @@ local function now()
 end
 local function fmt(x) return string.format('%.6f', x) end
 local function ttl() return tonumber(redis.call('HGET', KEYS[1], 'ttl_s') or '0') or 0 end
+local function quota(sign)
+  local cost = redis.call('HGET', KEYS[1], 'cost_s')
+  if not cost or not KEYS[9] then return end
+  redis.call('HINCRBY', KEYS[9], 'jobs', sign)
+  redis.call('HINCRBYFLOAT', KEYS[9], 'gpu_s', sign * (tonumber(cost) or 0))
+end
 local function keep()
   if ttl() <= 0 then return end
   for _, k in ipairs({KEYS[1], KEYS[2], KEYS[7], KEYS[8]}) do redis.call('PERSIST', k) end
@@ -71,6 +79,7 @@ local function finish(state, new, t, field, payload)
     redis.call('ZADD', KEYS[5], t, id)
     if KEYS[6] then redis.call('ZADD', KEYS[6], t, id) end
   end
+  quota(-1)
   expire_ended()
 end
 """
@@ -188,6 +197,7 @@ if state ~= 'failed' then
 end
 redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'))
 requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
+quota(1)
 redis.call('HDEL', KEYS[1], 'error', 'finished_at')
 redis.call('ZREM', KEYS[5], id)
 if KEYS[6] then redis.call('ZREM', KEYS[6], id) end
