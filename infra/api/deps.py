@@ -72,7 +72,7 @@ class Farm:
                                    drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))))
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
-        self.catalog = CatalogIndex(self.store, self.locate_image)
+        self.catalog = CatalogIndex(self.store, self.locate_image, exists=self.storage.exists)
         #: Blocking DNS of webhook URLs runs here, not in the shared thread pool of sync routes.
         self.dns_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="renderfarm-webhook-dns")
 
