@@ -17,8 +17,8 @@ answered without its job record, so a nightly catalog finds last month's images;
 yet promoted whose job record has expired is answered by a HEAD of the image's S3 key, and
 dropped when there is no image. Every ``succeeded`` answer is confirmed by a HEAD of its image
 (``exists``): an entry whose image is gone (the local stack's bucket wiped, an object deleted)
-is dropped and answered unknown, so the catalog renders the item again instead of skipping it. Entries are per tenant: one tenant never learns of, nor skips
-on, another tenant's renders. Index writes are compare-and-set, so a lookup never overwrites
+is dropped and answered unknown, so the catalog renders the item again instead of skipping it.
+Entries are per tenant: one tenant never learns of, nor skips on, another tenant's renders. Index writes are compare-and-set, so a lookup never overwrites
 an entry that a newer submission wrote meanwhile.
 """
 
