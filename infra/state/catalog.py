@@ -18,8 +18,9 @@ yet promoted whose job record has expired is answered by a HEAD of the image's S
 dropped when there is no image. Every ``succeeded`` answer is confirmed by a HEAD of its image
 (``exists``): an entry whose image is gone (the local stack's bucket wiped, an object deleted)
 is dropped and answered unknown, so the catalog renders the item again instead of skipping it.
-Entries are per tenant: one tenant never learns of, nor skips on, another tenant's renders. Index writes are compare-and-set, so a lookup never overwrites
-an entry that a newer submission wrote meanwhile.
+Entries are per tenant: one tenant never learns of, nor skips on, another tenant's renders.
+Index writes are compare-and-set, so a lookup never overwrites an entry that a newer submission
+wrote meanwhile.
 """
 
 from __future__ import annotations
