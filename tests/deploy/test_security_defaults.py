@@ -99,3 +99,12 @@ def test_catalog_job_reaches_redis_with_the_password(render, extra):
     assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "catalog"
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
     assert names.index("REDIS_PASSWORD") < names.index("RENDERFARM_REDIS_URL")
+
+
+def test_metrics_token_from_a_secret(render):
+    api = next(d for d in by_kind(render("default", "--set", "metrics.tokenSecret.name=scrape"), "Deployment")
+               if _component(d) == "api")
+    ref = next(e for e in _env(api) if e["name"] == "RENDERFARM_METRICS_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "scrape", "key": "metrics-token"}
+    api = next(d for d in by_kind(render(), "Deployment") if _component(d) == "api")
+    assert "RENDERFARM_METRICS_TOKEN" not in [e["name"] for e in _env(api)]
