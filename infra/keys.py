@@ -19,7 +19,9 @@ rf:batch:{id}:counts           hash        one counter per state, and ``done`` =
 rf:batches:{tenant}            zset        a tenant's newest batch ids → created_at
 rf:leases                      zset        running job id → lease_until (server clock)
 rf:pending                     zset        queued job id → when its message was last (re)published
-rf:dead                        zset        failed job id → when it failed (the dead-letter set)
+rf:dead                        zset        failed job id → when it failed (the dead-letter set, farm-wide)
+rf:dead:{tenant}               zset        the same, one tenant's jobs only (its dead-letter pages)
+rf:migrations                  hash        one-time data migrations done → when (:mod:`infra.state.jobs`)
 rf:idem:{tenant}:{key}         string      an idempotency key → its batch id
 rf:wait:pools                  set         pools with waiting jobs (:mod:`infra.broker.dispatch`)
 rf:wait:lanes:{pool}           set         "{tenant}:{priority}" of the pool's non-empty lanes
@@ -37,7 +39,9 @@ rf:catalog:{tenant}            hash        catalog key → job (:mod:`infra.stat
 rf:apikey:{sha256}             hash        one API key's tenant, id, name (:mod:`infra.api.auth`)
 rf:apikeys                     hash        key id → sha256
 rf:tenant:{tenant}:keys        set         a tenant's key ids
+rf:tenant:{tenant}:webhook_secret  string  its webhook signing secret (:mod:`infra.api.webhook_secrets`)
 rf:rl:{tenant}:{kind}          hash        a token bucket (:mod:`infra.api.limits`)
+rf:quota:{tenant}              hash        outstanding jobs and GPU-seconds (:mod:`infra.state.quota`)
 rf:webhooks:pending            zset        batch id → when to look at its webhook next
 rf:webhook:{batch}             hash        a batch's webhook body and outcome
 rf:webhook:{batch}:lock        string      the delivery claim
@@ -56,6 +60,7 @@ LEASES = f"{PREFIX}leases"
 PENDING = f"{PREFIX}pending"
 DEAD = f"{PREFIX}dead"
 JOB_PREFIX = f"{PREFIX}job:"
+MIGRATIONS = f"{PREFIX}migrations"
 
 
 def job(job_id: str) -> str:
@@ -76,6 +81,11 @@ def batch_jobs(batch_id: str) -> str:
 def batch_counts(batch_id: str) -> str:
     """A batch's per-state counters."""
     return f"{batch(batch_id)}:counts"
+
+
+def dead_of(tenant: str) -> str:
+    """A tenant's own dead-letter index (its failed job ids → when they failed)."""
+    return f"{DEAD}:{tenant}"
 
 
 def recent_batches(tenant: str) -> str:
@@ -161,6 +171,16 @@ def api_key(digest: str) -> str:
 def tenant_keys(tenant: str) -> str:
     """A tenant's API key ids."""
     return f"{PREFIX}tenant:{tenant}:keys"
+
+
+def webhook_secret(tenant: str) -> str:
+    """A tenant's webhook signing secret."""
+    return f"{PREFIX}tenant:{tenant}:webhook_secret"
+
+
+def quota(tenant: str) -> str:
+    """A tenant's outstanding jobs and estimated GPU-seconds."""
+    return f"{PREFIX}quota:{tenant}"
 
 
 def rate_bucket(tenant: str, kind: str) -> str:

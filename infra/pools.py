@@ -149,6 +149,9 @@ class PoolSpec(BaseModel):
     steps: int | None = Field(None, ge=1, le=150, description="The num_inference_steps the pool's jobs typically ask "
                                                           "for; the worker sizes its batch at max_pixels and these "
                                                           "(default: the family's).")
+    s_per_mpx_step: float | None = Field(None, gt=0, description="Accelerator seconds per megapixel per denoising "
+                                         "step on this pool's devices (quotas and fair share; default: "
+                                         "RENDERFARM_DEFAULT_S_PER_MPX_STEP).")
     use_pe: bool = Field(False, description="ERNIE-Image: run the prompt enhancer (its model card's validation "
                                             "turns it off).")
     batch_invariant: bool | None = Field(None, description="Identical pixels alone and in any batch (None: the "
@@ -227,6 +230,10 @@ class Router:
             self._by_model.setdefault(pool.model, []).append(pool)
         for candidates in self._by_model.values():
             candidates.sort(key=lambda p: p.max_pixels)
+
+    def spec(self, name: str) -> PoolSpec | None:
+        """The declared pool named ``name``; None for an undeclared one (one pool per model)."""
+        return self._by_name.get(name)
 
     def pool_for(self, model: str, width: int, height: int) -> str:
         """The pool for a render of ``model`` at ``width × height`` pixels.

@@ -7,6 +7,7 @@ returns for it. Validation errors name the field and the rule that failed.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -29,6 +30,16 @@ SchedulerName = Literal[
 ]
 
 MAX_SEED = 2**32 - 1
+#: A job or batch id: 32 lowercase hex digits (a UUID4's hex, :func:`infra.api.submission.new_id`).
+FARM_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def is_farm_id(value: str) -> bool:
+    """Whether ``value`` is shaped like a job or batch id (32 lowercase hex digits). Anything else
+    is never a stored id, and must never become part of a Redis key name (``rf:batch:{id}:jobs``
+    would read another key)."""
+    return FARM_ID_RE.fullmatch(value) is not None
+
 #: The metadata field of a RenderRequest that carries its catalog key (:mod:`infra.state.catalog`).
 CATALOG_KEY_FIELD = "catalog_key"
 #: Most catalog keys one ``POST /v1/catalog/lookup`` may ask about.

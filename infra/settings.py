@@ -82,7 +82,8 @@ class Settings(BaseSettings):
     flush_interval_s: float = Field(0.25, gt=0, le=0.25, description="celery-batches flush interval, seconds.")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="Worker heartbeat period, seconds.")
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
-    job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after creation, seconds.")
+    job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after the job ended "
+                                                          "(never while queued or running), seconds.")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
     # pools and priorities (infra/pools.py, infra/broker/dispatch.py)
     pools: Annotated[list[PoolSpec], NoDecode] = Field(
@@ -114,6 +115,19 @@ class Settings(BaseSettings):
     # security (infra/api/auth.py, infra/api/limits.py, infra/api/webhook_policy.py)
     auth_required: bool = Field(False, description="Require a tenant's X-API-Key on /v1 routes; off: keys optional, "
                                                    "anonymous requests are tenant 'public'.")
+    admin_tenants: str = Field("", description="Comma-separated tenants that see farm-wide details "
+                                                "(every tenant's job ids in GET /v1/workers).")
+    metrics_token: SecretStr = Field(SecretStr(""), description="Bearer token Prometheus sends to scrape /metrics "
+                                     "(Authorization: Bearer …); an admin tenant's key works too. Empty and auth off: "
+                                     "/metrics is open.")
+    metrics_cache_s: float = Field(5.0, ge=0, description="Seconds one /metrics answer is reused by every scrape.")
+    health_s3_cache_s: float = Field(10.0, ge=0, description="Seconds /healthz reuses its S3 check's answer.")
+    quota_outstanding_jobs: int = Field(200_000, ge=0, description="Per-tenant queued + running jobs; more → 429 "
+                                                                   "(one request over it: 413). 0 = no quota.")
+    quota_gpu_seconds: float = Field(7 * 24 * 3600.0, ge=0, description="Per-tenant outstanding estimated "
+                                     "GPU-seconds (pool's s_per_mpx_step × Mpx × steps); 0 = no quota.")
+    default_s_per_mpx_step: float = Field(0.05, gt=0, description="Seconds per megapixel-step of a pool that "
+                                                                  "declares none (quotas, fair share).")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body, bytes; larger → 413. "
                                                                  "10,000 typical requests are ~3.7 MB of JSON.")
     rate_limit_requests_per_s: float = Field(50.0, ge=0, description="Per-tenant API requests/s; 0 = no limit.")
@@ -125,7 +139,8 @@ class Settings(BaseSettings):
                                                            "addresses (SSRF guard off).")
     # webhooks on batch completion (infra/api/webhooks.py)
     webhooks_enabled: bool = Field(True, description="Run the webhook dispatcher inside the status API process.")
-    webhook_secret: str = Field("", description="HMAC-SHA256 key signing webhook bodies; empty = unsigned.")
+    webhook_secret: str = Field("", description="Ignored: webhooks are signed with each tenant's own secret "
+                                                "(GET /v1/webhooks/secret), the Standard Webhooks way.")
     webhook_max_attempts: int = Field(5, ge=1, le=20, description="Delivery attempts per batch before giving up.")
     webhook_backoff_s: float = Field(2.0, gt=0, description="Wait before the 2nd attempt, seconds; doubles each "
                                                             "attempt, capped at 300 s.")
@@ -154,6 +169,11 @@ class Settings(BaseSettings):
         path = env_file_path()
         file = () if path is None else (DotEnvSettingsSource(settings_cls, env_file=path),)
         return init_settings, env_settings, *file, file_secret_settings
+
+    @property
+    def admin_tenant_set(self) -> frozenset[str]:
+        """``admin_tenants`` as a set of tenant names (empty: no admin tenant)."""
+        return frozenset(t.strip() for t in self.admin_tenants.split(",") if t.strip())
 
     def s3_credentials(self) -> dict[str, str]:
         """Keyword arguments for ``boto3.client``: the client settings file's S3 keys when the

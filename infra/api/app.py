@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.farm = farm = Farm(settings)
+        farm.store.backfill_dead_index()  # dead letters written before the per-tenant indexes
         reaper = Reaper(farm.store, farm.celery, interval_s=settings.reaper_interval_s,
                         republish_after_s=settings.republish_after_s,
                         heartbeat_ttl_s=settings.heartbeat_ttl_s).start() if settings.reaper_enabled else None
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if reaper is not None:
             reaper.stop()
         farm.celery.close()
+        farm.dns_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,
                   description=DESCRIPTION)

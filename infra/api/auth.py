@@ -53,10 +53,12 @@ from infra.state.jobs import PUBLIC_TENANT
 #: The header clients send their key in.
 HEADER = "X-API-Key"
 
-#: Routes that answer without a key: liveness/readiness, Prometheus, the dashboard page and the
-#: API's own description. Everything under /v1 needs one when auth is required, including the
-#: farm-wide /v1/workers and /v1/queues.
-OPEN_PATHS = frozenset({"/healthz", "/metrics", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+#: Routes the middleware lets through without a key: liveness/readiness, Prometheus (whose route
+#: checks its own scrape token or an admin key), the dashboard page and the API's own
+#: description. Everything under /v1 needs one when auth is required, including the farm-wide
+#: /v1/workers and /v1/queues.
+OPEN_PATHS = frozenset({"/healthz", "/livez", "/metrics", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect",
+                        "/redoc"})
 
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 KEY_RE = re.compile(r"rf_([0-9a-f]{12})_[A-Za-z0-9_-]{20,}")

@@ -7,10 +7,11 @@ submission path and the limits through :func:`get_farm`, and its tenant through 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 import redis
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import KeyStore, current_tenant
@@ -19,15 +20,35 @@ from infra.api.submission import Submitter
 from infra.api.webhook_policy import WebhookRefused, check_webhook_url
 from infra.broker.app import make_celery
 from infra.pools import NoPoolError
-from infra.schemas import BatchAccepted, JobStatus, RenderRequest
+from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry
 from infra.state.catalog import CatalogIndex
 from infra.state.jobs import JobStore
+from infra.state.quota import QuotaExceeded, Quotas
 from infra.storage.s3 import Storage, object_key
 
 #: A route parameter holding the request's tenant (and documenting ``X-API-Key`` in the schema).
 Tenant = Annotated[str, Depends(current_tenant)]
+
+
+def not_found(what: str) -> HTTPException:
+    """The one 404 for an id the caller may not see: unknown, malformed or another tenant's all
+    answer ``{"detail": "unknown <what> id"}``, byte for byte (the id is not echoed, so the body
+    says nothing about it)."""
+    return HTTPException(404, f"unknown {what} id")
+
+
+def require_id(value: str, what: str) -> str:
+    """``value`` when it is shaped like a job or batch id (:func:`infra.schemas.is_farm_id`);
+    else the same 404 as an unknown id (a malformed id never reaches a Redis key name).
+
+    Raises:
+        HTTPException: 404 :func:`not_found`.
+    """
+    if not is_farm_id(value):
+        raise not_found(what)
+    return value
 
 
 class Farm:
@@ -44,10 +65,16 @@ class Farm:
                               max_attempts=settings.max_attempts)
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
-        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools)
+        self.quotas = Quotas(self.redis, max_jobs=settings.quota_outstanding_jobs,
+                             max_gpu_s=settings.quota_gpu_seconds)
+        self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
+                                   quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,
+                                   drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))))
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
-        self.catalog = CatalogIndex(self.store, self.locate_image)
+        self.catalog = CatalogIndex(self.store, self.locate_image, exists=self.storage.exists)
+        #: Blocking DNS of webhook URLs runs here, not in the shared thread pool of sync routes.
+        self.dns_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="renderfarm-webhook-dns")
 
     def locate_image(self, batch_id: str, job_id: str, output_format: str) -> str | None:
         """The S3 key of a job's image when the image is in the bucket (a HEAD), else None."""
@@ -57,6 +84,22 @@ class Farm:
     def live_workers(self) -> list[dict]:
         """Workers heard from within the heartbeat TTL (:func:`infra.state.registry.live_workers`)."""
         return registry.live_workers(self.redis, self.settings.heartbeat_ttl_s)
+
+    def visible_workers(self, tenant: str) -> list[dict]:
+        """:meth:`live_workers` as ``tenant`` may see them: the ids in ``current_jobs`` and
+        ``reserved_jobs`` are only those of its own jobs, unless it is an admin tenant
+        (``RENDERFARM_ADMIN_TENANTS``), which sees them all."""
+        workers = self.live_workers()
+        if tenant in self.settings.admin_tenant_set:
+            return workers
+        ids = sorted({j for w in workers for f in ("current_jobs", "reserved_jobs") for j in w.get(f) or []
+                      if isinstance(j, str)})
+        owners = dict(zip(ids, self.store.tenants_of(ids))) if ids else {}
+        for w in workers:
+            for field in ("current_jobs", "reserved_jobs"):
+                if field in w:
+                    w[field] = [j for j in w[field] or [] if owners.get(j) == tenant]
+        return workers
 
     def check_webhook(self, url: str | None) -> None:
         """Refuse a webhook URL that fails the SSRF policy, as a 422 on ``body.webhook_url``."""
@@ -70,9 +113,13 @@ class Farm:
 
     def submit(self, requests: list[RenderRequest], *, batch: bool, **kwargs) -> BatchAccepted:
         """``Submitter.submit``; requests no declared pool can serve are a 422 whose ``loc`` names
-        the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size."""
+        the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size; over
+        the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it)."""
         try:
             return self.submitter.submit(requests, **kwargs)
+        except QuotaExceeded as exc:
+            headers = {"Retry-After": str(exc.retry_after_s)} if exc.status == 429 else None
+            raise HTTPException(exc.status, exc.message, headers=headers) from None
         except NoPoolError as exc:
             raise RequestValidationError([
                 {"type": e["type"], "msg": e["msg"], "input": e["input"],

@@ -46,11 +46,12 @@ class RetryAccepted(BaseModel):
 
 
 class Health(BaseModel):
-    """``GET /healthz``: ``ok`` when Redis and S3 answer (HTTP 200), else ``unavailable`` (503)
-    with the failing check's error. ``unhealthy_workers`` lists workers whose circuit breaker is
-    open (present only when there are some)."""
+    """``GET /healthz`` (readiness): ``ok`` when Redis and S3 answer; ``degraded`` (still HTTP 200)
+    when only S3 fails, since the API still accepts and reports jobs; ``unavailable`` (503) when
+    Redis fails. ``checks`` holds each failing check's error. ``unhealthy_workers`` lists workers
+    whose circuit breaker is open (present only when there are some)."""
 
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok", "degraded", "unavailable"]
     checks: dict[str, str]
     unhealthy_workers: list[str] | None = None
 

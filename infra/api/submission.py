@@ -23,6 +23,7 @@ from infra.pools import PoolSpec, Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
 from infra.state.jobs import PUBLIC_TENANT, JobStore, NewJob
+from infra.state.quota import Quotas, job_cost_s
 
 
 def new_id() -> str:
@@ -50,11 +51,16 @@ class Submitter:
         default_model: model for requests that name none.
         pools: the declared pools (:mod:`infra.pools`); empty = one pool per model.
         on_enqueued: called with the pools that received jobs (the API wakes its dispatcher).
+        quotas: per-tenant quotas on outstanding jobs and GPU-seconds (None: counted, no limit).
+        s_per_mpx_step: the cost rate of pools that declare none (:func:`infra.state.quota.job_cost_s`).
+        drain_gpu_s_per_s: GPU-seconds the farm finishes per second (its live workers), for
+            ``Retry-After`` over a quota.
     """
 
     def __init__(self, store: JobStore, celery_app: Celery, default_model: str, client: redis.Redis,
                  idempotency_ttl_s: int = 24 * 3600, pools: Sequence[PoolSpec] = (),
-                 on_enqueued: Callable[[set[str]], None] | None = None):
+                 on_enqueued: Callable[[set[str]], None] | None = None, quotas: Quotas | None = None,
+                 s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
@@ -62,6 +68,15 @@ class Submitter:
         self.idempotency_ttl_s = idempotency_ttl_s
         self.router = Router(pools)
         self.on_enqueued = on_enqueued
+        self.quotas = quotas if quotas is not None else Quotas(client)
+        self.s_per_mpx_step = s_per_mpx_step
+        self.drain_gpu_s_per_s = drain_gpu_s_per_s
+
+    def cost_s(self, request: RenderRequest, pool: str) -> float:
+        """Estimated GPU-seconds of ``request`` on ``pool`` (its ``s_per_mpx_step``)."""
+        spec = self.router.spec(pool)
+        rate = spec.s_per_mpx_step if spec is not None and spec.s_per_mpx_step else self.s_per_mpx_step
+        return job_cost_s(request.width, request.height, request.num_inference_steps, rate)
 
     def submit(self, requests: Sequence[RenderRequest], *, priority: str = "normal",
                idempotency_key: str | None = None, webhook_url: str | None = None,
@@ -83,19 +98,36 @@ class Submitter:
         Raises:
             NoPoolError: some request no declared pool can serve (its model, or its size over
                 the pool's ``max_pixels``); nothing is recorded or enqueued.
+            QuotaExceeded: the tenant's outstanding jobs or GPU-seconds would exceed its quota
+                (429), or this request alone does (413); nothing is recorded or enqueued.
         """
         resolved = [resolve(request, self.default_model) for request in requests]
         pools = self.router.route_all(resolved)
+        if idempotency_key is not None and (first := self.redis.get(keys.idempotency(tenant, idempotency_key))):
+            return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))  # before any quota
         batch_id = new_id()
-        if idempotency_key is not None:
-            key = keys.idempotency(tenant, idempotency_key)
-            if not self.redis.set(key, batch_id, nx=True, ex=self.idempotency_ttl_s):
-                first = self.redis.get(key)
-                return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))
-        jobs = [NewJob(new_id(), request, pool) for request, pool in zip(resolved, pools)]
-        extra = {"webhook_url": webhook_url} if webhook_url else None
-        catalog.record(self.redis, tenant, batch_id, jobs)  # before the records: see infra.state.catalog
-        self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
+        jobs = [NewJob(new_id(), request, pool, cost_s=self.cost_s(request, pool))
+                for request, pool in zip(resolved, pools)]
+        gpu_s = sum(j.cost_s or 0.0 for j in jobs)
+        drain = self.drain_gpu_s_per_s() if self.drain_gpu_s_per_s is not None else 1.0
+        self.quotas.reserve(tenant, len(jobs), gpu_s, drain_gpu_s_per_s=drain)
+        key = None
+        try:
+            if idempotency_key is not None:
+                key = keys.idempotency(tenant, idempotency_key)
+                if not self.redis.set(key, batch_id, nx=True, ex=self.idempotency_ttl_s):
+                    self.quotas.release(tenant, len(jobs), gpu_s)
+                    first = self.redis.get(key)
+                    return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))
+            extra = {"webhook_url": webhook_url} if webhook_url else None
+            catalog.record(self.redis, tenant, batch_id, jobs)  # before the records: see infra.state.catalog
+            self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
+        except BaseException:
+            if key is not None and self.redis.get(key) == batch_id:
+                self.redis.delete(key)
+            if not self.store.batch_meta(batch_id):
+                self.quotas.release(tenant, len(jobs), gpu_s)
+            raise
         if webhook_url:
             webhooks.enroll(self.redis, batch_id)
         enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,

@@ -7,7 +7,8 @@ reaper and cancels move its jobs, and the store's per-state counters with them �
 **dispatcher here** (a background thread of every API process, like the reaper) sees
 ``queued = running = 0`` → checks the URL against the SSRF policy again
 (:mod:`infra.api.webhook_policy`; the name may resolve elsewhere by now) → POSTs to the address that
-check returned → the receiver checks the signature with :func:`verify_signature`.
+check returned, signed with the batch's tenant's own secret the Standard Webhooks way
+(:mod:`infra.api.webhook_secrets`) → the receiver checks it with any Standard Webhooks library.
 
 Why a pending set rather than an event pushed by the store's Lua: every way a job ends (worker,
 reaper, cancel, dead-letter retry) already moves the batch's counters, so reading them covers all
@@ -18,15 +19,21 @@ read per due batch per poll (``webhook_poll_s``).
 Delivery: body ``{"event": "batch.finished", "batch_id", "total", "counts", "created_at",
 "finished_at"}`` (``finished_at``: when the farm saw the batch end, ISO 8601 UTC; the body is
 fixed on first sight and identical on every attempt). Headers:
-    X-Renderfarm-Timestamp   epoch seconds of this attempt
-    X-Renderfarm-Signature   ``sha256=`` + hex HMAC-SHA256 of ``<timestamp>.<body>`` under
-                             ``webhook_secret`` (absent when no secret is configured)
-    X-Renderfarm-Delivery    the batch id (receivers deduplicate on it)
+    webhook-id               the batch id (receivers deduplicate on it)
+    webhook-timestamp        epoch seconds of this attempt
+    webhook-signature        ``v1,`` + base64 HMAC-SHA256 of ``<id>.<timestamp>.<body>`` under
+                             the tenant's secret (Standard Webhooks)
+    X-Renderfarm-Delivery    the batch id again (as before)
     X-Renderfarm-Attempt     1, 2, …
 A 2xx answer delivers it. Anything else (another status, a redirect, which is never followed, a
 timeout, a refused connection) is retried after ``webhook_backoff_s × 2^(attempt-1)`` seconds
 (capped at 300 s) up to ``webhook_max_attempts`` attempts; a URL the policy now refuses fails
 at once. The outcome stays in ``rf:webhook:{batch}``.
+
+Fair across tenants: a batch seen unfinished is looked at again only after ``recheck_s``, so
+a tenant's many unfinished batches never fill the window of due batches; ended batches are
+started round-robin by tenant, and one tenant holds at most ``per_tenant`` of the
+``concurrency`` delivery slots, so one tenant's slow receivers cannot hold up the others.
 
 Once per batch: an attempt is made only under ``rf:webhook:{batch}:lock`` (SET NX PX, longer than
 the request timeout) and only while the outcome is not yet recorded, so two replicas never both
@@ -44,8 +51,6 @@ Redis keys:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import threading
@@ -60,59 +65,35 @@ import redis
 
 from infra import keys
 from infra.api.webhook_policy import IPAddress, WebhookRefused, check_webhook_url
+from infra.api.webhook_secrets import sign_headers, tenant_secret, verify_signature  # noqa: F401 (receivers)
 from infra.background import PeriodicLoop, RedisLock, server_time
 from infra.settings import Settings
+from infra.state.jobs import PUBLIC_TENANT
 
 log = logging.getLogger("renderfarm.webhooks")
 
 EVENT = "batch.finished"
-SIGNATURE_HEADER = "X-Renderfarm-Signature"
-TIMESTAMP_HEADER = "X-Renderfarm-Timestamp"
 DELIVERY_HEADER = "X-Renderfarm-Delivery"
 ATTEMPT_HEADER = "X-Renderfarm-Attempt"
 #: Longest wait between two attempts, seconds.
 MAX_BACKOFF_S = 300.0
 _NOT_ENDED = ("queued", "running")
 
+def _round_robin(groups: Mapping[str, list[str]]) -> list[tuple[str, str]]:
+    """``(group, item)`` taking one item of each group in turn: a, b, c, a, b, a, …"""
+    out, queues = [], {g: list(items) for g, items in groups.items()}
+    while queues:
+        for group in list(queues):
+            out.append((group, queues[group].pop(0)))
+            if not queues[group]:
+                del queues[group]
+    return out
+
+
 def enroll(client: redis.Redis, batch_id: str) -> None:
     """Have the dispatcher watch ``batch_id`` (whose batch record holds ``webhook_url``) until it
     ends. Call after the batch record is written."""
     client.zadd(keys.WEBHOOKS_PENDING, {batch_id: 0}, nx=True)
-
-
-# ---- signatures ---------------------------------------------------------------------------
-def sign(secret: str, timestamp: int | str, body: bytes) -> str:
-    """The ``X-Renderfarm-Signature`` value: ``sha256=`` + hex HMAC-SHA256 of
-    ``<timestamp>.<body>`` with key ``secret`` (UTF-8)."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"sha256={mac.hexdigest()}"
-
-
-def verify_signature(secret: str, timestamp: int | str | None, body: bytes, header: str | None,
-                     tolerance_s: float = 300, *, now: float | None = None) -> bool:
-    """Check a webhook the farm sent, on the receiver's side.
-
-    Args:
-        secret: the farm's ``RENDERFARM_WEBHOOK_SECRET``.
-        timestamp: the ``X-Renderfarm-Timestamp`` header (epoch seconds).
-        body: the raw request body, byte for byte as received (not re-serialised JSON).
-        header: the ``X-Renderfarm-Signature`` header.
-        tolerance_s: largest accepted distance between ``timestamp`` and ``now``, seconds;
-            it bounds how long a captured request can be replayed.
-        now: the receiver's clock, epoch seconds (default: ``time.time()``).
-    Returns:
-        True only when the header is well formed, the timestamp is within tolerance and the
-        HMAC matches (compared in constant time). Never raises on malformed input.
-    """
-    if not secret or timestamp is None or not header or not header.startswith("sha256="):
-        return False
-    try:
-        ts = int(str(timestamp).strip())
-    except ValueError:
-        return False
-    if abs((time.time() if now is None else now) - ts) > tolerance_s:
-        return False
-    return hmac.compare_digest(sign(secret, ts, body).encode(), header.strip().encode())
 
 
 def _iso(epoch: float | str | None) -> str | None:
@@ -171,21 +152,24 @@ class WebhookDispatcher:
 
     Args:
         client: Redis with ``decode_responses=True`` (the job-state store's).
-        secret: HMAC key; empty sends no signature header (a warning is logged at start).
         allow_private: the SSRF policy's ``allow_private`` (``webhook_allow_private``).
         max_attempts: attempts per batch before it is given up.
         backoff_s: wait before the second attempt, seconds; doubles each time, capped at 300 s.
         timeout_s: per-request timeout, seconds.
         poll_s: seconds between two looks at the pending set.
         concurrency: deliveries in flight at once (a slow receiver does not hold up the others).
+        per_tenant: deliveries of one tenant in flight at once (default: half of ``concurrency``).
+        recheck_s: seconds before a batch seen unfinished is looked at again (default ``2 × poll_s``).
         ttl_s: how long the outcome record is kept, seconds.
     """
 
-    def __init__(self, client: redis.Redis, *, secret: str = "", allow_private: bool = False, max_attempts: int = 5,
+    def __init__(self, client: redis.Redis, *, allow_private: bool = False, max_attempts: int = 5,
                  backoff_s: float = 2.0, timeout_s: float = 10.0, poll_s: float = 1.0, concurrency: int = 4,
+                 per_tenant: int | None = None, recheck_s: float | None = None,
                  ttl_s: int = 7 * 24 * 3600, batch_limit: int = 1000):
         self.r = client
-        self.secret = secret
+        self.per_tenant = max(1, concurrency // 2) if per_tenant is None else per_tenant
+        self.recheck_s = 2 * poll_s if recheck_s is None else recheck_s
         self.allow_private = allow_private
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
@@ -196,14 +180,14 @@ class WebhookDispatcher:
         self.http = httpx.Client(headers={"User-Agent": "renderfarm-webhooks/1"}, trust_env=False)
         self._locks = RedisLock(client)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="renderfarm-webhook")
-        self._inflight: set[str] = set()
+        self._inflight: dict[str, str] = {}  # batch id → tenant
         self._inflight_lock = threading.Lock()
         self.loop = PeriodicLoop("renderfarm-webhooks", self.poll, poll_s, log)
 
     @classmethod
     def from_settings(cls, settings: Settings, client: redis.Redis) -> "WebhookDispatcher":
         """A dispatcher configured by the ``webhook_*`` settings."""
-        return cls(client, secret=settings.webhook_secret, allow_private=settings.webhook_allow_private,
+        return cls(client, allow_private=settings.webhook_allow_private,
                    max_attempts=settings.webhook_max_attempts, backoff_s=settings.webhook_backoff_s,
                    timeout_s=settings.webhook_timeout_s, poll_s=settings.webhook_poll_s, ttl_s=settings.job_ttl_s)
 
@@ -223,21 +207,27 @@ class WebhookDispatcher:
             return []
         pipe = self.r.pipeline(transaction=False)
         for batch_id in due:
-            pipe.hmget(keys.batch(batch_id), "webhook_url", "total", "created_at")
+            pipe.hmget(keys.batch(batch_id), "webhook_url", "total", "tenant")
             pipe.hmget(keys.batch_counts(batch_id), *_NOT_ENDED)
         answers = pipe.execute()
-        started, futures = [], []
+        ended: dict[str, list[str]] = {}  # tenant → its ended batches, oldest first
+        later = {}
         for i, batch_id in enumerate(due):
-            (url, total, _created), not_ended = answers[2 * i], answers[2 * i + 1]
+            (url, total, tenant), not_ended = answers[2 * i], answers[2 * i + 1]
             if total is None or not url:  # the batch record expired, or it has no webhook
                 self.r.zrem(keys.WEBHOOKS_PENDING, batch_id)
-                continue
-            if any(int(n or 0) for n in not_ended):
-                continue
+            elif any(int(n or 0) for n in not_ended):
+                later[batch_id] = now + self.recheck_s  # out of the window until then
+            else:
+                ended.setdefault(tenant or PUBLIC_TENANT, []).append(batch_id)
+        if later:
+            self.r.zadd(keys.WEBHOOKS_PENDING, later, xx=True)
+        started, futures = [], []
+        for tenant, batch_id in _round_robin(ended):
             with self._inflight_lock:
-                if batch_id in self._inflight:
+                if batch_id in self._inflight or sum(t == tenant for t in self._inflight.values()) >= self.per_tenant:
                     continue
-                self._inflight.add(batch_id)
+                self._inflight[batch_id] = tenant
             started.append(batch_id)
             futures.append(self._pool.submit(self._deliver_guarded, batch_id))
         if wait:
@@ -252,7 +242,7 @@ class WebhookDispatcher:
             log.warning("webhook of batch %s: %s: %s", batch_id, type(exc).__name__, exc)
         finally:
             with self._inflight_lock:
-                self._inflight.discard(batch_id)
+                self._inflight.pop(batch_id, None)
 
     def deliver(self, batch_id: str) -> str | None:
         """Make one delivery attempt for an ended batch, under its claim.
@@ -283,10 +273,9 @@ class WebhookDispatcher:
         attempt = int(self.r.hincrby(skey, "attempts", 1))
         raw = body.encode()
         timestamp = int(time.time())
-        headers = {"Content-Type": "application/json", TIMESTAMP_HEADER: str(timestamp),
-                   DELIVERY_HEADER: batch_id, ATTEMPT_HEADER: str(attempt)}
-        if self.secret:
-            headers[SIGNATURE_HEADER] = sign(self.secret, timestamp, raw)
+        secret = tenant_secret(self.r, meta.get("tenant") or PUBLIC_TENANT)
+        headers = {"Content-Type": "application/json", DELIVERY_HEADER: batch_id, ATTEMPT_HEADER: str(attempt),
+                   **sign_headers(secret, batch_id, timestamp, raw)}
         permanent = False
         try:
             status = post_once(url, raw, headers, allow_private=self.allow_private, timeout_s=self.timeout_s,
@@ -319,8 +308,6 @@ class WebhookDispatcher:
     # ---- running --------------------------------------------------------------------------
     def start(self) -> "WebhookDispatcher":
         """Poll every ``poll_s`` seconds in a daemon thread; errors are logged, never raised."""
-        if not self.secret:
-            log.warning("RENDERFARM_WEBHOOK_SECRET is empty: webhooks are sent without a signature")
         self.loop.start()
         return self
 

@@ -19,10 +19,12 @@ Choosing the next job (stride scheduling, a form of weighted fair queuing):
   (clamped at high). A ``low`` job that waited two aging periods competes as ``high``; equal
   effective priorities go oldest first. So ``low`` never starves behind a tenant's own ``high``.
 - Between tenants, each has a *pass* (virtual time); the tenant with the smallest pass goes
-  next and its pass grows by ``1 / weight`` of the job's effective priority (high 4, normal 2,
-  low 1). Busy tenants share the pool in proportion to these weights, whatever their backlog:
-  a tenant with ten ``high`` jobs gets two of every three slots against a ``normal`` catalog,
-  and the catalog still gets the third. A tenant that was idle starts at the current virtual
+  next and its pass grows by the job's estimated GPU-seconds (``cost_s``, :mod:`infra.state.quota`;
+  1 for a record without one) / the weight of its effective priority (high 4, normal 2,
+  low 1), so tenants share accelerator time, not job counts. Busy tenants share the pool in
+  proportion to these weights, whatever their backlog: with equal costs, a tenant with ten
+  ``high`` jobs gets two of every three slots against a ``normal`` catalog, and the catalog
+  still gets the third. A tenant that was idle starts at the current virtual
   time (it cannot bank credit while away). Ties go to the older head job.
 
 Keys (named in :mod:`infra.keys`; a pool name holds no ``:``, a tenant neither)::
@@ -128,7 +130,8 @@ while #out < want do
   local h = pick.h
   redis.call('LPOP', h.key)
   vt = pick_pass
-  pass[h.tenant] = pick_pass + 1 / weight[pick.eff]
+  local cost = tonumber(redis.call('HGET', job_prefix .. h.id, 'cost_s') or '1') or 1
+  pass[h.tenant] = pick_pass + cost / weight[pick.eff]
   local nxt = head(h.member)
   lanes[h.member] = nxt
   if not nxt then redis.call('SREM', KEYS[1], h.member) end

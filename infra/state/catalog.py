@@ -15,9 +15,12 @@ Redis keys (:mod:`infra.keys`):
 Job records expire after ``job_ttl_s`` (a week by default), images do not. A promoted entry is
 answered without its job record, so a nightly catalog finds last month's images; an entry not
 yet promoted whose job record has expired is answered by a HEAD of the image's S3 key, and
-dropped when there is no image. Entries are per tenant: one tenant never learns of, nor skips
-on, another tenant's renders. Index writes are compare-and-set, so a lookup never overwrites
-an entry that a newer submission wrote meanwhile.
+dropped when there is no image. Every ``succeeded`` answer is confirmed by a HEAD of its image
+(``exists``): an entry whose image is gone (the local stack's bucket wiped, an object deleted)
+is dropped and answered unknown, so the catalog renders the item again instead of skipping it.
+Entries are per tenant: one tenant never learns of, nor skips on, another tenant's renders.
+Index writes are compare-and-set, so a lookup never overwrites an entry that a newer submission
+wrote meanwhile.
 """
 
 from __future__ import annotations
@@ -116,13 +119,18 @@ class CatalogIndex:
         store: the job-state store (its Redis client holds the index).
         locate: finds the image of a job whose record has expired (see :data:`ImageLocator`);
             None answers such keys as unknown.
-        head_concurrency: ``locate`` calls in flight at once (S3 HEAD requests).
+        head_concurrency: ``locate`` and ``exists`` calls in flight at once (S3 HEAD requests).
+        exists: whether an S3 key holds an object (a HEAD); every ``succeeded`` answer is
+            confirmed with it, and a key whose image is gone (a wiped bucket) is dropped from the
+            index and answered unknown, so the catalog renders it again. None: not checked.
     """
 
-    def __init__(self, store: JobStore, locate: ImageLocator | None, head_concurrency: int = 8):
+    def __init__(self, store: JobStore, locate: ImageLocator | None, head_concurrency: int = 8,
+                 exists: Callable[[str], bool] | None = None):
         self.store = store
         self.r = store.r
         self.locate = locate
+        self.exists = exists
         self.head_concurrency = head_concurrency
         self._cas = self.r.register_script(_CAS)
 
@@ -150,7 +158,21 @@ class CatalogIndex:
         expired = [k for k in live if out[k] is None]
         if expired:
             self._resolve_expired(hkey, expired, found, out)
+        self._confirm_images(hkey, found, out)
         return out
+
+    def _confirm_images(self, hkey: str, found: dict, out: dict) -> None:
+        """HEAD the image of every ``succeeded`` answer; one that is gone is dropped from the index
+        and answered None (render it again)."""
+        done = [k for k, e in out.items() if e is not None and e.state == "succeeded" and e.result_key]
+        if self.exists is None or not done:
+            return
+        with ThreadPoolExecutor(max_workers=min(self.head_concurrency, len(done))) as pool:
+            present = list(pool.map(lambda k: self.exists(out[k].result_key), done))
+        for key, ok in zip(done, present):
+            if not ok:
+                self._cas(keys=[hkey], args=[key, self.r.hget(hkey, key) or found[key][0], ""])
+                out[key] = None
 
     def _promote(self, hkey: str, key: str, old_raw: str, entry: dict, result_key: str) -> None:
         new = json.dumps({"job": entry["job"], "batch": entry["batch"], "key": result_key, "ok": 1})

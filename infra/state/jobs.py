@@ -26,6 +26,8 @@ Keys (prefix ``rf:``; every key is named in :mod:`infra.keys`):
     leases            sorted set: running job id → lease_until
     pending           sorted set: queued job id → when its message was last (re)published
     dead              sorted set: failed job id → when it failed (the dead-letter set)
+    dead:{tenant}     sorted set: the same for one tenant (its dead-letter pages are paged here,
+                      so a page never holds other tenants' ids and never reveals their count)
     batches:{tenant}  sorted set: the tenant's newest batch ids → created_at (the dashboard's list)
 """
 
@@ -59,6 +61,7 @@ class StartedJob:
     batch_id: str
     attempt: int
     request: RenderRequest
+    tenant: str | None = None  # None: looked up when a transition needs it
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class NewJob:
     job_id: str
     request: RenderRequest
     pool: str
+    cost_s: float | None = None  # estimated GPU-seconds (infra.state.quota); None: not counted
 
 
 def _ts(value: str | None) -> datetime | None:
@@ -81,7 +85,9 @@ class JobStore:
 
     Args:
         client: a ``redis.Redis`` with ``decode_responses=True``.
-        job_ttl_s: seconds after creation that job and batch records expire.
+        job_ttl_s: seconds a job's record is kept after it ended (succeeded, failed, canceled),
+            counted afresh at each such transition; the batch's records, after its last job
+            ended. Queued and running jobs (and their batch) never expire.
         lease_s: seconds a running job's lease lasts without renewal (progress and the
             worker's heartbeat renew it); the reaper requeues a job whose lease ran out.
         max_attempts: attempts a job may spend (worker lost, or a retryable error) before it
@@ -113,9 +119,10 @@ class JobStore:
     # ---- creation -------------------------------------------------------------------------
     def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
                      extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
-        """Record a batch and all its jobs as ``queued``, owned by ``tenant``, in one MULTI/EXEC
-        round trip (all or nothing), and index the jobs in ``rf:pending`` (their messages are
-        about to be published; the reaper republishes any that never arrive)."""
+        """Record a batch and all its jobs as ``queued`` (no expiry until they end; see ``job_ttl_s``),
+        owned by ``tenant``, in one MULTI/EXEC round trip (all or nothing), and index the jobs in
+        ``rf:pending`` (their messages are about to be published; the reaper republishes any that
+        never arrive)."""
         published = self.server_time()
         now = repr(time.time())
         pipe = self.r.pipeline(transaction=True)
@@ -128,10 +135,8 @@ class JobStore:
             pipe.hset(keys.job(job.job_id), mapping={
                 "batch_id": batch_id, "tenant": tenant, "pool": job.pool, "state": "queued", "progress": 0,
                 "attempts": 0, "created_at": now, "request": job.request.model_dump_json(), "priority": priority,
+                "ttl_s": self.job_ttl_s, **({"cost_s": repr(job.cost_s)} if job.cost_s is not None else {}),
             })
-            pipe.expire(keys.job(job.job_id), self.job_ttl_s)
-        for key in (bkey, keys.batch_counts(batch_id), keys.batch_jobs(batch_id)):
-            pipe.expire(key, self.job_ttl_s)
         pipe.zadd(keys.PENDING, {j.job_id: published for j in jobs})
         pipe.zadd(keys.recent_batches(tenant), {batch_id: float(now)})
         pipe.zremrangebyrank(keys.recent_batches(tenant), 0, -RECENT_BATCHES_MAX - 1)
@@ -139,16 +144,18 @@ class JobStore:
         pipe.execute()
 
     # ---- worker transitions (pipelined over a batch) --------------------------------------
-    def _keys(self, job_id: str, batch_id: str | None = None) -> list[str]:
-        if batch_id is None:
-            batch_id = self.r.hget(keys.job(job_id), "batch_id") or "_"
-        return [keys.job(job_id), keys.batch_counts(batch_id), keys.LEASES, keys.PENDING, keys.DEAD]
+    def _keys(self, job_id: str, batch_id: str | None = None, tenant: str | None = None) -> list[str]:
+        if batch_id is None or tenant is None:
+            batch_id, tenant = self._owners([job_id])[0]
+        return [keys.job(job_id), keys.batch_counts(batch_id), keys.LEASES, keys.PENDING, keys.DEAD,
+                keys.dead_of(tenant), keys.batch(batch_id), keys.batch_jobs(batch_id), keys.quota(tenant)]
 
-    def _batch_ids(self, job_ids: Sequence[str]) -> list[str]:
+    def _owners(self, job_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """``(batch_id, tenant)`` per job id, in one round trip (``"_"`` for an unknown job)."""
         pipe = self.r.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hget(keys.job(job_id), "batch_id")
-        return [b or "_" for b in pipe.execute()]
+            pipe.hmget(keys.job(job_id), "batch_id", "tenant")
+        return [(b or "_", t or (PUBLIC_TENANT if b else "_")) for b, t in pipe.execute()]
 
     def start_many(self, job_ids: Sequence[str], worker: str, *, force: bool = False) -> dict[str, StartedJob | str]:
         """Move each job to ``running`` for ``worker`` with a fresh lease; two round trips.
@@ -158,18 +165,19 @@ class JobStore:
         live lease). ``force`` takes over a running job whatever its lease (operators only).
         """
         job_ids = list(dict.fromkeys(job_ids))
-        batch_ids = self._batch_ids(job_ids)
+        owners = self._owners(job_ids)
         pipe = self.r.pipeline(transaction=False)
-        for job_id, batch_id in zip(job_ids, batch_ids):
-            self._start(keys=self._keys(job_id, batch_id),
+        for job_id, (batch_id, tenant) in zip(job_ids, owners):
+            self._start(keys=self._keys(job_id, batch_id, tenant),
                         args=[job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts],
                         client=pipe)
         out: dict[str, StartedJob | str] = {}
-        for job_id, batch_id, (attempt, payload) in zip(job_ids, batch_ids, pipe.execute()):
+        for job_id, (batch_id, tenant), (attempt, payload) in zip(job_ids, owners, pipe.execute()):
             if int(attempt) == 0:
                 out[job_id] = payload
             else:
-                out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload))
+                out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload),
+                                         tenant)
         return out
 
     def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> dict[str, int]:
@@ -190,7 +198,7 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         ids = []
         for job, progress in updates:
-            self._progress(keys=self._keys(job.job_id, job.batch_id),
+            self._progress(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
                            args=[job.job_id, job.attempt, repr(self.lease_s), progress], client=pipe)
             ids.append(job.job_id)
         return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
@@ -198,7 +206,7 @@ class JobStore:
     def succeed(self, job: StartedJob, result: JobResult) -> bool:
         """``running`` → ``succeeded`` for this attempt. False when the attempt is stale."""
         return bool(self._finish_one(job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(),
-                                     batch_id=job.batch_id))
+                                     batch_id=job.batch_id, tenant=job.tenant))
 
     def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
         """``running`` → ``failed`` for this attempt, listed in the dead-letter set.
@@ -208,7 +216,7 @@ class JobStore:
         caller republishes it. Returns ``"failed"``, ``"queued"``, or None when the attempt is stale.
         """
         code = self._finish_one(job.job_id, str(job.attempt), "failed", "error", error.model_dump_json(),
-                                batch_id=job.batch_id, retry=retry)
+                                batch_id=job.batch_id, tenant=job.tenant, retry=retry)
         return {1: "failed", 2: "queued"}.get(code)
 
     def cancel(self, job_id: str) -> bool:
@@ -218,8 +226,8 @@ class JobStore:
         return bool(self._finish_one(job_id, "*", "canceled", "", ""))
 
     def _finish_one(self, job_id: str, attempt: str, state: str, field: str, payload: str,
-                    batch_id: str | None = None, retry: bool = False) -> int:
-        return int(self._finish(keys=self._keys(job_id, batch_id),
+                    batch_id: str | None = None, tenant: str | None = None, retry: bool = False) -> int:
+        return int(self._finish(keys=self._keys(job_id, batch_id, tenant),
                                 args=[job_id, attempt, state, field, payload, "1" if retry else "0",
                                       self.max_attempts]))
 
@@ -229,7 +237,8 @@ class JobStore:
         jobs = list(jobs)
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
-            self._release(keys=self._keys(job.job_id, job.batch_id), args=[job.job_id, job.attempt], client=pipe)
+            self._release(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
+                          args=[job.job_id, job.attempt], client=pipe)
         return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
 
     # ---- recovery (the reaper) ------------------------------------------------------------
@@ -245,10 +254,10 @@ class JobStore:
         Returns, per job that moved, ``("queued", pool)`` (to republish) or ``("failed", "")``.
         Safe with several reapers at once: a job moves at most once per expiry.
         """
-        batch_ids = self._batch_ids(job_ids)
+        owners = self._owners(job_ids)
         pipe = self.r.pipeline(transaction=False)
-        for job_id, batch_id in zip(job_ids, batch_ids):
-            self._requeue(keys=self._keys(job_id, batch_id), args=[job_id, self.max_attempts], client=pipe)
+        for job_id, (batch_id, tenant) in zip(job_ids, owners):
+            self._requeue(keys=self._keys(job_id, batch_id, tenant), args=[job_id, self.max_attempts], client=pipe)
         out = {}
         for job_id, (code, pool) in zip(job_ids, pipe.execute() if job_ids else []):
             if int(code) == 1:
@@ -276,10 +285,11 @@ class JobStore:
         return [(j, state, pool, priority or "normal")
                 for j, (state, pool, priority) in zip(job_ids, pipe.execute()) if state and pool]
 
-    def forget(self, job_id: str) -> None:
-        """Drop a job id from every index (its record has expired)."""
+    def forget(self, job_id: str, tenant: str | None = None) -> None:
+        """Drop a job id from every index (its record has expired); with ``tenant``, from that
+        tenant's dead-letter index too."""
         pipe = self.r.pipeline(transaction=False)
-        for key in (keys.LEASES, keys.PENDING, keys.DEAD):
+        for key in (keys.LEASES, keys.PENDING, keys.DEAD, *((keys.dead_of(tenant),) if tenant else ())):
             pipe.zrem(key, job_id)
         pipe.execute()
 
@@ -287,8 +297,11 @@ class JobStore:
     def dead_letters(self, offset: int = 0, limit: int = 100,
                      tenant: str | None = None) -> tuple[bool, list[JobStatus]]:
         """One page of the dead-letter set (failed jobs, newest first): ``(more pages follow,
-        statuses)``; with ``tenant``, only that tenant's jobs of the page. Expired ids are dropped."""
-        ids = self.r.zrevrange(keys.DEAD, offset, offset + limit)
+        statuses)``. With ``tenant``, the page is taken from that tenant's own index
+        (``rf:dead:{tenant}``), so it holds only its jobs and ``offset`` counts only them.
+        Expired ids are dropped from the indexes."""
+        index = keys.DEAD if tenant is None else keys.dead_of(tenant)
+        ids = self.r.zrevrange(index, offset, offset + limit)
         more, ids = len(ids) > limit, ids[:limit]
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
@@ -296,7 +309,7 @@ class JobStore:
         jobs = []
         for job_id, h in zip(ids, pipe.execute() if ids else []):
             if not h:
-                self.forget(job_id)
+                self.forget(job_id, tenant)
             elif (job := self._parse_job(job_id, h, tenant)) is not None:
                 jobs.append(job)
         return more, jobs
@@ -308,11 +321,40 @@ class JobStore:
         code, pool = self._retry(keys=self._keys(job_id), args=[job_id])
         return pool if int(code) else None
 
+    def backfill_dead_index(self, chunk: int = 1000) -> int:
+        """One-time migration: copy each id of the farm-wide dead-letter set written before the
+        per-tenant indexes into its tenant's index (same score). Idempotent; done once per Redis
+        (``rf:migrations`` field ``dead_by_tenant``). Returns how many ids were copied."""
+        if self.r.hexists(keys.MIGRATIONS, "dead_by_tenant"):
+            return 0
+        copied, cursor = 0, 0
+        while True:
+            cursor, entries = self.r.zscan(keys.DEAD, cursor, count=chunk)
+            ids = [job_id for job_id, _ in entries]
+            pipe = self.r.pipeline(transaction=False)
+            for (job_id, score), (_, tenant) in zip(entries, self._owners(ids) if ids else []):
+                if tenant != "_":
+                    pipe.zadd(keys.dead_of(tenant), {job_id: score})
+                    copied += 1
+            pipe.execute()
+            if cursor == 0:
+                break
+        self.r.hset(keys.MIGRATIONS, "dead_by_tenant", repr(time.time()))
+        return copied
+
     # ---- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str, tenant: str | None = None) -> JobStatus | None:
         """The job's status, or None when the id is unknown (never a made-up ``queued``) or,
         with ``tenant``, belongs to another tenant."""
         return self._parse_job(job_id, self.r.hgetall(keys.job(job_id)), tenant)
+
+    def tenants_of(self, job_ids: Sequence[str]) -> list[str | None]:
+        """Each job's tenant in the given order (:data:`PUBLIC_TENANT` for records written before
+        tenants; None for an unknown id), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), "state", "tenant")
+        return [(tenant or PUBLIC_TENANT) if state else None for state, tenant in pipe.execute()]
 
     def get_jobs(self, job_ids: Sequence[str]) -> list[JobStatus | None]:
         """Statuses for many ids in one round trip, in the given order."""

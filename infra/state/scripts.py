@@ -9,6 +9,13 @@ happens at most once whatever runs it concurrently (several workers, reapers or 
 # Every transition script gets the same keys, so each one is atomic over everything it touches:
 #   KEYS[1] job hash   KEYS[2] its batch's counts hash
 #   KEYS[3] rf:leases  KEYS[4] rf:pending  KEYS[5] rf:dead      ARGV[1] the job id
+#   KEYS[6] rf:dead:{tenant}, the job's tenant's own dead-letter index (finish, requeue, retry)
+#   KEYS[7] its batch's hash   KEYS[8] its batch's job list
+#   KEYS[9] rf:quota:{tenant}: a job with ``cost_s`` gives its job and GPU-seconds back when it
+#           ends and takes them again on a dead-letter retry (infra.state.quota)
+# Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running (keep); each
+# move to a terminal state sets its TTL afresh, and its batch's keys get theirs once no job of
+# the batch is queued or running (expire_ended). Records without ``ttl_s`` keep their creation TTL.
 # Times are the Redis server's clock (TIME), so a lease never depends on a worker's clock.
 _PRELUDE = """
 local id = ARGV[1]
@@ -22,6 +29,27 @@ local function now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local function fmt(x) return string.format('%.6f', x) end
+local function ttl() return tonumber(redis.call('HGET', KEYS[1], 'ttl_s') or '0') or 0 end
+local function quota(sign)
+  local cost = redis.call('HGET', KEYS[1], 'cost_s')
+  if not cost or not KEYS[9] then return end
+  redis.call('HINCRBY', KEYS[9], 'jobs', sign)
+  redis.call('HINCRBYFLOAT', KEYS[9], 'gpu_s', sign * (tonumber(cost) or 0))
+end
+local function keep()
+  if ttl() <= 0 then return end
+  for _, k in ipairs({KEYS[1], KEYS[2], KEYS[7], KEYS[8]}) do redis.call('PERSIST', k) end
+end
+local function expire_ended()
+  local s = ttl()
+  if s <= 0 then return end
+  redis.call('EXPIRE', KEYS[1], s)
+  local open = (tonumber(redis.call('HGET', KEYS[2], 'queued') or '0') or 0) +
+               (tonumber(redis.call('HGET', KEYS[2], 'running') or '0') or 0)
+  if open <= 0 then
+    for _, k in ipairs({KEYS[2], KEYS[7], KEYS[8]}) do redis.call('EXPIRE', k, s) end
+  end
+end
 local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') or 0 end
 local function used() return num('attempts') - num('attempt_base') end
 local function ours(attempt)
@@ -36,6 +64,7 @@ local function requeue(state, t, err)
   if err ~= '' then redis.call('HSET', KEYS[1], 'last_error', err) end
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZADD', KEYS[4], t, id)
+  keep()
 end
 local function finish(state, new, t, field, payload)
   local old = num('progress')
@@ -46,7 +75,12 @@ local function finish(state, new, t, field, payload)
   if field ~= '' then redis.call('HSET', KEYS[1], field, payload) end
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZREM', KEYS[4], id)
-  if new == 'failed' then redis.call('ZADD', KEYS[5], t, id) end
+  if new == 'failed' then
+    redis.call('ZADD', KEYS[5], t, id)
+    if KEYS[6] then redis.call('ZADD', KEYS[6], t, id) end
+  end
+  quota(-1)
+  expire_ended()
 end
 """
 
@@ -74,6 +108,7 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at',
            'lease_until', fmt(lease))
 redis.call('ZADD', KEYS[3], lease, id)
 redis.call('ZREM', KEYS[4], id)
+keep()
 return {attempt, redis.call('HGET', KEYS[1], 'request')}
 """
 
@@ -154,12 +189,17 @@ return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 RETRY = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'failed' then
-  if not state then redis.call('ZREM', KEYS[5], id) end
+  if not state then
+    redis.call('ZREM', KEYS[5], id)
+    if KEYS[6] then redis.call('ZREM', KEYS[6], id) end
+  end
   return {0, state or 'missing'}
 end
 redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'))
 requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
+quota(1)
 redis.call('HDEL', KEYS[1], 'error', 'finished_at')
 redis.call('ZREM', KEYS[5], id)
+if KEYS[6] then redis.call('ZREM', KEYS[6], id) end
 return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 """

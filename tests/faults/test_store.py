@@ -249,3 +249,52 @@ def test_unacked_messages_go_back_to_the_queue_when_the_consumer_closes(r, app):
 
 def message_job_id_of(message) -> str:
     return message.headers["id"]
+
+
+def test_dead_letters_are_paged_per_tenant_and_backfilled(r):
+    """A tenant's dead-letter page holds only its own failures, however many other tenants'
+    failures are newer, and ``more`` follows its own count; ids of the farm-wide set written
+    before the per-tenant indexes are copied into them once."""
+    store = _store(r)
+    mine = [f"m{i}" for i in range(3)]
+    theirs = [f"t{i}" for i in range(50)]
+    store.create_batch("bm", [NewJob(j, request(i), "null") for i, j in enumerate(mine)], tenant="alice")
+    store.create_batch("bt", [NewJob(j, request(i), "null") for i, j in enumerate(theirs)], tenant="bob")
+    for job_id in mine + theirs:  # bob's failures are the newest
+        assert store.fail(store.start_many([job_id], "w")[job_id], ERROR) == "failed"
+    more, page = store.dead_letters(limit=3, tenant="alice")
+    assert not more and sorted(j.job_id for j in page) == mine
+    more, page = store.dead_letters(limit=2, tenant="alice")
+    assert more and len(page) == 2
+    more, page = store.dead_letters(offset=2, limit=2, tenant="alice")
+    assert not more and len(page) == 1
+    assert r.zcard(keys.dead_of("bob")) == 50 and r.zcard(keys.DEAD) == 53
+    # a retry takes the id out of both indexes
+    assert store.retry(mine[0]) == "null" and r.zscore(keys.dead_of("alice"), mine[0]) is None
+    # the migration: an index lost (or never written) is rebuilt from the farm-wide set, once
+    r.delete(keys.dead_of("alice"), keys.dead_of("bob"))
+    assert store.backfill_dead_index(chunk=7) == 52 and store.backfill_dead_index() == 0
+    assert r.zcard(keys.dead_of("alice")) == 2 and r.zcard(keys.dead_of("bob")) == 50
+
+
+def test_records_never_expire_while_queued_or_running_and_ttl_restarts_at_each_end(r):
+    """Issue 14, item 3: a job queued or running longer than the TTL is still there; each move to
+    a terminal state sets the TTL afresh; the batch's keys expire only after its last job ended,
+    and a dead-letter retry makes them persistent again."""
+    store = _store(r, job_ttl_s=100)
+    a, b = _batch(store, 2)
+    batch_keys = [keys.batch("b1"), keys.batch_counts("b1"), keys.batch_jobs("b1")]
+    assert [r.ttl(k) for k in [keys.job(a), keys.job(b), *batch_keys]] == [-1] * 5
+    ja = store.start_many([a], "w")[a]
+    assert r.ttl(keys.job(a)) == -1
+    assert store.succeed(ja, RESULT)
+    assert 95 <= r.ttl(keys.job(a)) <= 100 and r.ttl(keys.job(b)) == -1
+    assert [r.ttl(k) for k in batch_keys] == [-1] * 3  # b is still queued
+    r.expire(keys.job(a), 5)  # time passes for a
+    jb = store.start_many([b], "w")[b]
+    assert store.fail(jb, ERROR) == "failed"
+    assert 95 <= r.ttl(keys.job(b)) <= 100 and all(95 <= r.ttl(k) <= 100 for k in batch_keys)
+    assert store.retry(b) == "null"  # queued again: neither it nor its batch may expire
+    assert r.ttl(keys.job(b)) == -1 and [r.ttl(k) for k in batch_keys] == [-1] * 3
+    assert store.cancel(b)
+    assert 95 <= r.ttl(keys.job(b)) <= 100 and all(95 <= r.ttl(k) <= 100 for k in batch_keys)

@@ -186,3 +186,18 @@ def test_interrupted_run_resumes_without_rendering_anything_twice(api_server, st
         # the same jobs throughout: nothing was submitted twice
         assert {k: e["job_id"] for k, e in client.catalog_lookup(keys).items()} == first_jobs
         assert all(store.get_job(j).attempts == 1 for j in first_jobs.values())
+
+
+def test_an_item_whose_image_is_gone_is_rendered_again(client, tmp_path, s3_server, farm_env):
+    """Issue 14, item 10: the catalog skips an item only after a HEAD of its image; an image
+    deleted from the bucket (a wiped local stack) makes its item render again."""
+    template = f"a {{color}} {{name}}, {_nonce()}"
+    path = _csv(tmp_path / "g.csv", [("a", "vase", "red"), ("b", "vase", "blue"), ("c", "vase", "grey")])
+    first = run_catalog(path, template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+    assert first["rendered"] == 3
+    gone = first["manifest"][1]
+    s3_server.client().delete_object(Bucket=farm_env["RENDERFARM_S3_BUCKET"], Key=gone["s3_key"])
+    again = run_catalog(path, template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+    assert (again["rendered"], again["skipped"], again["failed"]) == (1, 2, 0)
+    redone = next(m for m in again["manifest"] if m["id"] == "b")
+    assert redone["s3_key"] != gone["s3_key"] and client.job(redone["job_id"]).state == "succeeded"

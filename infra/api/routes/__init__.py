@@ -1,5 +1,5 @@
 """One ``APIRouter`` per resource of the status API: jobs, batches, the catalog index, dead
-letters, workers, queues, health, metrics, the gallery and the dashboard page; and the
+letters, workers, queues, health, metrics, the gallery, the dashboard page and the webhook secret; and the
 compatible APIs, each its own router: AUTOMATIC1111's ``/sdapi/v1`` and OpenAI's Images API.
 
 Place in the data flow: HTTP → auth and limits (middleware) → **a route** → submission, the
@@ -22,10 +22,11 @@ from infra.api.routes import (
     metrics,
     openai_images,
     queues,
+    webhooks,
     workers,
 )
 
 #: Every router, in the order their routes appear in ``/openapi.json``.
 ROUTERS: tuple[APIRouter, ...] = (jobs.router, batches.router, catalog.router, deadletter.router, workers.router,
                                   queues.router, health.router, metrics.router, gallery.router, dashboard.router,
-                                  a1111.router, openai_images.router)
+                                  webhooks.router, a1111.router, openai_images.router)

@@ -6,10 +6,12 @@ batch id answers 404 exactly like an unknown one.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query
+import asyncio
+
+from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from infra.api.deps import FarmDep, Tenant
+from infra.api.deps import FarmDep, Tenant, not_found, require_id
 from infra.api.models import BatchCanceled
 from infra.schemas import BatchAccepted, BatchStatus, BatchSubmission
 from infra.state.jobs import PUBLIC_TENANT
@@ -21,7 +23,8 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 async def submit_batch(body: BatchSubmission, farm: FarmDep, tenant: Tenant) -> BatchAccepted:
     """Submit up to 10,000 renders as one batch. A repeated ``idempotency_key`` returns the first batch.
     A ``webhook_url`` must be http(s) on a public address (422 otherwise)."""
-    await run_in_threadpool(farm.check_webhook, body.webhook_url)
+    if body.webhook_url is not None:  # its DNS lookups run on the farm's own executor
+        await asyncio.get_running_loop().run_in_executor(farm.dns_pool, farm.check_webhook, body.webhook_url)
     await run_in_threadpool(farm.limiter.charge_jobs, tenant, len(body.jobs))
     return await run_in_threadpool(farm.submit, body.jobs, batch=True, priority=body.priority,
                                    idempotency_key=body.idempotency_key, webhook_url=body.webhook_url,
@@ -39,9 +42,9 @@ def recent_batches(farm: FarmDep, tenant: Tenant, limit: int = Query(20, ge=1, l
 def get_batch(batch_id: str, farm: FarmDep, tenant: Tenant, offset: int = Query(0, ge=0, le=10_000),
               limit: int = Query(100, ge=0, le=1000)) -> BatchStatus:
     """Counts by state, progress 0…1 and one page of jobs (``offset``, ``limit`` ≤ 1,000)."""
-    status = farm.store.get_batch(batch_id, offset=offset, limit=limit, tenant=tenant)
+    status = farm.store.get_batch(require_id(batch_id, "batch"), offset=offset, limit=limit, tenant=tenant)
     if status is None:
-        raise HTTPException(404, f"unknown batch id {batch_id!r}")
+        raise not_found("batch")
     status.jobs = [farm.with_url(j) for j in status.jobs]
     farm.waiting_for(status.jobs)
     return status
@@ -50,7 +53,7 @@ def get_batch(batch_id: str, farm: FarmDep, tenant: Tenant, offset: int = Query(
 @router.delete("/{batch_id}", response_model=BatchCanceled)
 def cancel_batch(batch_id: str, farm: FarmDep, tenant: Tenant) -> BatchCanceled:
     """Cancel every job of a batch that has not finished. 404 for an unknown id."""
-    meta = farm.store.batch_meta(batch_id)
+    meta = farm.store.batch_meta(require_id(batch_id, "batch"))
     if not meta or meta.get("tenant", PUBLIC_TENANT) != tenant:
-        raise HTTPException(404, f"unknown batch id {batch_id!r}")
+        raise not_found("batch")
     return BatchCanceled(batch_id=batch_id, canceled=farm.cancel_batch(batch_id))

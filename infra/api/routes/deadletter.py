@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Query
 
-from infra.api.deps import FarmDep, Tenant
+from infra.api.deps import FarmDep, Tenant, not_found, require_id
 from infra.api.models import DeadLetterPage, RetryAccepted
 from infra.broker.publish import republish
 
@@ -27,9 +27,9 @@ def dead_letter(farm: FarmDep, tenant: Tenant, offset: int = Query(0, ge=0, le=1
 def retry_dead_letter(job_id: str, farm: FarmDep, tenant: Tenant) -> RetryAccepted:
     """Put a failed job back in its queue with a fresh attempt budget. 404 for an unknown id,
     409 when the job is not failed."""
-    status = farm.store.get_job(job_id, tenant)
+    status = farm.store.get_job(require_id(job_id, "job"), tenant)
     if status is None:
-        raise HTTPException(404, f"unknown job id {job_id!r}")
+        raise not_found("job")
     if farm.store.retry(job_id) is None:
         now = farm.store.get_job(job_id)
         raise HTTPException(409, f"job {job_id!r} is {now.state if now else 'gone'}, not failed")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from infra.api.deps import FarmDep, Tenant
+from infra.api.deps import FarmDep, Tenant, not_found, require_id
 from infra.schemas import JobResult, JobStatus
 from infra.storage.images import read_parameters
 
@@ -82,9 +82,9 @@ def recent_images(farm: FarmDep, tenant: Tenant, limit: int = Query(24, ge=1, le
 def image(job_id: str, farm: FarmDep, tenant: Tenant) -> GalleryImage:
     """One image with the ``parameters`` embedded in it. 404 for an unknown id or a job without
     an image."""
-    job = farm.store.get_job(job_id, tenant)
+    job = farm.store.get_job(require_id(job_id, "job"), tenant)
     if job is None or job.state != "succeeded" or job.result is None:
-        raise HTTPException(404, f"no image for job id {job_id!r}")
+        raise not_found("job")
     out = _image(farm, job, job.result)
     out.parameters = read_parameters(farm.storage.get(job.result.key))
     return out

@@ -6,10 +6,10 @@ store; another tenant's job id answers 404 exactly like an unknown one.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from infra.api.deps import FarmDep, Tenant
+from infra.api.deps import FarmDep, Tenant, not_found, require_id
 from infra.api.models import JobCanceled
 from infra.schemas import JobAccepted, JobStatus, RenderRequest
 from infra.state import metrics
@@ -28,9 +28,9 @@ async def submit_job(body: RenderRequest, farm: FarmDep, tenant: Tenant) -> JobA
 @router.get("/{job_id}", response_model=JobStatus)
 def get_job(job_id: str, farm: FarmDep, tenant: Tenant) -> JobStatus:
     """One job's status, with a presigned URL once it succeeded. 404 for an unknown id."""
-    status = farm.store.get_job(job_id, tenant)
+    status = farm.store.get_job(require_id(job_id, "job"), tenant)
     if status is None:
-        raise HTTPException(404, f"unknown job id {job_id!r}")
+        raise not_found("job")
     farm.waiting_for([status])
     return farm.with_url(status)
 
@@ -38,9 +38,9 @@ def get_job(job_id: str, farm: FarmDep, tenant: Tenant) -> JobStatus:
 @router.delete("/{job_id}", response_model=JobCanceled)
 def cancel_job(job_id: str, farm: FarmDep, tenant: Tenant) -> JobCanceled:
     """Cancel a job that has not finished. 404 for an unknown id."""
-    status = farm.store.get_job(job_id, tenant)
+    status = farm.store.get_job(require_id(job_id, "job"), tenant)
     if status is None:
-        raise HTTPException(404, f"unknown job id {job_id!r}")
+        raise not_found("job")
     canceled = farm.store.cancel(job_id)
     if canceled:
         metrics.count_images(farm.redis, [status.pool or ""], "canceled")

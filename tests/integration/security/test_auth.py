@@ -97,7 +97,7 @@ def test_every_v1_route_needs_a_key(secure_api, method, path):
     assert invalid.status_code == 401 and "A" * 43 not in invalid.text
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/healthz", "/livez", "/", "/openapi.json"])
 def test_open_routes_need_no_key(secure_api, path):
     assert httpx.get(secure_api.url + path).status_code == 200
 

@@ -17,7 +17,6 @@ import pytest
 from infra.localstack import ApiServer, free_port
 from infra.state.jobs import JobStore
 
-SECRET = "whsec-test-0123456789"
 WEBHOOK_DB = 5
 UNSERVED_MODEL = "webhook-unserved"
 
@@ -84,7 +83,7 @@ def receiver() -> Iterator[Receiver]:
 def webhook_env(farm_env: dict[str, str], redis_server, db: int = WEBHOOK_DB, **extra: str) -> dict[str, str]:
     """``farm_env`` on Redis database ``db``, with fast webhook retries to 127.0.0.1 allowed."""
     return {**farm_env, "RENDERFARM_REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/{db}",
-            "RENDERFARM_WEBHOOK_ALLOW_PRIVATE": "true", "RENDERFARM_WEBHOOK_SECRET": SECRET,
+            "RENDERFARM_WEBHOOK_ALLOW_PRIVATE": "true",
             "RENDERFARM_WEBHOOK_BACKOFF_S": "0.3", "RENDERFARM_WEBHOOK_POLL_S": "0.2",
             "RENDERFARM_WEBHOOK_MAX_ATTEMPTS": "5", "RENDERFARM_REAPER_ENABLED": "false",
             "RENDERFARM_DEFAULT_MODEL": UNSERVED_MODEL, **extra}

@@ -13,11 +13,12 @@ import pytest
 
 from infra import keys
 from infra.api import webhooks
-from infra.api.webhooks import WebhookDispatcher, verify_signature
+from infra.api.webhook_secrets import tenant_secret, verify_signature
+from infra.api.webhooks import WebhookDispatcher
 from infra.schemas import JobError, JobResult, RenderRequest
 from infra.state.jobs import JobStore, NewJob
 
-from .conftest import SECRET, UNSERVED_MODEL
+from .conftest import UNSERVED_MODEL
 
 pytestmark = pytest.mark.integration
 JOB = {"prompt": "a lighthouse", "model": UNSERVED_MODEL, "width": 64, "height": 64, "num_inference_steps": 2}
@@ -69,7 +70,8 @@ def test_one_signed_post_per_finished_batch_across_two_replicas(webhook_apis, we
     seen = {}
     for call in calls:
         h = call.headers
-        assert verify_signature(SECRET, h["x-renderfarm-timestamp"], call.body, h["x-renderfarm-signature"])
+        assert verify_signature(tenant_secret(webhook_store.r, "public"), h, call.body)
+        assert h["webhook-id"] == json.loads(call.body)["batch_id"]
         assert h["content-type"] == "application/json" and h["x-renderfarm-attempt"] == "1"
         body = json.loads(call.body)
         assert body["event"] == "batch.finished" and h["x-renderfarm-delivery"] == body["batch_id"]
@@ -93,8 +95,7 @@ def test_a_receiver_failing_twice_gets_it_on_the_third_attempt(webhook_apis, web
     calls = receiver.calls_to(path)
     assert [c.headers["x-renderfarm-attempt"] for c in calls] == ["1", "2", "3"]
     assert len({c.body for c in calls}) == 1  # the same body every attempt, freshly signed each time
-    assert all(verify_signature(SECRET, c.headers["x-renderfarm-timestamp"], c.body,
-                                c.headers["x-renderfarm-signature"]) for c in calls)
+    assert all(verify_signature(tenant_secret(webhook_store.r, "public"), c.headers, c.body) for c in calls)
     gaps = [b.at - a.at for a, b in zip(calls, calls[1:])]
     assert gaps[0] >= 0.3 * 0.9 and gaps[1] >= 0.6 * 0.9, gaps  # backoff 0.3 s, doubling
     state = webhook_store.r.hgetall(keys.webhook(batch_id))
@@ -121,7 +122,7 @@ def _ended_batch(store: JobStore, url: str) -> str:
 def test_the_policy_is_checked_again_at_delivery(store6, receiver):
     path = f"/ssrf/{uuid.uuid4().hex[:8]}"
     batch_id = _ended_batch(store6, receiver.url(path))  # accepted by an API that allowed private hosts
-    dispatcher = WebhookDispatcher(store6.r, secret=SECRET, allow_private=False, backoff_s=0.05)
+    dispatcher = WebhookDispatcher(store6.r, allow_private=False, backoff_s=0.05)
     try:
         assert dispatcher.poll(wait=True) == [batch_id]
     finally:
@@ -135,8 +136,8 @@ def test_gives_up_after_the_last_attempt_and_a_second_dispatcher_never_resends(s
     path = f"/down/{uuid.uuid4().hex[:8]}"
     receiver.fail_first[path] = 100
     batch_id = _ended_batch(store6, receiver.url(path))
-    one = WebhookDispatcher(store6.r, secret=SECRET, allow_private=True, max_attempts=2, backoff_s=1.0)
-    two = WebhookDispatcher(store6.r, secret=SECRET, allow_private=True, max_attempts=2, backoff_s=1.0)
+    one = WebhookDispatcher(store6.r, allow_private=True, max_attempts=2, backoff_s=1.0)
+    two = WebhookDispatcher(store6.r, allow_private=True, max_attempts=2, backoff_s=1.0)
     try:
         assert one.poll(wait=True) == [batch_id]
         assert two.poll(wait=True) == []        # not due yet: the retry waits its backoff
@@ -149,3 +150,32 @@ def test_gives_up_after_the_last_attempt_and_a_second_dispatcher_never_resends(s
     state = store6.r.hgetall(keys.webhook(batch_id))
     assert state["status"] == "failed" and state["last_error"] == "HTTP 500" and state["attempts"] == "2"
     assert len(receiver.calls_to(path)) == 2 and store6.r.zcard(keys.WEBHOOKS_PENDING) == 0
+
+
+def test_one_tenants_unfinished_batches_do_not_block_another_and_each_tenant_signs_with_its_own(store6, receiver):
+    """1,200 unfinished webhook batches of one tenant (more than one poll's window of 1,000) do
+    not keep another tenant's ended batch from being delivered at the next poll; the delivery is
+    signed with that tenant's own secret, which the flooding tenant's secret does not verify."""
+    path = f"/fair/{uuid.uuid4().hex[:8]}"
+    for i in range(1200):
+        batch_id = uuid.uuid4().hex
+        store6.create_batch(batch_id, [NewJob(uuid.uuid4().hex, RenderRequest(**JOB, seed=i), UNSERVED_MODEL)],
+                            extra={"webhook_url": receiver.url("/never")}, tenant="flood")
+        webhooks.enroll(store6.r, batch_id)
+    calm = "f" * 8 + uuid.uuid4().hex[8:]  # sorts after every flooding batch of the same score
+    job = NewJob(uuid.uuid4().hex, RenderRequest(**JOB, seed=1), UNSERVED_MODEL)
+    store6.create_batch(calm, [job], extra={"webhook_url": receiver.url(path)}, tenant="calm")
+    webhooks.enroll(store6.r, calm)
+    store6.cancel(job.job_id)
+    dispatcher = WebhookDispatcher(store6.r, allow_private=True, poll_s=0.2, recheck_s=60, batch_limit=1000)
+    try:
+        started = [b for _ in range(2) for b in dispatcher.poll(wait=True)]
+    finally:
+        dispatcher.stop()
+    assert started == [calm]
+    (call,) = receiver.calls_to(path)
+    calm_secret, flood_secret = tenant_secret(store6.r, "calm"), tenant_secret(store6.r, "flood")
+    assert calm_secret != flood_secret
+    assert verify_signature(calm_secret, call.headers, call.body)
+    assert not verify_signature(flood_secret, call.headers, call.body)
+    assert receiver.calls_to("/never") == []

@@ -198,3 +198,20 @@ def test_submission_stays_fast(r, app, n, limit_s):
     print(f"\nsubmitted {n} jobs: best {cpu:.3f}s CPU, {wall:.3f}s wall (lanes alone {lanes:.3f}s)")
     assert cpu < limit_s and lanes < limit_s / 4
     assert queue_depths(r, [], pools=[])[0]["queued"] == 3 * n + 10
+
+
+def test_tenants_share_by_gpu_seconds_not_job_count(r, app):
+    """Issue 14, item 13: a tenant whose jobs cost 10× the GPU-seconds gets ~1/10 of the jobs
+    (an equal share of accelerator time), not half of them."""
+    store = JobStore(r)
+    ids = {}
+    for tenant, cost in (("heavy", 10.0), ("light", 1.0)):
+        jobs = [NewJob(new_id(), RenderRequest(prompt="p", seed=1, model="null"), POOL, cost_s=cost)
+                for _ in range(300)]
+        store.create_batch(new_id(), jobs, tenant=tenant)
+        enqueue(r, [(j.job_id, POOL) for j in jobs], tenant=tenant, priority="normal")
+        ids[tenant] = {j.job_id for j in jobs}
+    order = Dispatcher(r, app, aging_s=0).pop(POOL, 220)
+    heavy = sum(j in ids["heavy"] for j in order)
+    light = sum(j in ids["light"] for j in order)
+    assert heavy > 0 and abs(light / heavy - 10.0) < 1.5, (heavy, light)

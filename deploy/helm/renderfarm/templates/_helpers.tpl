@@ -102,12 +102,32 @@ app.kubernetes.io/component: worker
 renderfarm.io/pool: {{ .name }}
 {{- end -}}
 
+{{/* "true" when the chart runs its own Redis (no external url or urlSecret), else "". */}}
+{{- define "renderfarm.bundledRedis" -}}
+{{- if and .Values.redis.bundled.enabled (not .Values.redis.url) (not .Values.redis.urlSecret.name) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "renderfarm.redisSecretName" -}}
+{{- default (printf "%s-redis" (include "renderfarm.fullname" .)) .Values.redis.bundled.auth.existingSecret -}}
+{{- end -}}
+
+{{/* The Redis URL; the bundled Redis's carries $(REDIS_PASSWORD), which Kubernetes expands from
+the env entry of that name defined just before it (renderfarm.env). */}}
 {{- define "renderfarm.redisUrl" -}}
 {{- if .Values.redis.url -}}
 {{- .Values.redis.url -}}
 {{- else if .Values.redis.bundled.enabled -}}
-{{- printf "redis://%s-redis:6379/0" (include "renderfarm.fullname" .) -}}
+{{- printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" (include "renderfarm.fullname" .) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The env entry REDIS_PASSWORD from the bundled Redis's Secret. */}}
+{{- define "renderfarm.redisPasswordEnv" -}}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "renderfarm.redisSecretName" . }}
+      key: {{ .Values.redis.bundled.auth.passwordKey }}
 {{- end -}}
 
 {{- define "renderfarm.s3SecretName" -}}
@@ -138,6 +158,9 @@ renderfarm.io/pool: {{ .name }}
 {{- else }}
 {{- $url := include "renderfarm.redisUrl" . -}}
 {{- if not $url -}}{{- fail "set redis.url, redis.urlSecret.name, or redis.bundled.enabled=true" -}}{{- end }}
+{{- if include "renderfarm.bundledRedis" . }}
+{{ include "renderfarm.redisPasswordEnv" . }}
+{{- end }}
 - name: RENDERFARM_REDIS_URL
   value: {{ $url | quote }}
 {{- end }}

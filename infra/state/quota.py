@@ -1,0 +1,108 @@
+"""Per-tenant quotas on outstanding work: jobs, and estimated GPU-seconds.
+
+Place in the data flow: submission (:mod:`infra.api.submission`) **reserves** a batch's jobs
+and GPU-seconds here before recording it (429 with ``Retry-After`` over the quota, 413 for one
+request larger than the quota itself) → the job-state store's Lua transitions give each job's
+share back when it ends and take it again on a dead-letter retry
+(:mod:`infra.state.scripts`). So the counters are the tenant's queued + running work.
+
+A job's cost is an estimate of the accelerator time it takes: its pool's seconds per
+megapixel-step (``PoolSpec.s_per_mpx_step``, or ``RENDERFARM_DEFAULT_S_PER_MPX_STEP``) × width ×
+height / 10⁶ × steps. The dispatcher (:mod:`infra.broker.dispatch`) shares pools between
+tenants by the same cost, so one 150-step 1024² job weighs as much as ~75 512² 8-step ones.
+
+Keys: ``rf:quota:{tenant}`` hash ``jobs``, ``gpu_s`` (:mod:`infra.keys`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from infra import keys
+
+# KEYS[1] quota hash. ARGV: jobs, gpu_s, max_jobs (0 = none), max_gpu_s (0 = none).
+# Returns {1, jobs, gpu_s} reserved, or {0, jobs, gpu_s} (nothing changed): the usage before.
+_RESERVE = """
+local jobs = tonumber(redis.call('HGET', KEYS[1], 'jobs') or '0') or 0
+local gpu = tonumber(redis.call('HGET', KEYS[1], 'gpu_s') or '0') or 0
+local add_jobs, add_gpu = tonumber(ARGV[1]), tonumber(ARGV[2])
+local max_jobs, max_gpu = tonumber(ARGV[3]), tonumber(ARGV[4])
+if (max_jobs > 0 and jobs + add_jobs > max_jobs) or (max_gpu > 0 and gpu + add_gpu > max_gpu) then
+  return {0, tostring(jobs), tostring(gpu)}
+end
+redis.call('HINCRBY', KEYS[1], 'jobs', add_jobs)
+redis.call('HINCRBYFLOAT', KEYS[1], 'gpu_s', add_gpu)
+return {1, tostring(jobs), tostring(gpu)}
+"""
+
+
+def job_cost_s(width: int, height: int, steps: int, s_per_mpx_step: float) -> float:
+    """Estimated accelerator seconds of one render: ``s_per_mpx_step`` × megapixels × steps."""
+    return s_per_mpx_step * width * height / 1e6 * steps
+
+
+@dataclass(frozen=True)
+class QuotaExceeded(Exception):
+    """A submission over the tenant's quota: ``status`` 413 (the request alone is larger than
+    the quota) or 429 (try again after ``retry_after_s``, when enough work has ended)."""
+
+    status: int
+    message: str
+    retry_after_s: int = 0
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Quotas:
+    """The tenant counters and the reservation check.
+
+    Args:
+        client: Redis with ``decode_responses=True``.
+        max_jobs: outstanding jobs per tenant (0: no limit).
+        max_gpu_s: outstanding estimated GPU-seconds per tenant (0: no limit).
+    """
+
+    def __init__(self, client: redis.Redis, max_jobs: int = 0, max_gpu_s: float = 0.0):
+        self.r = client
+        self.max_jobs = max_jobs
+        self.max_gpu_s = max_gpu_s
+        self._reserve = client.register_script(_RESERVE)
+
+    def usage(self, tenant: str) -> tuple[int, float]:
+        """``(outstanding jobs, outstanding GPU-seconds)`` of ``tenant``."""
+        jobs, gpu = self.r.hmget(keys.quota(tenant), "jobs", "gpu_s")
+        return int(jobs or 0), float(gpu or 0)
+
+    def reserve(self, tenant: str, jobs: int, gpu_s: float, *, drain_gpu_s_per_s: float = 1.0) -> None:
+        """Count ``jobs`` and ``gpu_s`` against ``tenant``'s quota, atomically, or refuse.
+
+        Args:
+            drain_gpu_s_per_s: GPU-seconds the farm finishes per second for this tenant (its live
+                workers), to estimate ``Retry-After``.
+        Raises:
+            QuotaExceeded: 413 when the request alone exceeds a quota; 429 when the tenant's
+                outstanding work plus the request does (nothing is counted then).
+        """
+        for size, limit, what in ((jobs, self.max_jobs, "jobs"), (gpu_s, self.max_gpu_s, "GPU-seconds")):
+            if limit and size > limit:
+                raise QuotaExceeded(413, f"this request's {size:g} {what} exceed the tenant's quota of {limit:g} "
+                                         f"outstanding {what}; split it")
+        ok, used_jobs, used_gpu = self._reserve(keys=[keys.quota(tenant)],
+                                                args=[jobs, repr(gpu_s), self.max_jobs, repr(self.max_gpu_s)])
+        if int(ok):
+            return
+        excess = max(float(used_gpu) + gpu_s - self.max_gpu_s, 0.0) if self.max_gpu_s else 0.0
+        wait = max(1, min(3600, round(excess / max(drain_gpu_s_per_s, 1e-3)) if excess else 10))
+        raise QuotaExceeded(429, f"over the tenant's quota: {used_jobs} jobs and {float(used_gpu):.0f} GPU-seconds "
+                                 f"outstanding (limits {self.max_jobs or '∞'} jobs, {self.max_gpu_s or '∞'} "
+                                 "GPU-seconds)", wait)
+
+    def release(self, tenant: str, jobs: int, gpu_s: float) -> None:
+        """Give back a reservation whose batch was not recorded."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hincrby(keys.quota(tenant), "jobs", -jobs)
+        pipe.hincrbyfloat(keys.quota(tenant), "gpu_s", -gpu_s)
+        pipe.execute()
