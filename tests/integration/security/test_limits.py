@@ -35,7 +35,11 @@ def test_bucket_allows_the_burst_then_refuses_with_the_wait(limiter):
     limiter.charge_request(tenant)
 
 
-def test_tenants_and_buckets_are_independent(limiter):
+def test_tenants_and_buckets_are_independent(redis_server):
+    # a slow refill (one request token per 100 s), so that a loaded machine cannot refill a token
+    # between the five charges and the sixth
+    limiter = RateLimiter(redis_server.client(), requests=Bucket("requests", 0.01, 5),
+                          jobs=Bucket("jobs", 100.0, 1000))
     a, b = f"a{secrets.token_hex(4)}", f"b{secrets.token_hex(4)}"
     for _ in range(5):
         limiter.charge_request(a)
