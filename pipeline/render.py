@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import PIL.Image
 import torch
@@ -29,6 +30,10 @@ from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
 from pipeline.schedulers import scheduler_for, scheduler_name
 from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make_sync_free
+
+if TYPE_CHECKING:
+    from pipeline.memory import BatchLimits
+    from pipeline.warm import PoolOptions
 
 CompatKey = tuple[str | None, int, int, int, float, str]
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
@@ -52,6 +57,12 @@ class Renderer:
     card's validation). The invariance actually in force is :attr:`invariance` (``"cpu-kernels"``,
     ``"per-sample"`` or ``"none"`` with the reason in :attr:`invariance_note`).
     """
+
+    # set by pipeline.warm.prepare_renderer after construction
+    recipe: dict[str, Any]
+    max_batch_size: int
+    limits: BatchLimits
+    pool: PoolOptions
 
     def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
                  batch_invariant: bool | None = None, use_pe: bool = False) -> None:
@@ -149,7 +160,8 @@ class Renderer:
         self._prepare()
         pipe = self.pipe
         pipe.scheduler = make_sync_free(scheduler_for(pipe, first.scheduler), host_timesteps=self.host_timesteps)
-        generators = [torch.Generator(self.generator_device).manual_seed(r.seed) for r in requests]
+        # seeds were checked above
+        generators = [torch.Generator(self.generator_device).manual_seed(cast(int, r.seed)) for r in requests]
 
         def step_end(pipeline, step_index, timestep, callback_kwargs):
             if on_step is not None:

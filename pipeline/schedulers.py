@@ -9,7 +9,7 @@ scheduler config (so betas, offsets and prediction type stay the model's) and th
 from __future__ import annotations
 
 import weakref
-from typing import get_args
+from typing import Any, get_args
 
 from diffusers import (
     DDIMScheduler,
@@ -37,7 +37,7 @@ _DPMPP_2M_SDE = {"algorithm_type": "sde-dpmsolver++", "solver_order": 2}
 #: The overrides are also what tells the names apart (:func:`scheduler_name`): ``_karras`` is the
 #: Karras noise schedule (Karras et al., "Elucidating the Design Space of Diffusion-Based
 #: Generative Models", NeurIPS 2022), as A1111's "… Karras" samplers use it.
-SCHEDULERS: dict[str, tuple[type, dict]] = {
+SCHEDULERS: dict[str, tuple[type[Any], dict]] = {
     "ddim": (DDIMScheduler, {}),
     "pndm": (PNDMScheduler, {"skip_prk_steps": True}),
     "euler": (EulerDiscreteScheduler, _UNIFORM),

@@ -34,6 +34,8 @@ tensor) it is checked against the table, and any other use falls back to the sto
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import numpy as np
 import torch
 from diffusers import DDIMScheduler, EulerDiscreteScheduler, PNDMScheduler
@@ -52,9 +54,14 @@ class _Precomputed:
     _pc_tables: dict[str, torch.Tensor] | None = None
     _pc_timesteps: np.ndarray | None = None
     _pc_index: int = 0
+    timesteps: torch.Tensor  # set by the diffusers scheduler this mixin is combined with
+
+    if TYPE_CHECKING:
+
+        def _tables(self) -> dict[str, torch.Tensor]: ...
 
     def set_timesteps(self, num_inference_steps=None, device=None, *args, **kwargs):
-        super().set_timesteps(num_inference_steps, device, *args, **kwargs)
+        super().set_timesteps(num_inference_steps, device, *args, **kwargs)  # type: ignore[misc]  # diffusers' method
         target = device if device is not None else self.timesteps.device
         self._pc_timesteps = self.timesteps.detach().cpu().numpy()  # host copy, read once here
         self._pc_tables = {k: v.to(target) for k, v in self._tables().items()}
@@ -63,7 +70,7 @@ class _Precomputed:
     def _on_schedule(self, timestep) -> bool:
         """Whether ``timestep`` is the one the counter expects. Device tensors are trusted (reading
         them would synchronize); host values are checked."""
-        if self._pc_tables is None or self._pc_index >= len(self._pc_timesteps):
+        if self._pc_tables is None or self._pc_timesteps is None or self._pc_index >= len(self._pc_timesteps):
             return False
         if isinstance(timestep, torch.Tensor):
             if timestep.device.type != "cpu":
@@ -72,7 +79,7 @@ class _Precomputed:
         return float(timestep) == float(self._pc_timesteps[self._pc_index])
 
     def _row(self, name: str) -> torch.Tensor:
-        return self._pc_tables[name][self._pc_index]
+        return cast("dict[str, torch.Tensor]", self._pc_tables)[name][self._pc_index]  # set by set_timesteps
 
 
 def _f32(values) -> torch.Tensor:
@@ -84,12 +91,13 @@ class PrecomputedDDIMScheduler(_Precomputed, DDIMScheduler):
 
     def _tables(self) -> dict[str, torch.Tensor]:
         ratio = self.config.num_train_timesteps // self.num_inference_steps
-        a_t, a_prev = [], []
+        a_t_list: list[Any] = []
+        a_prev_list: list[Any] = []
         for t in self.timesteps.cpu().tolist():
             prev = t - ratio
-            a_t.append(self.alphas_cumprod[t])
-            a_prev.append(self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod)
-        a_t, a_prev = _f32(a_t), _f32(a_prev)
+            a_t_list.append(self.alphas_cumprod[t])
+            a_prev_list.append(self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod)
+        a_t, a_prev = _f32(a_t_list), _f32(a_prev_list)
         b_t = 1 - a_t  # the stock code's expressions, element-wise, in float32
         return {"sqrt_a": a_t ** 0.5, "sqrt_b": b_t ** 0.5, "sqrt_a_prev": a_prev ** 0.5,
                 "dir": (1 - a_prev - 0.0 ** 2) ** 0.5}
@@ -132,16 +140,19 @@ class PrecomputedPNDMScheduler(_Precomputed, PNDMScheduler):
     """``PNDMScheduler`` in PLMS mode (``skip_prk_steps``) with formula (9)'s coefficients
     precomputed on the device; the multistep history (``ets``) is kept as the stock code does."""
 
+    ets: list[torch.Tensor]  # the stock PNDMScheduler's history, set in its __init__
+
     def _tables(self) -> dict[str, torch.Tensor]:
         ratio = self.config.num_train_timesteps // self.num_inference_steps
-        a_t, a_prev = [], []
+        a_t_list: list[Any] = []
+        a_prev_list: list[Any] = []
         for counter, t in enumerate(self.timesteps.cpu().tolist()):
             prev = t - ratio
             if counter == 1:  # the stock step_plms re-evaluates the first step at (t + ratio → t)
                 t, prev = t + ratio, t
-            a_t.append(self.alphas_cumprod[t])
-            a_prev.append(self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod)
-        a_t, a_prev = _f32(a_t), _f32(a_prev)
+            a_t_list.append(self.alphas_cumprod[t])
+            a_prev_list.append(self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod)
+        a_t, a_prev = _f32(a_t_list), _f32(a_prev_list)
         b_t, b_prev = 1 - a_t, 1 - a_prev
         return {"sqrt_a": a_t ** 0.5, "sqrt_b": b_t ** 0.5, "sample_coeff": (a_prev / a_t) ** 0.5,
                 "diff": a_prev - a_t, "denom": a_t * b_prev ** 0.5 + (a_t * b_t * a_prev) ** 0.5}
@@ -223,7 +234,7 @@ class PrecomputedEulerDiscreteScheduler(_Precomputed, EulerDiscreteScheduler):
 
 
 #: stock class → precomputed twin
-TWINS: dict[type, type] = {
+TWINS: dict[type, type[Any]] = {
     DDIMScheduler: PrecomputedDDIMScheduler,
     PNDMScheduler: PrecomputedPNDMScheduler,
     EulerDiscreteScheduler: PrecomputedEulerDiscreteScheduler,

@@ -124,7 +124,7 @@ def install_pinned_noise() -> int:
     count = 0
     for name, module in list(sys.modules.items()):
         if name.startswith("diffusers.") and getattr(module, "randn_tensor", None) is original:
-            module.randn_tensor = patched
+            module.randn_tensor = patched  # type: ignore[attr-defined]  # patching a diffusers module
             count += 1
     return count
 

@@ -14,6 +14,7 @@ import importlib.util
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 from transformers import CLIPTokenizer
 
@@ -59,7 +60,7 @@ def clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     """CLIP's vocabulary (token → id, 49,408 entries) and its ordered BPE merges (48,894 pairs)."""
     with gzip.open(bpe_path(), "rt", encoding="utf-8") as fh:
         lines = fh.read().split("\n")
-    merges = [tuple(line.split()) for line in lines[1 : NUM_MERGES + 1]]
+    merges = [cast("tuple[str, str]", tuple(line.split())) for line in lines[1 : NUM_MERGES + 1]]
     chars = list(bytes_to_unicode().values())
     tokens = chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges] + [BOS, EOS]
     if len(tokens) != VOCAB_SIZE:

@@ -110,7 +110,7 @@ def sizing_shape(renderer: Renderer, pool: PoolOptions | None = None) -> tuple[i
     """(width, height, steps) to measure memory at: the square of the pool's ``max_pixels`` (else the
     family's native size), rounded down to the size multiple, and the pool's steps (else 2)."""
     pool = pool or getattr(renderer, "pool", None) or PoolOptions()
-    spec = FAMILY_SPECS.get(renderer.family)
+    spec = FAMILY_SPECS.get(renderer.family or "")
     multiple = renderer.capabilities.size_multiple
     side = int(math.isqrt(pool.max_pixels)) if pool.max_pixels else (spec.native if spec else 512)
     side = max(multiple, min(2048, side) // multiple * multiple)

@@ -172,6 +172,7 @@ def _bare_renderer(config: FarmBenchConfig):
 def _run_bare(renderer, config: FarmBenchConfig, n: int, offset: int) -> dict:
     """The same renders as the farm run, in batches of ``batch_size``, in this process."""
     requests = requests_for(config, n, offset)
+    assert config.batch_size is not None, "expects a resolved config"
     t0 = time.perf_counter()
     for i in range(0, n, config.batch_size):
         renderer.render(requests[i:i + config.batch_size])
@@ -187,6 +188,7 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     from producer.client import RenderClient
 
     config = config.resolved()
+    assert config.jobs is not None and config.batch_size is not None  # resolved() fills both
     load_before = _load_average()
     started = time.time()
     # the bench's own knobs for its private stack: no rate limits, the recipe under test

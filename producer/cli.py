@@ -12,7 +12,7 @@ import sys
 
 from pydantic import ValidationError
 
-from infra.schemas import RenderRequest
+from infra.schemas import BatchStatus, RenderRequest
 from producer.client import NotFoundError, RenderClient, RenderFarmError
 from producer.prompts import load_prompts
 
@@ -69,7 +69,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _print_error(exc)
     if args.json:
         print(status.model_dump_json(indent=2))
-    elif hasattr(status, "counts"):
+    elif isinstance(status, BatchStatus):
         print(f"batch {status.batch_id}: {status.total} jobs, progress {status.progress:.0%}, "
               + ", ".join(f"{k} {v}" for k, v in status.counts.items() if v))
     else:

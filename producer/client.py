@@ -194,7 +194,8 @@ class RenderClient:
 
     def batch_jobs(self, batch_id: str, page: int = 1000) -> list[JobStatus]:
         """All jobs of a batch, in submission order."""
-        jobs, offset = [], 0
+        jobs: list[JobStatus] = []
+        offset: int | None = 0
         while offset is not None:
             status = self.batch(batch_id, offset=offset, limit=page)
             jobs.extend(status.jobs)

@@ -22,7 +22,7 @@ class Heartbeat(threading.Thread):
     """Every ``interval_s`` seconds: publish ``describe()`` to the registry with TTL ``ttl_s``."""
 
     def __init__(self, client: redis.Redis, name: str, describe: Callable[[], dict[str, Any]], *,
-                 interval_s: float, ttl_s: float, on_beat: Callable[[], None] | None = None):
+                 interval_s: float, ttl_s: float, on_beat: Callable[[], object] | None = None):
         super().__init__(name="renderfarm-heartbeat", daemon=True)
         self.client, self.worker_name, self.describe = client, name, describe
         self.interval_s, self.ttl_s = interval_s, ttl_s

@@ -125,7 +125,7 @@ class BatchRunner:
     def __init__(self, store: JobStore, storage: Storage, renderer: Renderer, worker_name: str, *,
                  progress_interval_s: float = 0.2,
                  job_timeout_s: float = 600.0, upload_retry_s: float = 60.0, redis_retry_s: float = 30.0,
-                 on_requeued: Callable[[list[str]], None] | None = None,
+                 on_requeued: Callable[[list[str]], object] | None = None,
                  on_rendered: Callable[[list[str]], None] | None = None,
                  on_written: Callable[[str], None] | None = None, upload_threads: int = 8):
         self.store = store

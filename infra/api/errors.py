@@ -57,10 +57,10 @@ def safe_json(value: Any, depth: int = 0) -> Any:
         return out
     if isinstance(value, (list, tuple, set, frozenset)):
         items = list(value)
-        out = [safe_json(v, depth + 1) for v in items[:MAX_ITEMS]]
+        listed = [safe_json(v, depth + 1) for v in items[:MAX_ITEMS]]
         if len(items) > MAX_ITEMS:
-            out.append(f"… {len(items) - MAX_ITEMS} more items")
-        return out
+            listed.append(f"… {len(items) - MAX_ITEMS} more items")
+        return listed
     return _text(str(value))
 
 

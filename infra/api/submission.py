@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 from celery import Celery
@@ -33,7 +34,7 @@ def new_id() -> str:
 
 def resolve(request: RenderRequest, default_model: str) -> RenderRequest:
     """Fill what the farm assigns: the default model and a random seed (0…2³²−1) when absent."""
-    updates = {}
+    updates: dict[str, Any] = {}
     if request.model is None:
         updates["model"] = default_model
     if request.seed is None:

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -123,7 +124,8 @@ def _pinned(url: str, ip: IPAddress) -> tuple[str, dict[str, str], dict]:
     parts = urlsplit(url)
     host = f"[{ip}]" if ip.version == 6 else str(ip)
     netloc = f"{host}:{parts.port}" if parts.port else host
-    host_header = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    # the URL passed check_webhook_url, which resolved its host
+    host_header = cast(str, parts.hostname) if parts.port is None else f"{parts.hostname}:{parts.port}"
     if ip.version == 6 and parts.hostname and ":" in parts.hostname:
         host_header = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port else "")
     extensions = {"sni_hostname": parts.hostname} if parts.scheme.lower() == "https" else {}
@@ -143,7 +145,8 @@ def post_once(url: str, body: bytes, headers: Mapping[str, str], *, allow_privat
     parts = urlsplit(url)
     auth = (parts.username or "", parts.password or "") if parts.username else None
     response = http.post(pinned, content=body, headers={**headers, **host_header}, extensions=extensions,
-                         timeout=timeout_s, auth=auth, follow_redirects=False)
+                         timeout=timeout_s, auth=auth if auth is not None else httpx.Auth(),
+                         follow_redirects=False)  # httpx.Auth(): none (the pinned URL has no userinfo)
     return response.status_code
 
 
@@ -285,7 +288,7 @@ class WebhookDispatcher:
             status, error, permanent = None, f"refused by the webhook policy: {exc.reason}", True
         except httpx.HTTPError as exc:
             status, error = None, f"{type(exc).__name__}: {exc}"[:500]
-        fields = {"last_attempt_at": repr(time.time())}
+        fields: dict[str, str | int] = {"last_attempt_at": repr(time.time())}
         if status is not None:
             fields["response_status"] = status
         if error is None:

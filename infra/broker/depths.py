@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -74,6 +74,7 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
     # jobs the dispatcher still holds
     lanes = backlog(client)
     queued: Counter[str] = Counter({pool: n for pool, (n, _) in lanes.items()})
+    pool: str | None
     for pool, (_, oldest) in lanes.items():
         waited(pool, oldest)
 
@@ -91,7 +92,7 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
     candidates: list[tuple[str, str]] = []  # (pool, job id) of messages whose job may wait
     for key in lists:
         length, last = next(answers), next(answers)
-        pool = keys.pool_of_broker_list(key)
+        pool = cast(str, keys.pool_of_broker_list(key))  # names holds only broker lists
         queued[pool] += int(length)
         if (job_id := message_job_id(last)) is not None:
             candidates.append((pool, job_id))

@@ -99,7 +99,9 @@ def new_run_dir(base: Path | str | None = None, *, keep: int = 5) -> Path:
 def _prune_run_dirs(base: Path, *, keep: int, current: Path) -> None:
     dirs = sorted((p for p in base.iterdir() if p.is_dir() and _RUN_DIR_RE.match(p.name)), reverse=True)
     for old in dirs[keep:]:
-        pid = int(_RUN_DIR_RE.match(old.name).group(1))
+        match = _RUN_DIR_RE.match(old.name)
+        assert match is not None  # dirs holds only matching names
+        pid = int(match.group(1))
         if old != current and not _pid_alive(pid):
             shutil.rmtree(old, ignore_errors=True)
 

@@ -287,8 +287,8 @@ class WorkerProcess(ManagedProcess):
         return argv + self.extra_args
 
     def _redis_url(self) -> str:
-        if "RENDERFARM_REDIS_URL" in self.env:
-            return self.env["RENDERFARM_REDIS_URL"]
+        if (url := self.env.get("RENDERFARM_REDIS_URL")) is not None:  # None: unset in the child
+            return url
         from infra.settings import Settings
 
         return Settings().redis_url

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -84,7 +84,7 @@ class _Sums:
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
-        self.sums: Counter[str] = Counter()
+        self.sums: defaultdict[str, float] = defaultdict(float)
 
     def observe(self, hist: Histogram, value: float, times: int = 1) -> None:
         if times <= 0 or not math.isfinite(value):

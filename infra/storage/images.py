@@ -75,7 +75,9 @@ def parse_parameters(text: str) -> dict[str, str]:
     """Parse an A1111 infotext into ``{"prompt", "negative_prompt", "Steps", "Sampler", …}``."""
     *head, last = text.split("\n")
     fields = {m.group(1).strip(): _unquote(m.group(2)) for m in _PARAM_RE.finditer(last)}
-    prompt_lines, negative_lines, in_negative = [], [], False
+    prompt_lines: list[str] = []
+    negative_lines: list[str] = []
+    in_negative = False
     for line in head:
         if line.startswith("Negative prompt:"):
             in_negative = True

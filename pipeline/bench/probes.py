@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -101,7 +102,7 @@ def flop_mapping() -> dict:
         return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
     aten = torch.ops.aten
-    mapping = {aten.mkldnn_convolution: mkldnn_conv, aten._int_mm: int_mm}
+    mapping: dict[Any, Callable[..., Any]] = {aten.mkldnn_convolution: mkldnn_conv, aten._int_mm: int_mm}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         mapping[aten._scaled_dot_product_flash_attention_for_cpu] = sdpa_cpu
     return mapping
@@ -155,7 +156,7 @@ def module_class(module) -> str:
 def architecture(pipe) -> tuple[str, ...]:
     """The classes of the pipeline's modules (see :func:`module_class`) and which runtime runs
     them: two subjects with equal architectures do the same FLOPs per render."""
-    return tuple(sorted(f"{name}={module_class(m)}{'@' + m.runtime if getattr(m, 'runtime', None) else ''}"
+    return tuple(sorted(f"{name}={module_class(m)}{'@' + str(m.runtime) if getattr(m, 'runtime', None) else ''}"
                         for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)))
 
 
@@ -179,7 +180,7 @@ class StepMarks:
     def __init__(self) -> None:
         self.phase = "outside"
         self.steps = 0
-        self._open = None
+        self._open: torch.profiler.record_function | None = None
 
     def _ensure_step(self) -> None:
         if self._open is None:

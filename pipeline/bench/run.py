@@ -29,6 +29,7 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from pipeline.bench import adapter
 from pipeline.bench.measure import GEMM_SIZES, Summary, device_kind, gemm_rates, load_average, mib, psnr
 from pipeline.bench.probes import RenderCount, architecture, count_render, denoiser_class
 from pipeline.bench.specs import parse_specs
-from pipeline.bench.subjects import Subject, Workload, load_subject, timed_render
+from pipeline.bench.subjects import FarmSubject, Subject, Workload, load_subject, timed_render
 from pipeline.device import probe
 
 DEFAULT_RECIPES = ("reference", "peer", "exact", "fast", "exact+batch_invariant")
@@ -163,7 +164,7 @@ class _Run:
         farm = next((s for s in subjects if s.spec.kind == "farm"), None)
         if POOL not in self.config.batch_sizes or self.pool is not None or farm is None:
             return []
-        self.pool = adapter.pool_batch_size(farm.renderer, self.profile, self.workload.width,
+        self.pool = adapter.pool_batch_size(cast(FarmSubject, farm).renderer, self.profile, self.workload.width,
                                             self.workload.height, self.workload.steps)
         self.log(f"the pool's batch size for {farm.spec.text}: {self.pool}")
         if self.pool in self.batch_sizes:
@@ -261,7 +262,7 @@ def _references(run: _Run) -> dict[int, np.ndarray]:
     ref = next((s.text for s in run.specs if s.is_reference), None)
     refs: dict[int, np.ndarray] = {}
     for b in sorted(run.batch_sizes, reverse=True):
-        if (ref, b) in run.images:
+        if ref is not None and (ref, b) in run.images:
             refs.update(zip(run.seeds(b), run.images[ref, b]))
     return refs
 
@@ -299,14 +300,15 @@ def _finish(run: _Run) -> None:
         for attr, kind in (("speedup", "reference"), ("vs_peer", "peer")):
             other = by_kind_batch.get((kind, row.batch_size))
             if other is not None and other.hot_median_s_per_img:
-                setattr(row, attr, round(other.hot_median_s_per_img / row.hot_median_s_per_img, 3))
+                # every row's hot median was set in the loop above
+                setattr(row, attr, round(other.hot_median_s_per_img / cast(float, row.hot_median_s_per_img), 3))
 
 
 def machine_facts(profile, gemm: dict[str, list[float]] | None = None) -> dict:
     """The machine and software a result came from, for its JSON (GEMM rates in FLOP/s)."""
     import importlib.metadata as md
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in ("diffusers", "transformers", "accelerate", "triton", "sdnq", "torchao", "flash-attn"):
         try:
             versions[package] = md.version(package)

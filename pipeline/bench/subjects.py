@@ -19,6 +19,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ class Subject:
         self.workload = workload
         self.profile = profile
         self.device = profile.torch_device
-        self.pipe = None
+        self.pipe: Any = None  # a diffusers pipeline once loaded
         self.dtype = "float32"
         self.resolved = spec.text
         self.approximations: list[str] = []
@@ -179,6 +180,7 @@ class FarmSubject(Subject):
 
     def _load(self) -> None:
         w, spec = self.workload, self.spec
+        assert spec.recipe is not None  # a farm spec names its recipe
         self.recipe = adapter.farm_recipe(spec.recipe, spec.options, self.profile, w.model)
         self.batch_invariant = (adapter.default_batch_invariant(self.recipe)
                                 if spec.batch_invariant is None else spec.batch_invariant)

@@ -26,6 +26,7 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 CATEGORIES = ("attention", "gemm", "norm", "elementwise/other")
 _ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax", re.I)
@@ -130,7 +131,7 @@ def analyze(events: list[dict], ranges: tuple[str, str, str]) -> dict:
     def counts(r: dict) -> dict:
         start, end, tid = r["ts"], r["ts"] + r.get("dur", 0), r.get("tid")
         inside_ops = op_lines[tid].within(start, end) if tid in op_lines else []
-        out = {"cpu_ops": _top_level(inside_ops)}
+        out: dict[str, Any] = {"cpu_ops": _top_level(inside_ops)}
         if not has_device:
             return {"launches": None, "kernels": None, "syncs": None, "d2h_copies": None, **out}
         calls = api[tid].within(start, end) if tid in api else []

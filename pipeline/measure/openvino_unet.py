@@ -16,13 +16,14 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from pipeline.optimize.openvino import UNetCall
 
 
-def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_dir: str | None) -> dict:
+def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_dir: Path | None) -> dict:
     """Seconds per UNet call, per (engine, batch): medians over ``rounds`` interleaved rounds."""
     import openvino as ov
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--batches", default="1,2")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     result = measure(args.model, args.size, tuple(int(b) for b in args.batches.split(",")), args.rounds, args.cache_dir)

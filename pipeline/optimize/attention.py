@@ -14,6 +14,7 @@ the dispatcher's default, native SDPA.
 from __future__ import annotations
 
 import importlib.util
+from typing import cast
 
 import torch
 from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProcessor2_0
@@ -26,7 +27,7 @@ def transformer_backend(attention: str, device: str | None) -> str | None:
     if attention != "flash_attn":
         return None
     hopper = (device or "").startswith("cuda") and torch.cuda.is_available() \
-        and torch.cuda.get_device_capability(torch.device(device)) >= (9, 0)
+        and torch.cuda.get_device_capability(torch.device(cast(str, device))) >= (9, 0)
     if hopper and importlib.util.find_spec("flash_attn_interface") is not None:
         return "_flash_3"
     return "flash"
@@ -62,7 +63,9 @@ class FlashAttnProcessor:
 
     def __init__(self, flash_fn=None, devices: tuple[str, ...] = ("cuda",)):
         if flash_fn is None:
-            from flash_attn import flash_attn_func as flash_fn
+            from flash_attn import flash_attn_func
+
+            flash_fn = flash_attn_func
         self.flash_fn, self.devices = flash_fn, devices
         self.sdpa, self.fused_sdpa = AttnProcessor2_0(), FusedAttnProcessor2_0()
 

@@ -45,6 +45,7 @@ class OpenVinoUNet(torch.nn.Module):
     _renderfarm_per_sample_for_invariance = True  # its kernels are not verified batch invariant
     #: Which runtime runs it (the benchmarks count this module's FLOPs from its ``source_class``).
     runtime = "openvino"
+    _anchor: torch.Tensor  # a registered buffer
 
     def __init__(self, unet, compiled, precision: str):
         super().__init__()

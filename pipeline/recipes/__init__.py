@@ -93,7 +93,7 @@ def _fit_family(r: Recipe, p: DeviceProfile, family: str | None, reference: str)
         if reference == "bfloat16" and p.kind == "cuda" and (p.compute_capability or (0, 0)) < (8, 0):
             dtype = "float16"  # approximate: only in fast
     r = replace(r, dtype=dtype, reference_dtype=reference, family=family)
-    spec, fit = FAMILY_SPECS.get(family), FAMILY_FITS.get(family)
+    spec, fit = FAMILY_SPECS.get(family or ""), FAMILY_FITS.get(family or "")
     if spec is None or fit is None:
         return r
     unet = spec.denoiser == "unet"

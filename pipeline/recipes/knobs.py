@@ -14,7 +14,7 @@ Rapid Diffusion paper (Alibaba PAI + SCUT, ACL 2023), the ERNIE-Image-Turbo SDNQ
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 DTYPES = ("float32", "float16", "bfloat16")
 #: default = as diffusers loaded it; sdpa = PyTorch SDPA; flash_attn = the flash-attn kernels
@@ -149,8 +149,9 @@ class Recipe:
 
     def without_approximations(self) -> "Recipe":
         """This recipe with every approximate knob back at its exact value."""
-        return replace(self, **{k: self.reference_dtype if k == "dtype" else DEFAULTS[k]
-                                for k in self.approximations()})
+        exact: dict[str, Any] = {k: self.reference_dtype if k == "dtype" else DEFAULTS[k]
+                                 for k in self.approximations()}
+        return replace(self, **exact)
 
     def to_dict(self) -> dict:
         """JSON-able form, with the approximations in force, for reports and ``GET /v1/workers``."""
@@ -165,4 +166,4 @@ def knob_names() -> list[str]:
     return [f.name for f in fields(Recipe) if f.name not in _NOT_KNOBS]
 
 
-DEFAULTS = {f.name: f.default for f in fields(Recipe)}
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Recipe)}

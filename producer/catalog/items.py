@@ -78,7 +78,7 @@ def _read_csv(path: Path, text: str) -> list[Item]:
         raise CatalogError(f"catalog {path}: CSV header has " + (f"duplicate columns {duplicates}" if duplicates
                                                                    else "an empty column name"))
     reader.fieldnames = names
-    items = []
+    items: list[Item] = []
     for row in reader:
         extra = row.pop("\0extra", None)
         fields = {k: v for k, v in row.items() if v not in (None, "")}
@@ -88,7 +88,7 @@ def _read_csv(path: Path, text: str) -> list[Item]:
 
 
 def _read_jsonl(text: str) -> list[Item]:
-    items = []
+    items: list[Item] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

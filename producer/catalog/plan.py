@@ -111,7 +111,7 @@ def plan_items(items: Sequence[Item], template: Template, defaults: Mapping[str,
     Raises:
         CatalogError: a template field that no item has (a typo, or the wrong catalog).
     """
-    for tmpl in (template, negative):
+    for tmpl in (t for t in (template, negative) if t):
         for name in (tmpl.fields if tmpl else ()):
             if not any(name in it.fields for it in items if not it.problem):
                 raise CatalogError(f"{tmpl.option} {tmpl.text!r}: no item has a field {name!r}")

@@ -84,7 +84,7 @@ class CatalogRun:
     wall_s: float = 0.0
 
     def __post_init__(self):
-        self.requests = {p.key: p.request for p in self.plans if p.key}
+        self.requests = {p.key: p.request for p in self.plans if p.key and p.request is not None}  # both or neither
         self.job_key: dict[str, str] = {}                            # job id → key (jobs we wait for)
         self.waiting: dict[str, set[str]] = defaultdict(set)         # batch id → keys
         self.prev_job: dict[str, str] = {}                           # key → its failed/canceled job
