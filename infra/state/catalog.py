@@ -165,10 +165,11 @@ class CatalogIndex:
         """HEAD the image of every ``succeeded`` answer; one that is gone is dropped from the index
         and answered None (render it again)."""
         done = [k for k, e in out.items() if e is not None and e.state == "succeeded" and e.result_key]
-        if self.exists is None or not done:
+        exists = self.exists
+        if exists is None or not done:
             return
         with ThreadPoolExecutor(max_workers=min(self.head_concurrency, len(done))) as pool:
-            present = list(pool.map(lambda k: self.exists(out[k].result_key), done))
+            present = list(pool.map(lambda k: exists(out[k].result_key), done))
         for key, ok in zip(done, present):
             if not ok:
                 self._cas(keys=[hkey], args=[key, self.r.hget(hkey, key) or found[key][0], ""])
