@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Offline-built models live here.")
     default_model: str = Field("tiny", description="Model used when a request names none.")
     batch_size: int = Field(0, ge=0, le=256, description="Worker batch size; 0 = the device recipe's.")
+    null_render_ms_per_image: float = Field(0.0, ge=0, le=600_000, description="The null renderer's simulated "
+                                            "GPU: milliseconds slept per image of a batch (GIL released); 0 = none.")
     recipe: str = Field("exact", description="Worker recipe: exact, fast (allows approximations), baseline or a name.")
     recipe_overrides: str = Field("", description="JSON object overriding single recipe knobs.")
     flush_interval_s: float = Field(0.25, gt=0, le=0.25, description="celery-batches flush interval, seconds.")

@@ -113,7 +113,7 @@ def _farm(args: argparse.Namespace) -> int:
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
         height=args.height, steps=args.steps, guidance_scale=args.guidance_scale, recipe=args.recipe,
         submit_jobs=args.submit_jobs, submit_repeats=args.submit_repeats, rounds=args.rounds,
-        bare=not args.no_bare)
+        bare=not args.no_bare, render_ms_per_image=args.render_ms_per_image)
     result = run_farm_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
     console.print(result_table(result))
     if args.json:
@@ -188,6 +188,9 @@ def _register_farm(sub) -> None:
     f.add_argument("--submit-jobs", type=int, default=10_000, help="jobs in the submission test (0 skips it)")
     f.add_argument("--submit-repeats", type=int, default=3, help="submissions timed (default 3; median)")
     f.add_argument("--rounds", type=int, default=2, help="farm and bare runs, alternating order (default 2)")
+    f.add_argument("--render-ms-per-image", type=float, default=0.0,
+                   help="with --model null: a simulated GPU sleeping this many ms per image of a batch "
+                        "(GIL released); the table adds its efficiency (default 0: no sleep)")
     f.add_argument("--no-bare", action="store_true", help="skip the bare in-process loop")
     f.add_argument("--json", default=None, help="write the result here")
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))

@@ -58,7 +58,7 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     device profile, and the batch size: the flag, the setting, or measured from memory at the
     declared pool's largest size and steps."""
     if args.model == NULL_MODEL:
-        return NullRenderer(), {"kind": "none"}, args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
+        return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
     from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
     pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
