@@ -81,6 +81,8 @@ class Settings(BaseSettings):
                                             "GPU: milliseconds slept per image of a batch (GIL released); 0 = none.")
     recipe: str = Field("exact", description="Worker recipe: exact, fast (allows approximations), baseline or a name.")
     recipe_overrides: str = Field("", description="JSON object overriding single recipe knobs.")
+    worker_overlap: bool = Field(True, description="The worker renders the next group while the last one is "
+                                 "encoded, uploaded and recorded (worker/runner.py run_overlapped); off: in turn.")
     flush_interval_s: float = Field(0.25, gt=0, le=0.25, description="celery-batches flush interval, seconds.")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="Worker heartbeat period, seconds.")
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")

@@ -1,8 +1,8 @@
 """Renderers a worker can pin: the warm diffusers pipeline, or the null renderer.
 
-Place in the data flow: worker → **renderer** → images (the warm diffusers pipeline, or this one). The null renderer (a constant 64×64 image, no
-model) measures the queue, storage and state path alone (``renderfarm bench farm``). With
-``ms_per_image`` > 0 it is a simulated GPU: each call sleeps ``ms_per_image × len(batch)``
+Place in the data flow: worker → **renderer** → images (the warm diffusers pipeline, or this one).
+The null renderer (a constant 64×64 image, no model) measures the queue, storage and state path
+alone (``renderfarm bench farm``). With ``ms_per_image`` > 0 it is a simulated GPU: each call sleeps ``ms_per_image × len(batch)``
 milliseconds (``time.sleep`` releases the GIL, as a CUDA-synchronizing render does), so the bench
 can tell whether the host side keeps a device of that speed busy.
 """

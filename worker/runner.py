@@ -31,6 +31,7 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import defaultdict
@@ -85,6 +86,29 @@ class BatchOutcome:
         return self.succeeded == 0 and (self.failed + len(self.requeued)) > 0
 
 
+@dataclass
+class _BatchWork:
+    """One pulled batch in flight: its jobs, the perf_counter time it started, and two outcomes,
+    one per thread, merged at the batch's end: ``rendering`` (the render stage's failures and
+    drops, its pipeline calls) and ``outcome`` (the post stage's)."""
+
+    job_ids: list[str]
+    jobs: list[StartedJob]
+    started: float
+    outcome: BatchOutcome = field(default_factory=BatchOutcome)
+    rendering: BatchOutcome = field(default_factory=BatchOutcome)
+
+
+@dataclass
+class _Post:
+    """A post-processing item: a rendered group (jobs and their images, in order), or with
+    ``jobs`` None the batch's end (metrics, requeues, release from ``current``)."""
+
+    work: _BatchWork
+    jobs: list[StartedJob] | None = None
+    images: list[Image.Image] | None = None
+
+
 def job_ids_from_messages(messages: Sequence[Any], *, log_rejects: bool = True) -> list[str]:
     """The job ids carried by celery-batches requests; malformed messages are dropped (and
     logged, unless ``log_rejects`` is false)."""
@@ -120,6 +144,17 @@ class BatchRunner:
         on_rendered / on_written: test counters (``worker.faults``): job ids rendered, and each
             job whose object this attempt really wrote.
         upload_threads: jobs of a group encoded, uploaded and recorded at once (1 = in turn).
+        pending_groups: rendered groups that may wait for post-processing in
+            :meth:`run_overlapped` before the renderer blocks (the bound on held images).
+
+    Two ways to run a batch: :meth:`run` does it all in the calling thread; :meth:`run_overlapped`
+    renders in the calling thread and leaves encoding, upload and the state writes to one
+    post-processing thread (fed through a bounded queue, in order), so that the device renders
+    the next group while the last one is stored. The guarantees are the same: the lease check
+    that drops canceled or taken-over jobs runs just before each group's upload, uploads are
+    write-once and every write is fenced by the attempt; jobs stay in :meth:`current_jobs` (their
+    leases renewed by the heartbeat) until their group is recorded. :meth:`drain` waits for the
+    post-processing to finish (a warm shutdown).
     """
 
     def __init__(self, store: JobStore, storage: Storage, renderer: Renderer, worker_name: str, *,
@@ -127,7 +162,8 @@ class BatchRunner:
                  job_timeout_s: float = 600.0, upload_retry_s: float = 60.0, redis_retry_s: float = 30.0,
                  on_requeued: Callable[[list[str]], None] | None = None,
                  on_rendered: Callable[[list[str]], None] | None = None,
-                 on_written: Callable[[str], None] | None = None, upload_threads: int = 8):
+                 on_written: Callable[[str], None] | None = None, upload_threads: int = 8,
+                 pending_groups: int = 2):
         self.store = store
         self.storage = storage
         self.renderer = renderer
@@ -147,21 +183,48 @@ class BatchRunner:
         self.timing = {"batches": 0, "jobs": 0, "total_s": 0.0, "render_s": 0.0}  # see _account
         self.upload_threads = upload_threads
         self._uploads: ThreadPoolExecutor | None = None  # created at the first batch of two or more
+        self._post: queue.Queue[_Post] = queue.Queue(maxsize=max(1, pending_groups))
+        self._post_thread: threading.Thread | None = None  # started by the first run_overlapped
+        self._done: list[BatchOutcome] = []
 
     def run(self, messages: Sequence[Any]) -> BatchOutcome:
-        """Handle one pulled batch of celery-batches requests. Never raises for a job's failure;
-        returns what became of its jobs."""
-        outcome = BatchOutcome()
+        """Handle one pulled batch of celery-batches requests, start to finish, in this thread.
+        Never raises for a job's failure; returns what became of its jobs."""
+        work = self._render_batch(messages, self._post_inline)
+        if work is None:
+            return BatchOutcome()
+        return work.outcome
+
+    def run_overlapped(self, messages: Sequence[Any]) -> list[BatchOutcome]:
+        """Start and render one pulled batch here; its groups are encoded, uploaded and recorded
+        by the post-processing thread while the next group (or batch) renders. Blocks while
+        ``pending_groups`` rendered groups already wait (backpressure: at most that many groups'
+        images, plus the one being stored and the one rendering, are held). Returns the outcomes
+        of the batches the post-processing thread has finished since the last call."""
+        self._render_batch(messages, self._post_queued)
+        return self._take_done()
+
+    def drain(self) -> list[BatchOutcome]:
+        """Wait until every rendered group is stored and recorded (at shutdown); returns the
+        outcomes not yet taken."""
+        if self._post_thread is not None:
+            self._post.join()
+        return self._take_done()
+
+    def _render_batch(self, messages: Sequence[Any], post: Callable[[_Post], None]) -> _BatchWork | None:
+        """Start the batch's jobs and render its groups, handing each rendered group, then the
+        batch's end, to ``post`` (inline, or the post-processing thread's queue)."""
         batch_started = time.perf_counter()
         job_ids = job_ids_from_messages(messages)
         if not job_ids:
-            return outcome
+            return None
         started = self._redis(self.store.start_many, job_ids, self.worker_name)
         jobs = [s for s in started.values() if isinstance(s, StartedJob)]
         for job_id, reason in started.items():
             if not isinstance(reason, StartedJob):
                 log.info("skipping job %s: %s", job_id, reason)
-        outcome.started = len(jobs)
+        work = _BatchWork(job_ids=job_ids, jobs=jobs, started=batch_started)
+        work.outcome.started = len(jobs)
         groups: dict[tuple, list[StartedJob]] = defaultdict(list)
         for job in jobs:
             groups[compat_key(job.request)].append(job)
@@ -170,21 +233,73 @@ class BatchRunner:
         try:
             for group in groups.values():
                 t0 = time.perf_counter()
-                self._render_group(group, outcome)
+                self._render_group(group, work, post)
                 log.info("rendered %d job(s) %s in %.2fs", len(group), compat_key(group[0].request)[1:4],
                          time.perf_counter() - t0)
         finally:
-            with self._lock:
-                for job in jobs:
-                    self.current.pop(job.job_id, None)
-            if outcome.requeued:
-                self._republish(outcome.requeued)
-            batch_s = time.perf_counter() - batch_started
-            metrics.record_batch(self.store.r, [j.job_id for j in jobs], worker=self.worker_name,
-                                 renders=outcome.renders, succeeded=outcome.succeeded, failed=outcome.failed,
-                                 batch_seconds=batch_s)
-            self._account(len(job_ids), batch_s, outcome)
-        return outcome
+            post(_Post(work))  # the batch's end: after its groups, in order
+        return work
+
+    # ---- post-processing: encode, upload, record ----------------------------------------------
+    def _post_inline(self, item: _Post) -> None:
+        self._post_one(item)
+
+    def _post_queued(self, item: _Post) -> None:
+        if self._post_thread is None:
+            self._post_thread = threading.Thread(target=self._post_loop, name="post", daemon=True)
+            self._post_thread.start()
+        self._post.put(item)
+
+    def _post_loop(self) -> None:
+        while True:
+            item = self._post.get()
+            try:
+                self._post_one(item)
+            except Exception:  # the jobs stay running with their leases: the reaper recovers them
+                log.exception("post-processing of %d job(s) failed", len(item.jobs or item.work.jobs))
+            finally:
+                self._post.task_done()
+
+    def _post_one(self, item: _Post) -> None:
+        if item.jobs is not None:
+            self._store_group(item.work, item.jobs, item.images)
+            return
+        work = item.work  # the batch's end: every group before it is stored
+        outcome, rendering = work.outcome, work.rendering
+        outcome.failed += rendering.failed
+        outcome.dropped += rendering.dropped
+        outcome.requeued.extend(rendering.requeued)
+        outcome.renders.extend(rendering.renders)
+        with self._lock:
+            for job in work.jobs:
+                self.current.pop(job.job_id, None)
+        if outcome.requeued:
+            self._republish(outcome.requeued)
+        batch_s = time.perf_counter() - work.started
+        metrics.record_batch(self.store.r, [j.job_id for j in work.jobs], worker=self.worker_name,
+                             renders=outcome.renders, succeeded=outcome.succeeded, failed=outcome.failed,
+                             batch_seconds=batch_s)
+        self._account(len(work.job_ids), batch_s, outcome)
+        with self._lock:
+            self._done.append(outcome)
+
+    def _take_done(self) -> list[BatchOutcome]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _store_group(self, work: _BatchWork, jobs: list[StartedJob], images: list[Image.Image]) -> None:
+        """Who is still ours, just before upload (cancellation and takeover), then store them."""
+        held = self._redis(self.store.renew_leases, jobs)
+        kept = []
+        for job, image in zip(jobs, images, strict=True):
+            if held.get(job.job_id) != HELD:
+                log.info("job %s attempt %d was canceled or taken over; its image is discarded",
+                         job.job_id, job.attempt)
+                work.outcome.dropped += 1
+                continue
+            kept.append((job, image))
+        self._store_all(kept, work.outcome)
 
     def _account(self, jobs: int, total_s: float, outcome: BatchOutcome) -> None:
         """Worker time of one batch, in seconds: whole (start, render, encode, upload, state writes,
@@ -203,12 +318,13 @@ class BatchRunner:
             return list(self.current.values())
 
     # ---- rendering ------------------------------------------------------------------------
-    def _render_group(self, jobs: list[StartedJob], outcome: BatchOutcome) -> None:
+    def _render_group(self, jobs: list[StartedJob], work: _BatchWork, post: Callable[[_Post], None]) -> None:
+        outcome = work.rendering
         key = compat_key(jobs[0].request)
         cap = self.limits.cap(key, len(jobs))
         if len(jobs) > cap:  # this shape ran out of memory before: render it in chunks it fits in
             for i in range(0, len(jobs), cap):
-                self._render_group(jobs[i:i + cap], outcome)
+                self._render_group(jobs[i:i + cap], work, post)
             return
         deadline = time.monotonic() + self.job_timeout_s
         t0 = time.perf_counter()
@@ -235,22 +351,13 @@ class BatchRunner:
             failed = False
         if failed:  # outside the except block: the failed batch's frames and tensors are freed first
             mid = len(jobs) // 2
-            self._render_group(jobs[:mid], outcome)
-            self._render_group(jobs[mid:], outcome)
+            self._render_group(jobs[:mid], work, post)
+            self._render_group(jobs[mid:], work, post)
             return
         self.limits.succeeded(key, len(jobs))
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self._redis(self.on_rendered, [j.job_id for j in jobs])
-        held = self._redis(self.store.renew_leases, jobs)  # who is still ours, just before upload
-        kept = []
-        for job, image in zip(jobs, images, strict=True):
-            if held.get(job.job_id) != HELD:
-                log.info("job %s attempt %d was canceled or taken over; its image is discarded",
-                         job.job_id, job.attempt)
-                outcome.dropped += 1
-                continue
-            kept.append((job, image))
-        self._store_all(kept, outcome)
+        post(_Post(work, jobs, images))
 
     def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome) -> None:
         """Encode, upload and record each job's image, ``upload_threads`` jobs at a time: the
