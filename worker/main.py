@@ -34,7 +34,7 @@ from celery.utils.nodenames import default_nodename
 
 from infra import keys
 from infra.broker.app import make_celery
-from infra.broker.kombu_redis import install_malformed_message_guard
+from infra.broker.kombu_redis import flush_acks, install_cheap_acks, install_malformed_message_guard
 from infra.broker.publish import republish
 from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
@@ -195,6 +195,7 @@ def run_worker(args: argparse.Namespace) -> int:
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
     celery_heartbeat.start()
     install_malformed_message_guard()
+    install_cheap_acks()
     try:
         # Celery's worker heartbeat stays on: it keeps the worker's event dispatcher, in which
         # `celery control enable_events` (and Flower) switch the task events on.
@@ -205,6 +206,10 @@ def run_worker(args: argparse.Namespace) -> int:
         ])
     finally:
         runner.drain()  # rendered groups still being stored: finish them (the heartbeat renews their leases)
+        try:
+            flush_acks()  # acks the event loop had no iteration left to send
+        except Exception as exc:  # Redis away: the reaper clears the unacked entries
+            log.warning("could not send the last acks: %s", exc)
         heartbeat.stop()
         celery_heartbeat.stop()
         _release(store, app, runner)
