@@ -122,6 +122,24 @@ def _farm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redis(args: argparse.Namespace) -> int:
+    import os
+
+    from pipeline.bench import write_json
+    from producer.bench_farm import FarmBenchConfig
+    from producer.bench_redis import run_saturation, saturation_table
+
+    console = _console()
+    config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
+                             submit_jobs=0, bare=False).resolved()
+    result = run_saturation(config, args.workers, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    console.print(saturation_table(result, os.cpu_count() or 0))
+    if args.json:
+        write_json(result, args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``bench pipeline``, ``bench profile`` and ``bench farm`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
@@ -129,6 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
+    _register_redis(sub)
     return bench
 
 
@@ -196,6 +215,20 @@ def _register_farm(sub) -> None:
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))
 
 
+def _register_redis(sub) -> None:
+    r = sub.add_parser("redis", help="where one redis-server saturates: null workers (0 ms) as their number grows",
+                       description="Run bench farm --model null (0 ms renders, no submission test) once per worker "
+                                   "count and print jobs/s, redis-server's CPU per job and share of a core, and "
+                                   "Redis commands per job. Commands and bytes per job, and bytes per queued job, "
+                                   "are also rows of every bench farm table.")
+    r.add_argument("--workers", type=_csv(int), default=(1, 2, 4, 8), help="comma list (default 1,2,4,8)")
+    r.add_argument("--jobs", type=int, default=2000)
+    r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--rounds", type=int, default=1)
+    r.add_argument("--json", default=None, help="write the result here")
+    r.set_defaults(func=lambda args: sys.exit(_redis(args)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The bench commands alone: ``pipeline``, ``profile`` and ``farm`` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="renderfarm bench", description="renderfarm benchmarks")
@@ -203,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
+    _register_redis(sub)
     return parser
 
 

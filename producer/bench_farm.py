@@ -38,6 +38,7 @@ from datetime import datetime
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.schemas import RenderRequest
+from producer.bench_redis import RedisCounter
 
 PROMPTS = (
     "a photograph of an astronaut riding a horse", "a red fox in the snow, golden hour",
@@ -231,6 +232,8 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
             if bare is not None:
                 _run_bare(bare, config, config.batch_size, offset=10_000_000)  # same warm-up as the workers
             timing_before = farm_timing(client)  # after the warm-up's batches
+            counter = RedisCounter(stack.redis_url)
+            counter.reset()
             farm_runs, bare_runs = [], []
             cpu: dict[str, float] = {}
             for r in range(config.rounds):
@@ -249,6 +252,7 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                         bare_runs.append(run)
                         log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {_load_average()[0]})")
             timing_after = farm_timing(client)
+            result["redis"] = counter.read(config.jobs * config.rounds)
             result["full_path"] = _summary(farm_runs)
             if bare_runs:
                 result["bare_loop"] = _summary(bare_runs)
@@ -269,7 +273,11 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
             if config.submit_jobs:
                 api_pid = stack.api.pid
                 rss_before = rss_kib(api_pid)
+                memory_before = counter.used_memory()
                 result["submission"] = _submission(client, config, log)
+                queued = config.submit_jobs * config.submit_repeats
+                result["redis"]["bytes_per_queued_job"] = round((counter.used_memory() - memory_before) / queued, 1)
+                result["redis"]["job_hash_memory_usage_bytes"] = counter.job_memory(result["submission"].pop("_key"))
                 rss_after = rss_kib(api_pid)
                 result["submission"]["api_rss_mib"] = {
                     "before": round(rss_before["VmRSS"] / 1024, 1), "after": round(rss_after["VmRSS"] / 1024, 1),
@@ -291,16 +299,18 @@ def _summary(runs: list[dict]) -> dict:
 
 def _submission(client, config: FarmBenchConfig, log) -> dict:
     """Median seconds of ``submit_repeats`` single-request submissions of ``submit_jobs`` jobs."""
+    from infra import keys
+
     seconds = []
     for r in range(config.submit_repeats):
         requests = requests_for(config, config.submit_jobs, offset=20_000_000 + r * config.submit_jobs)
         t0 = time.perf_counter()
-        client.submit_batch(requests)
+        accepted = client.submit_batch(requests)
         seconds.append(round(time.perf_counter() - t0, 4))
         log(f"submitted {config.submit_jobs} jobs in {seconds[-1]:.3f} s (load {_load_average()[0]})")
     median = statistics.median(seconds)
     return {"jobs": config.submit_jobs, "runs_s": seconds, "median_s": round(median, 4),
-            "jobs_per_s": round(config.submit_jobs / median, 1)}
+            "jobs_per_s": round(config.submit_jobs / median, 1), "_key": keys.job(accepted.job_ids[0])}
 
 
 # ---- output ---------------------------------------------------------------------------------------
@@ -345,6 +355,15 @@ def result_table(result: dict):
                 table.add_row(f"  CPU ms per job: {k}", f"{v:.3f}", "")
         table.add_row("CPU ms per job, all farm processes", f"{cpu['total']:.3f}",
                       "≤ 2 ms" if null and not c.get("render_ms_per_image") else "")
+    rd = result.get("redis")
+    if rd:
+        top = ", ".join(f"{k} {v:g}" for k, v in list(rd["by_command_per_job"].items())[:8])
+        table.add_row(f"Redis commands per job ({top}, …)", f"{rd['commands_per_job']:.2f}", "")
+        table.add_row("Redis network bytes per job, in / out",
+                      f"{rd['net_in_bytes_per_job']:.0f} / {rd['net_out_bytes_per_job']:.0f}", "")
+        if "bytes_per_queued_job" in rd:
+            table.add_row(f"Redis bytes per queued job (used_memory; one job hash: MEMORY USAGE "
+                          f"{rd['job_hash_memory_usage_bytes']})", f"{rd['bytes_per_queued_job']:.0f}", "")
     sub = result.get("submission")
     if sub:
         table.add_row(f"submit {sub['jobs']} jobs, one POST (s, median of {len(sub['runs_s'])})",

@@ -46,7 +46,7 @@ from PIL import Image
 from infra.schemas import JobError, RenderRequest
 from infra.state import metrics
 from infra.state.jobs import HELD, JobStore, StartedJob
-from infra.storage.results import store_image
+from infra.storage.results import StoredImage, store_image
 from infra.storage.s3 import Storage, is_transient
 from pipeline.memory import BatchLimits, is_oom_error
 from pipeline.render import compat_key
@@ -360,28 +360,44 @@ class BatchRunner:
         post(_Post(work, jobs, images))
 
     def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome) -> None:
-        """Encode, upload and record each job's image, ``upload_threads`` jobs at a time: the
-        S3 PUT and the state write of one job are round trips that the others overlap (boto3 and
-        redis-py clients are thread-safe; each job gets its own outcome, merged here)."""
-        def store(job: StartedJob, image: Image.Image) -> BatchOutcome:
-            own = BatchOutcome()
+        """Encode and upload each job's image, ``upload_threads`` jobs at a time (Pillow's encoders
+        and the S3 PUT release the GIL; boto3's client is thread-safe, on one connection pool
+        sized to these threads), then record the group's successes in one pipelined round trip
+        (:meth:`infra.state.jobs.JobStore.succeed_many`)."""
+        def upload(pair: tuple[StartedJob, Image.Image]):
+            job, image = pair
             try:
-                self._store_image(job, image, own)
+                return self._upload(job, image)
             except Exception as exc:
-                self._fail(job, exc, own)
-            return own
+                return exc
 
         if len(kept) > 1 and self.upload_threads > 1:
             if self._uploads is None:
                 self._uploads = ThreadPoolExecutor(self.upload_threads, thread_name_prefix="upload")
-            results = list(self._uploads.map(lambda pair: store(*pair), kept))
+            uploaded = list(self._uploads.map(upload, kept))
         else:
-            results = [store(job, image) for job, image in kept]
-        for own in results:
-            outcome.succeeded += own.succeeded
-            outcome.failed += own.failed
-            outcome.dropped += own.dropped
-            outcome.requeued.extend(own.requeued)
+            uploaded = [upload(pair) for pair in kept]
+        stored = []
+        for (job, _), result in zip(kept, uploaded, strict=True):
+            if isinstance(result, BaseException):
+                self._fail(job, result, outcome)
+            else:
+                stored.append((job, result))
+        if not stored:
+            return
+        try:
+            recorded = self._redis(self.store.succeed_many, [(job, s.result) for job, s in stored])
+        except Exception as exc:  # Redis away past redis_retry_s: the attempts fail (and retry)
+            for job, _ in stored:
+                self._fail(job, exc, outcome)
+            return
+        for job, result in stored:
+            if recorded.get(job.job_id):
+                with self._lock:
+                    self.images_done += 1
+                outcome.succeeded += 1
+            else:
+                self._stale_result(job, result, outcome)
 
     def _step_callback(self, jobs: list[StartedJob], deadline: float) -> Callable[[int, int], None]:
         last = [0.0]
@@ -407,17 +423,16 @@ class BatchRunner:
         return on_step
 
     # ---- results --------------------------------------------------------------------------
-    def _store_image(self, job: StartedJob, image: Image.Image, outcome: BatchOutcome) -> None:
+    def _upload(self, job: StartedJob, image: Image.Image) -> StoredImage:
         stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
                              model=self.renderer.model, retry_s=self.upload_retry_s,
                              scheduler=self._scheduler_name(job.request.scheduler))
         if stored.written:
             self._redis(self.on_written, job.job_id)
-        if self._redis(self.store.succeed, job, stored.result):
-            with self._lock:
-                self.images_done += 1
-            outcome.succeeded += 1
-            return
+        return stored
+
+    def _stale_result(self, job: StartedJob, stored: StoredImage, outcome: BatchOutcome) -> None:
+        """The attempt no longer held the job when its success was recorded."""
         outcome.dropped += 1
         status = self._redis(self.store.get_job, job.job_id)
         if stored.written and status is not None and status.state == "canceled":
