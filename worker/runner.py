@@ -37,7 +37,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -50,6 +49,7 @@ from infra.storage.results import StoredImage, store_image
 from infra.storage.s3 import Storage, is_transient
 from pipeline.memory import BatchLimits, is_oom_error
 from pipeline.render import compat_key
+from worker.batch import BatchOutcome, BatchWork, PostItem
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -67,46 +67,6 @@ class Renderer(Protocol):
 class GroupAbandoned(Exception):
     """Raised from the step callback when no job of the group is held by this attempt any more
     (all canceled, or taken over): the render stops between two denoising steps."""
-
-
-@dataclass
-class BatchOutcome:
-    """What became of one pulled batch's jobs (counts of jobs)."""
-
-    started: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    dropped: int = 0  # canceled or taken over while this attempt ran: result discarded
-    requeued: list[str] = field(default_factory=list)  # transient failure: back to queued
-    renders: list[tuple[int, float]] = field(default_factory=list)  # (images, seconds) per pipeline call
-
-    @property
-    def failed_batch(self) -> bool:
-        """True when jobs ran and every one of them ended in an error (the circuit breaker's input)."""
-        return self.succeeded == 0 and (self.failed + len(self.requeued)) > 0
-
-
-@dataclass
-class _BatchWork:
-    """One pulled batch in flight: its jobs, the perf_counter time it started, and two outcomes,
-    one per thread, merged at the batch's end: ``rendering`` (the render stage's failures and
-    drops, its pipeline calls) and ``outcome`` (the post stage's)."""
-
-    job_ids: list[str]
-    jobs: list[StartedJob]
-    started: float
-    outcome: BatchOutcome = field(default_factory=BatchOutcome)
-    rendering: BatchOutcome = field(default_factory=BatchOutcome)
-
-
-@dataclass
-class _Post:
-    """A post-processing item: a rendered group (jobs and their images, in order), or with
-    ``jobs`` None the batch's end (metrics, requeues, release from ``current``)."""
-
-    work: _BatchWork
-    jobs: list[StartedJob] | None = None
-    images: list[Image.Image] | None = None
 
 
 def job_ids_from_messages(messages: Sequence[Any], *, log_rejects: bool = True) -> list[str]:
@@ -148,9 +108,10 @@ class BatchRunner:
             :meth:`run_overlapped` before the renderer blocks (the bound on held images).
 
     Two ways to run a batch: :meth:`run` does it all in the calling thread; :meth:`run_overlapped`
-    renders in the calling thread and leaves encoding, upload and the state writes to one
-    post-processing thread (fed through a bounded queue, in order), so that the device renders
-    the next group while the last one is stored. The guarantees are the same: the lease check
+    starts the jobs in the calling thread, renders in a render thread and leaves encoding, upload
+    and the state writes to one post-processing thread (each fed through a bounded queue, in
+    order), so that the device renders the next group while the last one is stored, and Celery's
+    consumer acks and receives messages meanwhile. The guarantees are the same: the lease check
     that drops canceled or taken-over jobs runs just before each group's upload, uploads are
     write-once and every write is fenced by the attempt; jobs stay in :meth:`current_jobs` (their
     leases renewed by the heartbeat) until their group is recorded. :meth:`drain` waits for the
@@ -183,37 +144,58 @@ class BatchRunner:
         self.timing = {"batches": 0, "jobs": 0, "total_s": 0.0, "render_s": 0.0}  # see _account
         self.upload_threads = upload_threads
         self._uploads: ThreadPoolExecutor | None = None  # created at the first batch of two or more
-        self._post: queue.Queue[_Post] = queue.Queue(maxsize=max(1, pending_groups))
+        self._post: queue.Queue[PostItem] = queue.Queue(maxsize=max(1, pending_groups))
         self._post_thread: threading.Thread | None = None  # started by the first run_overlapped
+        self._render_q: queue.Queue[BatchWork] = queue.Queue(maxsize=1)
+        self._render_thread: threading.Thread | None = None
         self._done: list[BatchOutcome] = []
 
     def run(self, messages: Sequence[Any]) -> BatchOutcome:
         """Handle one pulled batch of celery-batches requests, start to finish, in this thread.
         Never raises for a job's failure; returns what became of its jobs."""
-        work = self._render_batch(messages, self._post_inline)
+        work = self._start_batch(messages)
         if work is None:
             return BatchOutcome()
+        self._render_batch(work, self._post_inline)
         return work.outcome
 
     def run_overlapped(self, messages: Sequence[Any]) -> list[BatchOutcome]:
-        """Start and render one pulled batch here; its groups are encoded, uploaded and recorded
-        by the post-processing thread while the next group (or batch) renders. Blocks while
-        ``pending_groups`` rendered groups already wait (backpressure: at most that many groups'
-        images, plus the one being stored and the one rendering, are held). Returns the outcomes
-        of the batches the post-processing thread has finished since the last call."""
-        self._render_batch(messages, self._post_queued)
+        """Start one pulled batch's jobs here (fenced attempts, leases), then hand it to the render
+        thread and return, so that the caller (Celery's consumer) acks its messages and receives
+        the next ones while it renders; rendered groups go on to the post-processing thread
+        (encode, upload, record) while the next group renders. Blocks while a started batch
+        already waits for the render thread, and the render thread blocks while
+        ``pending_groups`` rendered groups wait for post-processing (backpressure: memory stays
+        bounded). Returns the outcomes of the batches finished since the last call."""
+        work = self._start_batch(messages)
+        if work is not None:
+            if self._render_thread is None:
+                self._render_thread = threading.Thread(target=self._render_loop, name="render", daemon=True)
+                self._render_thread.start()
+            self._render_q.put(work)
         return self._take_done()
 
     def drain(self) -> list[BatchOutcome]:
-        """Wait until every rendered group is stored and recorded (at shutdown); returns the
-        outcomes not yet taken."""
+        """Wait until every started batch is rendered, stored and recorded (at shutdown); returns
+        the outcomes not yet taken."""
+        if self._render_thread is not None:
+            self._render_q.join()
         if self._post_thread is not None:
             self._post.join()
         return self._take_done()
 
-    def _render_batch(self, messages: Sequence[Any], post: Callable[[_Post], None]) -> _BatchWork | None:
-        """Start the batch's jobs and render its groups, handing each rendered group, then the
-        batch's end, to ``post`` (inline, or the post-processing thread's queue)."""
+    def _render_loop(self) -> None:
+        while True:
+            work = self._render_q.get()
+            try:
+                self._render_batch(work, self._post_queued)
+            except Exception:  # its jobs stay running with their leases: the reaper recovers them
+                log.exception("rendering a batch of %d job(s) failed", len(work.jobs))
+            finally:
+                self._render_q.task_done()
+
+    def _start_batch(self, messages: Sequence[Any]) -> BatchWork | None:
+        """Start the batch's jobs (held in :meth:`current_jobs` from here until recorded)."""
         batch_started = time.perf_counter()
         job_ids = job_ids_from_messages(messages)
         if not job_ids:
@@ -223,13 +205,18 @@ class BatchRunner:
         for job_id, reason in started.items():
             if not isinstance(reason, StartedJob):
                 log.info("skipping job %s: %s", job_id, reason)
-        work = _BatchWork(job_ids=job_ids, jobs=jobs, started=batch_started)
+        work = BatchWork(job_ids=job_ids, jobs=jobs, started=batch_started)
         work.outcome.started = len(jobs)
-        groups: dict[tuple, list[StartedJob]] = defaultdict(list)
-        for job in jobs:
-            groups[compat_key(job.request)].append(job)
         with self._lock:
             self.current.update({j.job_id: j for j in jobs})
+        return work
+
+    def _render_batch(self, work: BatchWork, post: Callable[[PostItem], None]) -> None:
+        """Render the batch's groups, handing each rendered group, then the batch's end, to
+        ``post`` (inline, or the post-processing thread's queue)."""
+        groups: dict[tuple, list[StartedJob]] = defaultdict(list)
+        for job in work.jobs:
+            groups[compat_key(job.request)].append(job)
         try:
             for group in groups.values():
                 t0 = time.perf_counter()
@@ -237,14 +224,13 @@ class BatchRunner:
                 log.info("rendered %d job(s) %s in %.2fs", len(group), compat_key(group[0].request)[1:4],
                          time.perf_counter() - t0)
         finally:
-            post(_Post(work))  # the batch's end: after its groups, in order
-        return work
+            post(PostItem(work))  # the batch's end: after its groups, in order
 
     # ---- post-processing: encode, upload, record ----------------------------------------------
-    def _post_inline(self, item: _Post) -> None:
+    def _post_inline(self, item: PostItem) -> None:
         self._post_one(item)
 
-    def _post_queued(self, item: _Post) -> None:
+    def _post_queued(self, item: PostItem) -> None:
         if self._post_thread is None:
             self._post_thread = threading.Thread(target=self._post_loop, name="post", daemon=True)
             self._post_thread.start()
@@ -260,7 +246,7 @@ class BatchRunner:
             finally:
                 self._post.task_done()
 
-    def _post_one(self, item: _Post) -> None:
+    def _post_one(self, item: PostItem) -> None:
         if item.jobs is not None:
             self._store_group(item.work, item.jobs, item.images)
             return
@@ -288,7 +274,7 @@ class BatchRunner:
             done, self._done = self._done, []
         return done
 
-    def _store_group(self, work: _BatchWork, jobs: list[StartedJob], images: list[Image.Image]) -> None:
+    def _store_group(self, work: BatchWork, jobs: list[StartedJob], images: list[Image.Image]) -> None:
         """Who is still ours, just before upload (cancellation and takeover), then store them."""
         held = self._redis(self.store.renew_leases, jobs)
         kept = []
@@ -318,7 +304,7 @@ class BatchRunner:
             return list(self.current.values())
 
     # ---- rendering ------------------------------------------------------------------------
-    def _render_group(self, jobs: list[StartedJob], work: _BatchWork, post: Callable[[_Post], None]) -> None:
+    def _render_group(self, jobs: list[StartedJob], work: BatchWork, post: Callable[[PostItem], None]) -> None:
         outcome = work.rendering
         key = compat_key(jobs[0].request)
         cap = self.limits.cap(key, len(jobs))
@@ -357,7 +343,7 @@ class BatchRunner:
         self.limits.succeeded(key, len(jobs))
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self._redis(self.on_rendered, [j.job_id for j in jobs])
-        post(_Post(work, jobs, images))
+        post(PostItem(work, jobs, images))
 
     def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome) -> None:
         """Encode and upload each job's image, ``upload_threads`` jobs at a time (Pillow's encoders
