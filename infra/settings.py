@@ -77,8 +77,12 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Offline-built models live here.")
     default_model: str = Field("tiny", description="Model used when a request names none.")
     batch_size: int = Field(0, ge=0, le=256, description="Worker batch size; 0 = the device recipe's.")
+    null_render_ms_per_image: float = Field(0.0, ge=0, le=600_000, description="The null renderer's simulated "
+                                            "GPU: milliseconds slept per image of a batch (GIL released); 0 = none.")
     recipe: str = Field("exact", description="Worker recipe: exact, fast (allows approximations), baseline or a name.")
     recipe_overrides: str = Field("", description="JSON object overriding single recipe knobs.")
+    worker_overlap: bool = Field(True, description="The worker renders the next group while the last one is "
+                                 "encoded, uploaded and recorded (worker/runner.py run_overlapped); off: in turn.")
     flush_interval_s: float = Field(0.25, gt=0, le=0.25, description="celery-batches flush interval, seconds.")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="Worker heartbeat period, seconds.")
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")

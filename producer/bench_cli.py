@@ -113,9 +113,27 @@ def _farm(args: argparse.Namespace) -> int:
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
         height=args.height, steps=args.steps, guidance_scale=args.guidance_scale, recipe=args.recipe,
         submit_jobs=args.submit_jobs, submit_repeats=args.submit_repeats, rounds=args.rounds,
-        bare=not args.no_bare)
+        bare=not args.no_bare, render_ms_per_image=args.render_ms_per_image)
     result = run_farm_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
     console.print(result_table(result))
+    if args.json:
+        write_json(result, args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _redis(args: argparse.Namespace) -> int:
+    import os
+
+    from pipeline.bench import write_json
+    from producer.bench_farm import FarmBenchConfig
+    from producer.bench_redis import run_saturation, saturation_table
+
+    console = _console()
+    config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
+                             submit_jobs=0, bare=False).resolved()
+    result = run_saturation(config, args.workers, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    console.print(saturation_table(result, os.cpu_count() or 0))
     if args.json:
         write_json(result, args.json)
         console.print(f"wrote {args.json}")
@@ -129,6 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
+    _register_redis(sub)
     return bench
 
 
@@ -188,9 +207,26 @@ def _register_farm(sub) -> None:
     f.add_argument("--submit-jobs", type=int, default=10_000, help="jobs in the submission test (0 skips it)")
     f.add_argument("--submit-repeats", type=int, default=3, help="submissions timed (default 3; median)")
     f.add_argument("--rounds", type=int, default=2, help="farm and bare runs, alternating order (default 2)")
+    f.add_argument("--render-ms-per-image", type=float, default=0.0,
+                   help="with --model null: a simulated GPU sleeping this many ms per image of a batch "
+                        "(GIL released); the table adds its efficiency (default 0: no sleep)")
     f.add_argument("--no-bare", action="store_true", help="skip the bare in-process loop")
     f.add_argument("--json", default=None, help="write the result here")
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))
+
+
+def _register_redis(sub) -> None:
+    r = sub.add_parser("redis", help="where one redis-server saturates: null workers (0 ms) as their number grows",
+                       description="Run bench farm --model null (0 ms renders, no submission test) once per worker "
+                                   "count and print jobs/s, redis-server's CPU per job and share of a core, and "
+                                   "Redis commands per job. Commands and bytes per job, and bytes per queued job, "
+                                   "are also rows of every bench farm table.")
+    r.add_argument("--workers", type=_csv(int), default=(1, 2, 4, 8), help="comma list (default 1,2,4,8)")
+    r.add_argument("--jobs", type=int, default=2000)
+    r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--rounds", type=int, default=1)
+    r.add_argument("--json", default=None, help="write the result here")
+    r.set_defaults(func=lambda args: sys.exit(_redis(args)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
+    _register_redis(sub)
     return parser
 
 

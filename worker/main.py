@@ -34,7 +34,7 @@ from celery.utils.nodenames import default_nodename
 
 from infra import keys
 from infra.broker.app import make_celery
-from infra.broker.kombu_redis import install_malformed_message_guard
+from infra.broker.kombu_redis import flush_acks, install_cheap_acks, install_malformed_message_guard
 from infra.broker.publish import republish
 from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
@@ -58,7 +58,8 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     device profile, and the batch size: the flag, the setting, or measured from memory at the
     declared pool's largest size and steps."""
     if args.model == NULL_MODEL:
-        return NullRenderer(), {"kind": "none"}, args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
+        batch_size = args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
+        return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size
     from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
     pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
@@ -118,7 +119,9 @@ def run_worker(args: argparse.Namespace) -> int:
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
-    storage = Storage(settings, max_attempts=3)  # put_once retries outages for upload_retry_s
+    upload_threads = 8
+    # put_once retries outages for upload_retry_s; one connection per upload thread (+ a spare for deletes)
+    storage = Storage(settings, max_attempts=3, max_pool_connections=upload_threads + 2)
     app = make_celery(settings)
     consumer: dict = {}
     reserved = ReservedJobs()
@@ -139,7 +142,7 @@ def run_worker(args: argparse.Namespace) -> int:
     breaker = CircuitBreaker(settings.breaker_failures, on_trip=on_trip)
     test_counters = faults.counters(client)
     runner = BatchRunner(store, storage, renderer, name, job_timeout_s=settings.job_timeout_s,
-                         upload_retry_s=settings.upload_retry_s,
+                         upload_retry_s=settings.upload_retry_s, upload_threads=upload_threads,
                          on_requeued=lambda ids: republish(store, app, ids),
                          on_rendered=test_counters[0] if test_counters else None,
                          on_written=test_counters[1] if test_counters else None)
@@ -154,11 +157,13 @@ def run_worker(args: argparse.Namespace) -> int:
             visibility.finished(requests, None)
             return
         visibility.started(requests)
-        try:
-            outcome = runner.run(requests)
+        outcomes = []
+        try:  # overlapped: the outcomes of the batches stored since the last call
+            outcomes = runner.run_overlapped(requests) if settings.worker_overlap else [runner.run(requests)]
         finally:
             visibility.finished(requests, store.get_jobs)
-        breaker.record(outcome.failed_batch)
+        for outcome in outcomes:
+            breaker.record(outcome.failed_batch)
 
     def on_received(sender=None, request=None, **_kw) -> None:
         kwargs = getattr(request, "kwargs", None)
@@ -190,6 +195,7 @@ def run_worker(args: argparse.Namespace) -> int:
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
     celery_heartbeat.start()
     install_malformed_message_guard()
+    install_cheap_acks()
     try:
         # Celery's worker heartbeat stays on: it keeps the worker's event dispatcher, in which
         # `celery control enable_events` (and Flower) switch the task events on.
@@ -199,6 +205,11 @@ def run_worker(args: argparse.Namespace) -> int:
             "--without-mingle", "--loglevel", args.loglevel,
         ])
     finally:
+        runner.drain()  # rendered groups still being stored: finish them (the heartbeat renews their leases)
+        try:
+            flush_acks()  # acks the event loop had no iteration left to send
+        except Exception as exc:  # Redis away: the reaper clears the unacked entries
+            log.warning("could not send the last acks: %s", exc)
         heartbeat.stop()
         celery_heartbeat.stop()
         _release(store, app, runner)

@@ -31,12 +31,12 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis
@@ -45,10 +45,11 @@ from PIL import Image
 from infra.schemas import JobError, RenderRequest
 from infra.state import metrics
 from infra.state.jobs import HELD, JobStore, StartedJob
-from infra.storage.results import store_image
+from infra.storage.results import StoredImage, store_image
 from infra.storage.s3 import Storage, is_transient
 from pipeline.memory import BatchLimits, is_oom_error
 from pipeline.render import compat_key
+from worker.batch import BatchOutcome, BatchWork, PostItem
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -66,23 +67,6 @@ class Renderer(Protocol):
 class GroupAbandoned(Exception):
     """Raised from the step callback when no job of the group is held by this attempt any more
     (all canceled, or taken over): the render stops between two denoising steps."""
-
-
-@dataclass
-class BatchOutcome:
-    """What became of one pulled batch's jobs (counts of jobs)."""
-
-    started: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    dropped: int = 0  # canceled or taken over while this attempt ran: result discarded
-    requeued: list[str] = field(default_factory=list)  # transient failure: back to queued
-    renders: list[tuple[int, float]] = field(default_factory=list)  # (images, seconds) per pipeline call
-
-    @property
-    def failed_batch(self) -> bool:
-        """True when jobs ran and every one of them ended in an error (the circuit breaker's input)."""
-        return self.succeeded == 0 and (self.failed + len(self.requeued)) > 0
 
 
 def job_ids_from_messages(messages: Sequence[Any], *, log_rejects: bool = True) -> list[str]:
@@ -120,6 +104,18 @@ class BatchRunner:
         on_rendered / on_written: test counters (``worker.faults``): job ids rendered, and each
             job whose object this attempt really wrote.
         upload_threads: jobs of a group encoded, uploaded and recorded at once (1 = in turn).
+        pending_groups: rendered groups that may wait for post-processing in
+            :meth:`run_overlapped` before the renderer blocks (the bound on held images).
+
+    Two ways to run a batch: :meth:`run` does it all in the calling thread; :meth:`run_overlapped`
+    starts the jobs in the calling thread, renders in a render thread and leaves encoding, upload
+    and the state writes to one post-processing thread (each fed through a bounded queue, in
+    order), so that the device renders the next group while the last one is stored, and Celery's
+    consumer acks and receives messages meanwhile. The guarantees are the same: the lease check
+    that drops canceled or taken-over jobs runs just before each group's upload, uploads are
+    write-once and every write is fenced by the attempt; jobs stay in :meth:`current_jobs` (their
+    leases renewed by the heartbeat) until their group is recorded. :meth:`drain` waits for the
+    post-processing to finish (a warm shutdown).
     """
 
     def __init__(self, store: JobStore, storage: Storage, renderer: Renderer, worker_name: str, *,
@@ -127,7 +123,8 @@ class BatchRunner:
                  job_timeout_s: float = 600.0, upload_retry_s: float = 60.0, redis_retry_s: float = 30.0,
                  on_requeued: Callable[[list[str]], object] | None = None,
                  on_rendered: Callable[[list[str]], None] | None = None,
-                 on_written: Callable[[str], None] | None = None, upload_threads: int = 8):
+                 on_written: Callable[[str], None] | None = None, upload_threads: int = 8,
+                 pending_groups: int = 2):
         self.store = store
         self.storage = storage
         self.renderer = renderer
@@ -147,44 +144,149 @@ class BatchRunner:
         self.timing = {"batches": 0, "jobs": 0, "total_s": 0.0, "render_s": 0.0}  # see _account
         self.upload_threads = upload_threads
         self._uploads: ThreadPoolExecutor | None = None  # created at the first batch of two or more
+        self._post: queue.Queue[PostItem] = queue.Queue(maxsize=max(1, pending_groups))
+        self._post_thread: threading.Thread | None = None  # started by the first run_overlapped
+        self._render_q: queue.Queue[BatchWork] = queue.Queue(maxsize=1)
+        self._render_thread: threading.Thread | None = None
+        self._done: list[BatchOutcome] = []
 
     def run(self, messages: Sequence[Any]) -> BatchOutcome:
-        """Handle one pulled batch of celery-batches requests. Never raises for a job's failure;
-        returns what became of its jobs."""
-        outcome = BatchOutcome()
+        """Handle one pulled batch of celery-batches requests, start to finish, in this thread.
+        Never raises for a job's failure; returns what became of its jobs."""
+        work = self._start_batch(messages)
+        if work is None:
+            return BatchOutcome()
+        self._render_batch(work, self._post_inline)
+        return work.outcome
+
+    def run_overlapped(self, messages: Sequence[Any]) -> list[BatchOutcome]:
+        """Start one pulled batch's jobs here (fenced attempts, leases), then hand it to the render
+        thread and return, so that the caller (Celery's consumer) acks its messages and receives
+        the next ones while it renders; rendered groups go on to the post-processing thread
+        (encode, upload, record) while the next group renders. Blocks while a started batch
+        already waits for the render thread, and the render thread blocks while
+        ``pending_groups`` rendered groups wait for post-processing (backpressure: memory stays
+        bounded). Returns the outcomes of the batches finished since the last call."""
+        work = self._start_batch(messages)
+        if work is not None:
+            if self._render_thread is None:
+                self._render_thread = threading.Thread(target=self._render_loop, name="render", daemon=True)
+                self._render_thread.start()
+            self._render_q.put(work)
+        return self._take_done()
+
+    def drain(self) -> list[BatchOutcome]:
+        """Wait until every started batch is rendered, stored and recorded (at shutdown); returns
+        the outcomes not yet taken."""
+        if self._render_thread is not None:
+            self._render_q.join()
+        if self._post_thread is not None:
+            self._post.join()
+        return self._take_done()
+
+    def _render_loop(self) -> None:
+        while True:
+            work = self._render_q.get()
+            try:
+                self._render_batch(work, self._post_queued)
+            except Exception:  # its jobs stay running with their leases: the reaper recovers them
+                log.exception("rendering a batch of %d job(s) failed", len(work.jobs))
+            finally:
+                self._render_q.task_done()
+
+    def _start_batch(self, messages: Sequence[Any]) -> BatchWork | None:
+        """Start the batch's jobs (held in :meth:`current_jobs` from here until recorded)."""
         batch_started = time.perf_counter()
         job_ids = job_ids_from_messages(messages)
         if not job_ids:
-            return outcome
+            return None
         started = self._redis(self.store.start_many, job_ids, self.worker_name)
         jobs = [s for s in started.values() if isinstance(s, StartedJob)]
         for job_id, reason in started.items():
             if not isinstance(reason, StartedJob):
                 log.info("skipping job %s: %s", job_id, reason)
-        outcome.started = len(jobs)
-        groups: dict[tuple, list[StartedJob]] = defaultdict(list)
-        for job in jobs:
-            groups[compat_key(job.request)].append(job)
+        work = BatchWork(job_ids=job_ids, jobs=jobs, started=batch_started)
+        work.outcome.started = len(jobs)
         with self._lock:
             self.current.update({j.job_id: j for j in jobs})
+        return work
+
+    def _render_batch(self, work: BatchWork, post: Callable[[PostItem], None]) -> None:
+        """Render the batch's groups, handing each rendered group, then the batch's end, to
+        ``post`` (inline, or the post-processing thread's queue)."""
+        groups: dict[tuple, list[StartedJob]] = defaultdict(list)
+        for job in work.jobs:
+            groups[compat_key(job.request)].append(job)
         try:
             for group in groups.values():
                 t0 = time.perf_counter()
-                self._render_group(group, outcome)
+                self._render_group(group, work, post)
                 log.info("rendered %d job(s) %s in %.2fs", len(group), compat_key(group[0].request)[1:4],
                          time.perf_counter() - t0)
         finally:
-            with self._lock:
-                for job in jobs:
-                    self.current.pop(job.job_id, None)
-            if outcome.requeued:
-                self._republish(outcome.requeued)
-            batch_s = time.perf_counter() - batch_started
-            metrics.record_batch(self.store.r, [j.job_id for j in jobs], worker=self.worker_name,
-                                 renders=outcome.renders, succeeded=outcome.succeeded, failed=outcome.failed,
-                                 batch_seconds=batch_s)
-            self._account(len(job_ids), batch_s, outcome)
-        return outcome
+            post(PostItem(work))  # the batch's end: after its groups, in order
+
+    # ---- post-processing: encode, upload, record ----------------------------------------------
+    def _post_inline(self, item: PostItem) -> None:
+        self._post_one(item)
+
+    def _post_queued(self, item: PostItem) -> None:
+        if self._post_thread is None:
+            self._post_thread = threading.Thread(target=self._post_loop, name="post", daemon=True)
+            self._post_thread.start()
+        self._post.put(item)
+
+    def _post_loop(self) -> None:
+        while True:
+            item = self._post.get()
+            try:
+                self._post_one(item)
+            except Exception:  # the jobs stay running with their leases: the reaper recovers them
+                log.exception("post-processing of %d job(s) failed", len(item.jobs or item.work.jobs))
+            finally:
+                self._post.task_done()
+
+    def _post_one(self, item: PostItem) -> None:
+        if item.jobs is not None:
+            assert item.images is not None  # a group's item always carries its images
+            self._store_group(item.work, item.jobs, item.images)
+            return
+        work = item.work  # the batch's end: every group before it is stored
+        outcome, rendering = work.outcome, work.rendering
+        outcome.failed += rendering.failed
+        outcome.dropped += rendering.dropped
+        outcome.requeued.extend(rendering.requeued)
+        outcome.renders.extend(rendering.renders)
+        with self._lock:
+            for job in work.jobs:
+                self.current.pop(job.job_id, None)
+        if outcome.requeued:
+            self._republish(outcome.requeued)
+        batch_s = time.perf_counter() - work.started
+        metrics.record_batch(self.store.r, [j.job_id for j in work.jobs], worker=self.worker_name,
+                             renders=outcome.renders, succeeded=outcome.succeeded, failed=outcome.failed,
+                             batch_seconds=batch_s)
+        self._account(len(work.job_ids), batch_s, outcome)
+        with self._lock:
+            self._done.append(outcome)
+
+    def _take_done(self) -> list[BatchOutcome]:
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def _store_group(self, work: BatchWork, jobs: list[StartedJob], images: list[Image.Image]) -> None:
+        """Who is still ours, just before upload (cancellation and takeover), then store them."""
+        held = self._redis(self.store.renew_leases, jobs)
+        kept = []
+        for job, image in zip(jobs, images, strict=True):
+            if held.get(job.job_id) != HELD:
+                log.info("job %s attempt %d was canceled or taken over; its image is discarded",
+                         job.job_id, job.attempt)
+                work.outcome.dropped += 1
+                continue
+            kept.append((job, image))
+        self._store_all(kept, work.outcome)
 
     def _account(self, jobs: int, total_s: float, outcome: BatchOutcome) -> None:
         """Worker time of one batch, in seconds: whole (start, render, encode, upload, state writes,
@@ -203,12 +305,13 @@ class BatchRunner:
             return list(self.current.values())
 
     # ---- rendering ------------------------------------------------------------------------
-    def _render_group(self, jobs: list[StartedJob], outcome: BatchOutcome) -> None:
+    def _render_group(self, jobs: list[StartedJob], work: BatchWork, post: Callable[[PostItem], None]) -> None:
+        outcome = work.rendering
         key = compat_key(jobs[0].request)
         cap = self.limits.cap(key, len(jobs))
         if len(jobs) > cap:  # this shape ran out of memory before: render it in chunks it fits in
             for i in range(0, len(jobs), cap):
-                self._render_group(jobs[i:i + cap], outcome)
+                self._render_group(jobs[i:i + cap], work, post)
             return
         deadline = time.monotonic() + self.job_timeout_s
         t0 = time.perf_counter()
@@ -235,46 +338,53 @@ class BatchRunner:
             failed = False
         if failed:  # outside the except block: the failed batch's frames and tensors are freed first
             mid = len(jobs) // 2
-            self._render_group(jobs[:mid], outcome)
-            self._render_group(jobs[mid:], outcome)
+            self._render_group(jobs[:mid], work, post)
+            self._render_group(jobs[mid:], work, post)
             return
         self.limits.succeeded(key, len(jobs))
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self._redis(self.on_rendered, [j.job_id for j in jobs])
-        held = self._redis(self.store.renew_leases, jobs)  # who is still ours, just before upload
-        kept = []
-        for job, image in zip(jobs, images, strict=True):
-            if held.get(job.job_id) != HELD:
-                log.info("job %s attempt %d was canceled or taken over; its image is discarded",
-                         job.job_id, job.attempt)
-                outcome.dropped += 1
-                continue
-            kept.append((job, image))
-        self._store_all(kept, outcome)
+        post(PostItem(work, jobs, images))
 
     def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome) -> None:
-        """Encode, upload and record each job's image, ``upload_threads`` jobs at a time: the
-        S3 PUT and the state write of one job are round trips that the others overlap (boto3 and
-        redis-py clients are thread-safe; each job gets its own outcome, merged here)."""
-        def store(job: StartedJob, image: Image.Image) -> BatchOutcome:
-            own = BatchOutcome()
+        """Encode and upload each job's image, ``upload_threads`` jobs at a time (Pillow's encoders
+        and the S3 PUT release the GIL; boto3's client is thread-safe, on one connection pool
+        sized to these threads), then record the group's successes in one pipelined round trip
+        (:meth:`infra.state.jobs.JobStore.succeed_many`)."""
+        def upload(pair: tuple[StartedJob, Image.Image]):
+            job, image = pair
             try:
-                self._store_image(job, image, own)
+                return self._upload(job, image)
             except Exception as exc:
-                self._fail(job, exc, own)
-            return own
+                return exc
 
         if len(kept) > 1 and self.upload_threads > 1:
             if self._uploads is None:
                 self._uploads = ThreadPoolExecutor(self.upload_threads, thread_name_prefix="upload")
-            results = list(self._uploads.map(lambda pair: store(*pair), kept))
+            uploaded = list(self._uploads.map(upload, kept))
         else:
-            results = [store(job, image) for job, image in kept]
-        for own in results:
-            outcome.succeeded += own.succeeded
-            outcome.failed += own.failed
-            outcome.dropped += own.dropped
-            outcome.requeued.extend(own.requeued)
+            uploaded = [upload(pair) for pair in kept]
+        stored = []
+        for (job, _), result in zip(kept, uploaded, strict=True):
+            if isinstance(result, BaseException):
+                self._fail(job, result, outcome)
+            else:
+                stored.append((job, result))
+        if not stored:
+            return
+        try:
+            recorded = self._redis(self.store.succeed_many, [(job, s.result) for job, s in stored])
+        except Exception as exc:  # Redis away past redis_retry_s: the attempts fail (and retry)
+            for job, _ in stored:
+                self._fail(job, exc, outcome)
+            return
+        for job, result in stored:
+            if recorded.get(job.job_id):
+                with self._lock:
+                    self.images_done += 1
+                outcome.succeeded += 1
+            else:
+                self._stale_result(job, result, outcome)
 
     def _step_callback(self, jobs: list[StartedJob], deadline: float) -> Callable[[int, int], None]:
         last = [0.0]
@@ -300,17 +410,16 @@ class BatchRunner:
         return on_step
 
     # ---- results --------------------------------------------------------------------------
-    def _store_image(self, job: StartedJob, image: Image.Image, outcome: BatchOutcome) -> None:
+    def _upload(self, job: StartedJob, image: Image.Image) -> StoredImage:
         stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
                              model=self.renderer.model, retry_s=self.upload_retry_s,
                              scheduler=self._scheduler_name(job.request.scheduler))
         if stored.written:
             self._redis(self.on_written, job.job_id)
-        if self._redis(self.store.succeed, job, stored.result):
-            with self._lock:
-                self.images_done += 1
-            outcome.succeeded += 1
-            return
+        return stored
+
+    def _stale_result(self, job: StartedJob, stored: StoredImage, outcome: BatchOutcome) -> None:
+        """The attempt no longer held the job when its success was recorded."""
         outcome.dropped += 1
         status = self._redis(self.store.get_job, job.job_id)
         if stored.written and status is not None and status.state == "canceled":

@@ -15,6 +15,16 @@ below 5.8, so an upgrade is a deliberate step that re-checks this module (its te
    ~240 µs of Python per message (2.4 s for 10,000), the substitution a few µs.
 3. **A malformed-message guard** (:func:`install_malformed_message_guard`): a worker survives a
    message that is not a kombu envelope at all.
+4. **Cheap acks** (:func:`install_cheap_acks`, :func:`batched_acks`): kombu's Redis channel
+   builds a new ``redis.Redis`` client (on its shared connection pool) for every ack and every
+   received message (``Channel.conn_or_acquire``), and each ack is its own ZREM + HDEL round
+   trip (``QoS.ack``). The patch keeps one client per channel (rebuilt when kombu replaces its
+   pool after a reconnect), and an ack made inside Celery's event loop (celery-batches' acks_late
+   acks of a batch all run in one loop iteration) does kombu's own bookkeeping at once but
+   reaches Redis with the others of that iteration, as one ZREM + one HDEL for all their
+   delivery tags, from a callback the loop runs next (:func:`flush_acks`). An ack that never
+   reaches Redis (the process dies in between) leaves an entry in the unacked hash, which the
+   reaper clears or restores (``infra/broker/reaper.py``), as it does for any lost worker.
 
 The guard, in detail. Celery already rejects what it can parse but does not accept: a pickle
 body (JSON only), an unknown task name, a body that is not a task. Something that is not a kombu
@@ -33,9 +43,11 @@ one patch covers both. Job ids inside well-formed messages are checked later, in
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -146,3 +158,72 @@ def install_malformed_message_guard() -> None:
         read = getattr(channel, name)
         if not getattr(read, _MARK, False):
             setattr(channel, name, _guard(read, _connection_errors, on_reject))
+
+
+# ---- 4. cheap acks ---------------------------------------------------------------------------
+
+_PENDING: dict[Any, list] = {}  # QoS → delivery tags acked in kombu's bookkeeping, not yet in Redis
+_PENDING_LOCK = threading.Lock()
+_CHEAP = "_renderfarm_cheap"
+
+
+def flush_acks() -> int:
+    """Send the deferred acks: one pipelined ZREM + HDEL per channel for all their delivery tags.
+    Returns the number of tags sent. Called by the event loop (see :func:`install_cheap_acks`)
+    and at the worker's exit."""
+    with _PENDING_LOCK:
+        pending = dict(_PENDING)
+        _PENDING.clear()
+    for qos, tags in pending.items():
+        with qos.channel.conn_or_acquire() as client:
+            pipe = client.pipeline()
+            pipe.zrem(qos.unacked_index_key, *tags)
+            pipe.hdel(qos.unacked_key, *tags)
+            pipe.execute()
+    return sum(len(tags) for tags in pending.values())
+
+
+def _cheap_ack(ack):
+    @functools.wraps(ack)
+    def cheap(self, delivery_tag):
+        from kombu.asynchronous import get_event_loop
+
+        hub = get_event_loop()
+        if hub is None:  # no event loop to flush from: kombu's own ack, one round trip
+            return ack(self, delivery_tag)
+        with _PENDING_LOCK:
+            first = not _PENDING
+            _PENDING.setdefault(self, []).append(delivery_tag)
+        kombu_redis.virtual.QoS.ack(self, delivery_tag)  # kombu's in-memory bookkeeping, at once
+        if first:  # after the other acks that this loop iteration runs
+            hub.call_soon(flush_acks)
+        return None
+
+    setattr(cheap, _CHEAP, True)
+    return cheap
+
+
+def _one_client(conn_or_acquire):
+    @functools.wraps(conn_or_acquire)
+    @contextlib.contextmanager
+    def reuse(self, client=None):
+        if client is not None:
+            yield client
+            return
+        cached = self.__dict__.get("_renderfarm_client")
+        if cached is None or cached.connection_pool is not self.pool:  # kombu replaced its pool
+            cached = self.__dict__["_renderfarm_client"] = self._create_client()
+        yield cached
+
+    setattr(reuse, _CHEAP, True)
+    return reuse
+
+
+def install_cheap_acks() -> None:
+    """One Redis client per kombu channel, and acks deferred to one pipelined round trip per
+    event-loop iteration (idempotent; call before the worker connects)."""
+    qos, channel = kombu_redis.QoS, kombu_redis.Channel
+    if not getattr(qos.ack, _CHEAP, False):
+        qos.ack = _cheap_ack(qos.ack)
+    if not getattr(channel.conn_or_acquire, _CHEAP, False):
+        channel.conn_or_acquire = _one_client(channel.conn_or_acquire)

@@ -208,6 +208,18 @@ class JobStore:
         return bool(self._finish_one(job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(),
                                      batch_id=job.batch_id, tenant=job.tenant))
 
+    def succeed_many(self, results: Sequence[tuple[StartedJob, JobResult]]) -> dict[str, bool]:
+        """:meth:`succeed` for a group's jobs in one pipelined round trip (one FINISH script per
+        job, each atomic and fenced on its own). Returns, per job id, False for a stale attempt."""
+        if not results:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for job, result in results:
+            self._finish(keys=self._keys(job.job_id, job.batch_id),
+                         args=[job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(), "0",
+                               self.max_attempts], client=pipe)
+        return {job.job_id: bool(int(code)) for (job, _), code in zip(results, pipe.execute())}
+
     def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
         """``running`` → ``failed`` for this attempt, listed in the dead-letter set.
 

@@ -99,11 +99,21 @@ def request_from_parameters(text: str) -> RenderRequest:
     )
 
 
+#: zlib level of the PNG encoder, chosen by measurement (Pillow 12, median CPU ms of 15 interleaved
+#: encodes of a 512x512 photo-like RGB image on this 2-core Xeon, load 8–10): level 0 16.0 ms and
+#: 769 KiB (stored, no compression), 1: 31.8 ms and 610 KiB, 3: 31.2 ms and 610 KiB, 6 (Pillow's
+#: default): 33.8 ms and 594 KiB, 9: 34.1 ms and 594 KiB. Most of the time is the row filters,
+#: not zlib; level 1 keeps 97 % of level 6's compression for ~6 % less CPU. Requests that want
+#: small objects ask for WebP or JPEG (``output_format``), 4–5× smaller at quality 95.
+PNG_COMPRESS_LEVEL = 1
+
+
 def encode_image(image: Image.Image, fmt: str, parameters: str) -> tuple[bytes, str]:
     """Encode ``image`` as ``fmt`` (png, webp or jpeg) with ``parameters`` embedded.
 
     Returns:
-        (bytes, content type). PNG is lossless; WebP and JPEG use quality 95.
+        (bytes, content type). PNG is lossless (zlib level :data:`PNG_COMPRESS_LEVEL`); WebP and
+        JPEG use quality 95.
     Raises:
         ValueError: for an unknown format.
     """
@@ -113,7 +123,7 @@ def encode_image(image: Image.Image, fmt: str, parameters: str) -> tuple[bytes, 
     if fmt == "png":
         info = PngImagePlugin.PngInfo()
         info.add_itxt("parameters", parameters)
-        image.save(buf, format="PNG", pnginfo=info)
+        image.save(buf, format="PNG", pnginfo=info, compress_level=PNG_COMPRESS_LEVEL)
     else:
         exif = Image.Exif()
         exif.get_ifd(_EXIF_IFD)[_USER_COMMENT] = b"UNICODE\0" + parameters.encode("utf-16-be")

@@ -84,15 +84,20 @@ class Storage:
         settings: endpoint (empty = AWS), bucket, region and presign lifetime come from here;
             credentials from boto3's standard chain (``AWS_ACCESS_KEY_ID`` …), or from the client
             settings file when the environment has none (:meth:`infra.settings.Settings.s3_credentials`).
+        max_attempts: botocore's retry attempts per call. connect_timeout_s: seconds.
+        max_pool_connections: the one client's HTTP connection pool (botocore ``Config``), sized
+            to the threads that upload at once so none waits for a connection (boto3 clients are
+            thread-safe; botocore's default pool is 10).
     """
 
-    def __init__(self, settings: Settings, *, max_attempts: int = 8, connect_timeout_s: float = 5.0):
+    def __init__(self, settings: Settings, *, max_attempts: int = 8, connect_timeout_s: float = 5.0,
+                 max_pool_connections: int = 10):
         self.bucket = settings.s3_bucket
         self.presign_expires_s = settings.presign_expires_s
         config = Config(
             signature_version="s3v4", s3={"addressing_style": "path"},
             retries={"mode": "adaptive", "max_attempts": max_attempts},
-            connect_timeout=connect_timeout_s, read_timeout=60,
+            connect_timeout=connect_timeout_s, read_timeout=60, max_pool_connections=max_pool_connections,
         )
         self.client = boto3.client(
             "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region, config=config,

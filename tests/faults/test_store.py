@@ -91,6 +91,21 @@ def test_fencing_and_monotonic_terminal_states(r):
     _counts_add_up(store)
 
 
+def test_succeed_many_is_fenced_per_job(r):
+    """One pipelined round trip records a group; each job's write stays fenced on its own."""
+    store = _store(r)
+    a, b, c = _batch(store, 3)
+    started = store.start_many([a, b, c], "w1")
+    _expire(store, b)
+    taken = store.start_many([b], "w2")[b]  # b's attempt 1 is stale now
+    assert store.cancel(c)
+    assert store.succeed_many([(started[a], RESULT), (started[b], RESULT), (started[c], RESULT)]) == {
+        a: True, b: False, c: False}
+    assert [s.state for s in store.get_jobs([a, b, c])] == ["succeeded", "running", "canceled"]
+    assert store.succeed_many([(taken, RESULT)]) == {b: True} and store.succeed_many([]) == {}
+    _counts_add_up(store)
+
+
 def test_cancel_is_signalled_to_the_running_attempt(r):
     store = _store(r)
     a, b = _batch(store, 2)

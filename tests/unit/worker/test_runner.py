@@ -217,3 +217,21 @@ def test_malformed_duplicate_and_unknown_messages_start_nothing_twice(store, sto
     outcome = runner(store, storage, renderer).run([*messages([job_id, job_id, "f" * 32]), *bad])
     assert (outcome.started, outcome.succeeded) == (1, 1)  # the duplicate and the unknown id are skipped
     assert renderer.calls == [["only once"]]
+
+
+def test_overlapped_batches_render_while_others_are_stored_and_all_are_recorded(store, storage):
+    """run_overlapped returns once the jobs are started; drain waits for every batch; a job canceled
+    while its batch waits to render keeps no object; the outcomes come back once each."""
+    first = submit(store, [f"a kettle {i}" for i in range(4)])
+    second = submit(store, [f"a wide kettle {i}" for i in range(3)], width=128)
+    renderer = ScriptedRenderer(step_s=0.05)
+    run = runner(store, storage, renderer, pending_groups=1)
+    assert run.run_overlapped(messages(first)) == []  # returns before rendering ends
+    returned = run.run_overlapped(messages(second))
+    assert {j.job_id for j in run.current_jobs()} <= set(first + second)
+    assert store.cancel(second[0])
+    outcomes = returned + run.drain()
+    assert run.current_jobs() == [] and run.drain() == []
+    assert sum(o.succeeded for o in outcomes) == 6 and sum(o.started for o in outcomes) == 7
+    assert [store.get_job(j).state for j in first + second] == ["succeeded"] * 4 + ["canceled"] + ["succeeded"] * 2
+    assert store.get_job(second[0]).result is None
