@@ -162,6 +162,9 @@ def run_worker(args: argparse.Namespace) -> int:
             outcomes = runner.run_overlapped(requests) if settings.worker_overlap else [runner.run(requests)]
         finally:
             visibility.finished(requests, store.get_jobs)
+        record_outcomes(outcomes)
+
+    def record_outcomes(outcomes) -> None:
         for outcome in outcomes:
             breaker.record(outcome.failed_batch)
 
@@ -174,6 +177,10 @@ def run_worker(args: argparse.Namespace) -> int:
     def on_ready(sender=None, **_kw) -> None:
         consumer.update(c=sender)
         visibility.bind(sender)
+        if settings.worker_overlap:  # a batch's outcome reaches the breaker when it is recorded,
+            # not only when the next batch arrives (which a tripping worker may never get); the
+            # timer runs in the consumer's event loop, where on_trip may cancel the queue
+            sender.timer.call_repeatedly(0.5, lambda: record_outcomes(runner.take_done()))
 
     signals.task_received.connect(on_received, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)

@@ -173,7 +173,7 @@ class BatchRunner:
                 self._render_thread = threading.Thread(target=self._render_loop, name="render", daemon=True)
                 self._render_thread.start()
             self._render_q.put(work)
-        return self._take_done()
+        return self.take_done()
 
     def drain(self) -> list[BatchOutcome]:
         """Wait until every started batch is rendered, stored and recorded (at shutdown); returns
@@ -182,7 +182,7 @@ class BatchRunner:
             self._render_q.join()
         if self._post_thread is not None:
             self._post.join()
-        return self._take_done()
+        return self.take_done()
 
     def _render_loop(self) -> None:
         while True:
@@ -270,7 +270,8 @@ class BatchRunner:
         with self._lock:
             self._done.append(outcome)
 
-    def _take_done(self) -> list[BatchOutcome]:
+    def take_done(self) -> list[BatchOutcome]:
+        """The outcomes of the batches recorded since the last call (each returned once); thread-safe."""
         with self._lock:
             done, self._done = self._done, []
         return done

@@ -170,17 +170,33 @@ _CHEAP = "_renderfarm_cheap"
 def flush_acks() -> int:
     """Send the deferred acks: one pipelined ZREM + HDEL per channel for all their delivery tags.
     Returns the number of tags sent. Called by the event loop (see :func:`install_cheap_acks`)
-    and at the worker's exit."""
+    and at the worker's exit.
+
+    Never raises: this runs inside Celery's event loop, where an exception stops the worker. Acks
+    of a channel that closed meanwhile (the connection to Redis was lost, and Celery reconnects on
+    a new channel) or that Redis refused are dropped with a warning: their entries stay in kombu's
+    unacked hash, where the reaper finds them orphaned (their jobs are running or done under
+    their fenced attempts, so nothing renders twice)."""
     with _PENDING_LOCK:
         pending = dict(_PENDING)
         _PENDING.clear()
+    sent = 0
     for qos, tags in pending.items():
-        with qos.channel.conn_or_acquire() as client:
-            pipe = client.pipeline()
-            pipe.zrem(qos.unacked_index_key, *tags)
-            pipe.hdel(qos.unacked_key, *tags)
-            pipe.execute()
-    return sum(len(tags) for tags in pending.values())
+        channel = qos.channel
+        if getattr(channel, "connection", None) is None or getattr(channel, "closed", False):
+            log.warning("dropping %d deferred ack(s) of a closed channel", len(tags))
+            continue
+        try:
+            with channel.conn_or_acquire() as client:
+                pipe = client.pipeline()
+                pipe.zrem(qos.unacked_index_key, *tags)
+                pipe.hdel(qos.unacked_key, *tags)
+                pipe.execute()
+        except Exception as exc:  # Redis down or restarting: see the docstring
+            log.warning("dropping %d deferred ack(s): %s: %s", len(tags), type(exc).__name__, exc)
+            continue
+        sent += len(tags)
+    return sent
 
 
 def _cheap_ack(ack):

@@ -60,3 +60,21 @@ def test_without_an_event_loop_kombu_acks_at_once(conn, redis_db):
     with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
         assert first is second  # one client per channel
     queue.close()
+
+
+def test_acks_of_a_closed_channel_are_dropped_without_stopping_the_loop(conn, redis_db):
+    """After a lost connection Celery reconnects on a new channel; a flush that still holds the
+    old channel's acks must not raise inside the event loop (it stopped the worker: scenario b)."""
+    r = redis_db(DB)
+    queue, messages = _received(conn, 2)
+    hub = Hub()
+    set_event_loop(hub)
+    try:
+        for message in messages:
+            message.ack()
+        conn.default_channel.close()  # kombu sets the channel's connection to None
+        assert flush_acks() == 0
+        assert r.hlen("unacked") == 2  # left for the reaper, as orphans of running or done jobs
+    finally:
+        set_event_loop(None)
+        hub.close()
