@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import KeyStore, current_tenant
 from infra.api.limits import RateLimiter
-from infra.api.submission import Submitter
+from infra.api.submission import SubmissionInFlight, Submitter
 from infra.api.webhook_policy import WebhookRefused, check_webhook_url
 from infra.broker.app import make_celery
 from infra.pools import NoPoolError
@@ -114,12 +114,15 @@ class Farm:
     def submit(self, requests: list[RenderRequest], *, batch: bool, **kwargs) -> BatchAccepted:
         """``Submitter.submit``; requests no declared pool can serve are a 422 whose ``loc`` names
         the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size; over
-        the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it)."""
+        the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it); a duplicate
+        of an idempotent submission still in flight, a 409 with ``Retry-After``."""
         try:
             return self.submitter.submit(requests, **kwargs)
         except QuotaExceeded as exc:
             headers = {"Retry-After": str(exc.retry_after_s)} if exc.status == 429 else None
             raise HTTPException(exc.status, exc.message, headers=headers) from None
+        except SubmissionInFlight as exc:
+            raise HTTPException(409, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
         except NoPoolError as exc:
             raise RequestValidationError([
                 {"type": e["type"], "msg": e["msg"], "input": e["input"],

@@ -118,11 +118,15 @@ class JobStore:
 
     # ---- creation -------------------------------------------------------------------------
     def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
-                     extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
+                     extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT,
+                     idempotency: tuple[str, int] | None = None) -> None:
         """Record a batch and all its jobs as ``queued`` (no expiry until they end; see ``job_ttl_s``),
         owned by ``tenant``, in one MULTI/EXEC round trip (all or nothing), and index the jobs in
         ``rf:pending`` (their messages are about to be published; the reaper republishes any that
-        never arrive)."""
+        never arrive).
+
+        ``idempotency`` = (Redis key, TTL seconds): that key is set to ``batch_id`` in the same
+        transaction, so a retry never finds the key without the batch, nor the batch without it."""
         published = self.server_time()
         now = repr(time.time())
         pipe = self.r.pipeline(transaction=True)
@@ -141,6 +145,8 @@ class JobStore:
         pipe.zadd(keys.recent_batches(tenant), {batch_id: float(now)})
         pipe.zremrangebyrank(keys.recent_batches(tenant), 0, -RECENT_BATCHES_MAX - 1)
         pipe.expire(keys.recent_batches(tenant), self.job_ttl_s)
+        if idempotency is not None:
+            pipe.set(idempotency[0], batch_id, ex=idempotency[1])
         pipe.execute()
 
     # ---- worker transitions (pipelined over a batch) --------------------------------------
