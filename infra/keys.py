@@ -21,6 +21,7 @@ rf:leases                      zset        running job id → lease_until (serve
 rf:pending                     zset        queued job id → when its message was last (re)published
 rf:dead                        zset        failed job id → when it failed (the dead-letter set, farm-wide)
 rf:dead:{tenant}               zset        the same, one tenant's jobs only (its dead-letter pages)
+rf:ack                         string      durable-ack marker: INCR then WAITAOF on one connection
 rf:migrations                  hash        one-time data migrations done → when (:mod:`infra.state.jobs`)
 rf:idem:{tenant}:{key}         string      an idempotency key → its batch id, or "claim:{batch id}"
                                            while its submission is in flight (short expiry)
@@ -62,6 +63,8 @@ PENDING = f"{PREFIX}pending"
 DEAD = f"{PREFIX}dead"
 JOB_PREFIX = f"{PREFIX}job:"
 MIGRATIONS = f"{PREFIX}migrations"
+#: A counter written just before a durable-ack wait, on the waiting connection (infra.state.durable).
+DURABLE_ACK = f"{PREFIX}ack"
 
 
 def job(job_id: str) -> str:

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
     job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after the job ended "
                                                           "(never while queued or running), seconds.")
+    durable_ack: str = Field("off", pattern="^(off|local|replicas)$", description="Before a 202, wait until "
+                             "Redis has the jobs on disk: off, local (WAITAOF 1 0 on Redis >= 7.2, else a "
+                             "bounded wait for the everysec fsync) or replicas (and one replica).")
+    durable_ack_timeout_ms: int = Field(5000, ge=1, description="Most milliseconds a durable-ack wait may take; "
+                                        "past it the API answers 503 (the jobs exist; retry with the same key).")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
     # pools and priorities (infra/pools.py, infra/broker/dispatch.py)
     pools: Annotated[list[PoolSpec], NoDecode] = Field(

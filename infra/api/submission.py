@@ -22,6 +22,7 @@ from infra.broker.dispatch import enqueue
 from infra.pools import PoolSpec, Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
+from infra.state.durable import DurableAck
 from infra.state.jobs import PUBLIC_TENANT, JobStore, NewJob
 from infra.state.quota import Quotas, job_cost_s
 
@@ -78,7 +79,7 @@ class Submitter:
                  idempotency_ttl_s: int = 24 * 3600, pools: Sequence[PoolSpec] = (),
                  on_enqueued: Callable[[set[str]], None] | None = None, quotas: Quotas | None = None,
                  s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None,
-                 claim_s: int = 30):
+                 claim_s: int = 30, durable: DurableAck | None = None):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
@@ -90,6 +91,7 @@ class Submitter:
         self.s_per_mpx_step = s_per_mpx_step
         self.drain_gpu_s_per_s = drain_gpu_s_per_s
         self.claim_s = claim_s
+        self.durable = durable
 
     def _existing(self, key: str, value: str | None) -> BatchAccepted:
         """The batch an idempotency key names; :class:`SubmissionInFlight` while only claimed."""
@@ -97,6 +99,8 @@ class Submitter:
             raise SubmissionInFlight(1)
         if value.startswith(keys.IDEM_CLAIM):
             raise SubmissionInFlight(max(1, min(self.claim_s, self.redis.ttl(key) or 1)))
+        if self.durable is not None:
+            self.durable.wait()  # a retry after a 503 (not yet durable) waits again
         return BatchAccepted(batch_id=value, job_ids=self.store.batch_job_ids(value))
 
     def _unclaim(self, key: str | None, claim: str) -> None:
@@ -133,6 +137,8 @@ class Submitter:
         Raises:
             NoPoolError: some request no declared pool can serve (its model, or its size over
                 the pool's ``max_pixels``); nothing is recorded or enqueued.
+            NotDurable: Redis did not confirm the batch durable in time (the batch exists: a
+                retry with the same idempotency key returns it).
             SubmissionInFlight: another submission with this idempotency key is in flight.
             QuotaExceeded: the tenant's outstanding jobs or GPU-seconds would exceed its quota
                 (429), or this request alone does (413); nothing is recorded or enqueued.
@@ -169,6 +175,8 @@ class Submitter:
             webhooks.enroll(self.redis, batch_id)
         enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,
                 ttl_s=self.store.job_ttl_s)
+        if self.durable is not None:
+            self.durable.wait()  # the records, the idempotency key and the lane entries
         if self.on_enqueued is not None:
             self.on_enqueued({j.pool for j in jobs})
         return BatchAccepted(batch_id=batch_id, job_ids=[j.job_id for j in jobs])

@@ -8,7 +8,9 @@ them.
 Every transition is one Lua script (:mod:`infra.state.scripts`), so it is atomic and monotonic: a terminal state never
 changes (only an operator's dead-letter retry takes ``failed`` back to ``queued``). Each start
 of a job increments its ``attempts``; a worker's later writes carry the attempt number it was
-given, and a write from a stale attempt is discarded (fencing). Per-state counters of the batch
+given, with the run_id of the redis-server that started it (its epoch), and a write from a
+stale attempt is discarded (fencing) — also after a rollback of Redis, when a new attempt may
+reuse the number but never the epoch. Per-state counters of the batch
 move in the same script as the state, so they always add up to the batch's total.
 
 A running job holds a lease (``lease_until``, on the Redis server's clock), renewed by progress
@@ -55,13 +57,20 @@ RECENT_BATCHES_MAX = 1000
 
 @dataclass(frozen=True)
 class StartedJob:
-    """A job a worker now holds: its ``attempt`` number fences every later write."""
+    """A job a worker now holds: its ``attempt`` number and ``epoch`` (the run_id of the
+    redis-server that started it) fence every later write (:attr:`token`)."""
 
     job_id: str
     batch_id: str
     attempt: int
     request: RenderRequest
     tenant: str | None = None  # None: looked up when a transition needs it
+    epoch: str = ""  # "": fenced by the attempt number alone
+
+    @property
+    def token(self) -> str:
+        """The fencing token the scripts compare: ``"{attempt}:{epoch}"`` (``"{attempt}"`` without one)."""
+        return f"{self.attempt}:{self.epoch}" if self.epoch else str(self.attempt)
 
 
 @dataclass(frozen=True)
@@ -178,12 +187,12 @@ class JobStore:
                         args=[job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts],
                         client=pipe)
         out: dict[str, StartedJob | str] = {}
-        for job_id, (batch_id, tenant), (attempt, payload) in zip(job_ids, owners, pipe.execute()):
+        for job_id, (batch_id, tenant), (attempt, payload, *epoch) in zip(job_ids, owners, pipe.execute()):
             if int(attempt) == 0:
                 out[job_id] = payload
             else:
                 out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload),
-                                         tenant)
+                                         tenant, epoch[0] if epoch else "")
         return out
 
     def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> dict[str, int]:
@@ -205,13 +214,13 @@ class JobStore:
         ids = []
         for job, progress in updates:
             self._progress(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                           args=[job.job_id, job.attempt, repr(self.lease_s), progress], client=pipe)
+                           args=[job.job_id, job.token, repr(self.lease_s), progress], client=pipe)
             ids.append(job.job_id)
         return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
 
     def succeed(self, job: StartedJob, result: JobResult) -> bool:
         """``running`` → ``succeeded`` for this attempt. False when the attempt is stale."""
-        return bool(self._finish_one(job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(),
+        return bool(self._finish_one(job.job_id, job.token, "succeeded", "result", result.model_dump_json(),
                                      batch_id=job.batch_id, tenant=job.tenant))
 
     def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
@@ -221,7 +230,7 @@ class JobStore:
         left, the job goes back to ``queued`` instead, its error kept as ``last_error``; the
         caller republishes it. Returns ``"failed"``, ``"queued"``, or None when the attempt is stale.
         """
-        code = self._finish_one(job.job_id, str(job.attempt), "failed", "error", error.model_dump_json(),
+        code = self._finish_one(job.job_id, job.token, "failed", "error", error.model_dump_json(),
                                 batch_id=job.batch_id, tenant=job.tenant, retry=retry)
         return {1: "failed", 2: "queued"}.get(code)
 
@@ -244,7 +253,7 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
             self._release(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                          args=[job.job_id, job.attempt], client=pipe)
+                          args=[job.job_id, job.token], client=pipe)
         return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
 
     # ---- recovery (the reaper) ------------------------------------------------------------

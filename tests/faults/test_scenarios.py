@@ -8,16 +8,20 @@ once: counted by the workers in Redis, see ``worker/faults.py``), and recovery s
 - a: from the ``kill -9`` until every job the dead worker held had succeeded elsewhere;
 - b, c: from the service being back until the farm completed a job again;
 - f: from SIGTERM until the worker had exited;
-- d, e, g: no outage to recover from (–).
+- d, e, g: no outage to recover from (–);
+- h: from redis-server being back (after its ``kill -9``) until the farm completed a job again.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
+import httpx
 import pytest
 
+from infra.state.durable import DurableAck
 from worker.faults import OOM_ENV, POISON_ENV
 
 from .farm import LEASE_S, request
@@ -182,3 +186,42 @@ def test_g_cancel_50_of_200_queued_jobs(fault_farm):
     renders, writes = farm.counters()
     assert not any(renders.get(j) or writes.get(j) for j in doomed)
     assert all(s.started_at is None and s.attempts == 0 for s in farm.statuses(doomed))
+
+
+@pytest.mark.farm_settings(RENDERFARM_DURABLE_ACK="local")
+def test_h_kill_9_redis_right_after_a_burst_of_202s(fault_farm, fault_redis):
+    """redis-server (``--appendonly yes --appendfsync everysec``, the suite's) is killed with
+    SIGKILL the moment the last of a burst of 202s arrives, and restarted from its AOF: every
+    job the API accepted still exists and succeeds."""
+    farm = fault_farm
+    assert fault_redis.appendonly and fault_redis.appendfsync == "everysec"
+    ack = "waitaof" if DurableAck(farm.redis, "local").has_waitaof() else "everysec-sleep"
+    farm.add_workers(2, batch_size=8, step_delay_s=0.4)  # 1.6 s a batch: most jobs still queued at the kill
+    accepted: list[str] = []
+    lock = threading.Lock()
+
+    def burst(t: int) -> None:
+        for k in range(5):
+            body = {"jobs": [request(t * 1000 + k * 100 + i, steps=4).model_dump(mode="json", exclude_none=True)
+                             for i in range(10)]}
+            resp = httpx.post(f"{farm.api.url}/v1/batches", json=body, timeout=60)
+            assert resp.status_code == 202, resp.text
+            with lock:
+                accepted.extend(resp.json()["job_ids"])
+
+    threads = [threading.Thread(target=burst, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    fault_redis.kill()  # right after the last 202: no SIGTERM flush
+    fault_redis.start().wait_ready()
+    back = time.monotonic()
+    missing_after_restart = sum(1 for s in farm.statuses(accepted) if s is None)
+    done_at_restart = _succeeded(farm, accepted)
+    farm.wait_for(lambda: _succeeded(farm, accepted) > done_at_restart, timeout=60)
+    recovery = time.monotonic() - back
+    farm.wait(accepted, timeout=180)
+    row = farm.account("h. kill -9 redis-server right after a burst of 202s", accepted, recovery, ack=ack,
+                       succeeded_before_kill=done_at_restart, missing_after_restart=missing_after_restart)
+    _assert_clean(row, succeeded=200, failed=0, objects=200, missing_after_restart=0)
