@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     presign_expires_s: int = Field(3600, ge=1, le=7 * 24 * 3600, description="Presigned GET lifetime, seconds.")
     api_url: str = Field("http://127.0.0.1:8000", description="Status API base URL, for clients.")
     api_key: str = Field("", description="The client's API key (sent as X-API-Key).")
+    data_dir: Path | None = Field(None, description="`renderfarm up` keeps its Redis AOF (redis/) and SeaweedFS "
+                                  "data (seaweedfs/) here, together, across runs; default <cache_dir>/data.")
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Offline-built models live here.")
     default_model: str = Field("tiny", description="Model used when a request names none.")
     batch_size: int = Field(0, ge=0, le=256, description="Worker batch size; 0 = the device recipe's.")
