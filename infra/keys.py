@@ -21,8 +21,10 @@ rf:leases                      zset        running job id → lease_until (serve
 rf:pending                     zset        queued job id → when its message was last (re)published
 rf:dead                        zset        failed job id → when it failed (the dead-letter set, farm-wide)
 rf:dead:{tenant}               zset        the same, one tenant's jobs only (its dead-letter pages)
+rf:ack                         string      durable-ack marker: INCR then WAITAOF on one connection
 rf:migrations                  hash        one-time data migrations done → when (:mod:`infra.state.jobs`)
-rf:idem:{tenant}:{key}         string      an idempotency key → its batch id
+rf:idem:{tenant}:{key}         string      an idempotency key → its batch id, or "claim:{batch id}"
+                                           while its submission is in flight (short expiry)
 rf:wait:pools                  set         pools with waiting jobs (:mod:`infra.broker.dispatch`)
 rf:wait:lanes:{pool}           set         "{tenant}:{priority}" of the pool's non-empty lanes
 rf:wait:{pool}:{tenant}:{p}    list        "{enqueued ms}:{job id}", oldest first
@@ -61,6 +63,8 @@ PENDING = f"{PREFIX}pending"
 DEAD = f"{PREFIX}dead"
 JOB_PREFIX = f"{PREFIX}job:"
 MIGRATIONS = f"{PREFIX}migrations"
+#: A counter written just before a durable-ack wait, on the waiting connection (infra.state.durable).
+DURABLE_ACK = f"{PREFIX}ack"
 
 
 def job(job_id: str) -> str:
@@ -94,8 +98,12 @@ def recent_batches(tenant: str) -> str:
 
 
 def idempotency(tenant: str, key: str) -> str:
-    """A tenant's idempotency key → the batch it created."""
+    """A tenant's idempotency key → the batch it created (``IDEM_CLAIM`` + batch id while in flight)."""
     return f"{PREFIX}idem:{tenant}:{key}"
+
+
+#: Value prefix of an idempotency key whose submission is still being written.
+IDEM_CLAIM = "claim:"
 
 
 # ---- the dispatcher's wait lanes (infra.broker.dispatch) -----------------------------------

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     presign_expires_s: int = Field(3600, ge=1, le=7 * 24 * 3600, description="Presigned GET lifetime, seconds.")
     api_url: str = Field("http://127.0.0.1:8000", description="Status API base URL, for clients.")
     api_key: str = Field("", description="The client's API key (sent as X-API-Key).")
+    data_dir: Path | None = Field(None, description="`renderfarm up` keeps its Redis AOF (redis/) and SeaweedFS "
+                                  "data (seaweedfs/) here, together, across runs; default <cache_dir>/data.")
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Offline-built models live here.")
     default_model: str = Field("tiny", description="Model used when a request names none.")
     batch_size: int = Field(0, ge=0, le=256, description="Worker batch size; 0 = the device recipe's.")
@@ -88,6 +90,11 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(20.0, gt=0, description="A worker unseen this long is gone, seconds.")
     job_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="Job records expire this long after the job ended "
                                                           "(never while queued or running), seconds.")
+    durable_ack: str = Field("off", pattern="^(off|local|replicas)$", description="Before a 202, wait until "
+                             "Redis has the jobs on disk: off, local (WAITAOF 1 0 on Redis >= 7.2, else a "
+                             "bounded wait for the everysec fsync) or replicas (and one replica).")
+    durable_ack_timeout_ms: int = Field(5000, ge=1, description="Most milliseconds a durable-ack wait may take; "
+                                        "past it the API answers 503 (the jobs exist; retry with the same key).")
     max_batch_jobs: int = Field(10_000, ge=1, le=10_000, description="Most jobs one batch submission may carry.")
     # pools and priorities (infra/pools.py, infra/broker/dispatch.py)
     pools: Annotated[list[PoolSpec], NoDecode] = Field(

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import KeyStore, current_tenant
 from infra.api.limits import RateLimiter
-from infra.api.submission import Submitter
+from infra.api.submission import SubmissionInFlight, Submitter
 from infra.api.webhook_policy import WebhookRefused, check_webhook_url
 from infra.broker.app import make_celery
 from infra.pools import NoPoolError
@@ -24,6 +24,7 @@ from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry
 from infra.state.catalog import CatalogIndex
+from infra.state.durable import DurableAck, NotDurable
 from infra.state.jobs import JobStore
 from infra.state.quota import QuotaExceeded, Quotas
 from infra.storage.s3 import Storage, object_key
@@ -69,7 +70,9 @@ class Farm:
                              max_gpu_s=settings.quota_gpu_seconds)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
                                    quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,
-                                   drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))))
+                                   drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))),
+                                   durable=DurableAck(self.redis, settings.durable_ack,
+                                                      timeout_ms=settings.durable_ack_timeout_ms))
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
         self.catalog = CatalogIndex(self.store, self.locate_image, exists=self.storage.exists)
@@ -114,12 +117,19 @@ class Farm:
     def submit(self, requests: list[RenderRequest], *, batch: bool, **kwargs) -> BatchAccepted:
         """``Submitter.submit``; requests no declared pool can serve are a 422 whose ``loc`` names
         the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size; over
-        the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it)."""
+        the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it); a duplicate
+        of an idempotent submission still in flight, a 409 with ``Retry-After``; Redis not
+        confirming the batch durable in time (``RENDERFARM_DURABLE_ACK``), a 503."""
         try:
             return self.submitter.submit(requests, **kwargs)
         except QuotaExceeded as exc:
             headers = {"Retry-After": str(exc.retry_after_s)} if exc.status == 429 else None
             raise HTTPException(exc.status, exc.message, headers=headers) from None
+        except NotDurable as exc:
+            raise HTTPException(503, f"accepted but not yet durable: {exc}; retry with the same idempotency key",
+                                headers={"Retry-After": "1"}) from None
+        except SubmissionInFlight as exc:
+            raise HTTPException(409, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
         except NoPoolError as exc:
             raise RequestValidationError([
                 {"type": e["type"], "msg": e["msg"], "input": e["input"],

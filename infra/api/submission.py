@@ -23,8 +23,24 @@ from infra.broker.dispatch import enqueue
 from infra.pools import PoolSpec, Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
+from infra.state.durable import DurableAck
 from infra.state.jobs import PUBLIC_TENANT, JobStore, NewJob
 from infra.state.quota import Quotas, job_cost_s
+
+#: Delete an idempotency claim only while it is still this submission's (KEYS[1], ARGV[1] = claim).
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class SubmissionInFlight(Exception):
+    """A submission with the same idempotency key is still being written: retry after
+    ``retry_after_s`` seconds (the API answers 409 with ``Retry-After``)."""
+
+    def __init__(self, retry_after_s: int):
+        super().__init__(f"a submission with this idempotency key is in flight; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
 
 
 def new_id() -> str:
@@ -55,13 +71,16 @@ class Submitter:
         quotas: per-tenant quotas on outstanding jobs and GPU-seconds (None: counted, no limit).
         s_per_mpx_step: the cost rate of pools that declare none (:func:`infra.state.quota.job_cost_s`).
         drain_gpu_s_per_s: GPU-seconds the farm finishes per second (its live workers), for
-            ``Retry-After`` over a quota.
+                ``Retry-After`` over a quota.
+        claim_s: seconds an idempotency key stays claimed by a submission in flight; a claim
+            left by a crashed API frees itself after this.
     """
 
     def __init__(self, store: JobStore, celery_app: Celery, default_model: str, client: redis.Redis,
                  idempotency_ttl_s: int = 24 * 3600, pools: Sequence[PoolSpec] = (),
                  on_enqueued: Callable[[set[str]], None] | None = None, quotas: Quotas | None = None,
-                 s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None):
+                 s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None,
+                 claim_s: int = 30, durable: DurableAck | None = None):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
@@ -72,6 +91,23 @@ class Submitter:
         self.quotas = quotas if quotas is not None else Quotas(client)
         self.s_per_mpx_step = s_per_mpx_step
         self.drain_gpu_s_per_s = drain_gpu_s_per_s
+        self.claim_s = claim_s
+        self.durable = durable
+
+    def _existing(self, key: str, value: str | None) -> BatchAccepted:
+        """The batch an idempotency key names; :class:`SubmissionInFlight` while only claimed."""
+        if value is None:  # the claim expired or was withdrawn between two reads: try again
+            raise SubmissionInFlight(1)
+        if value.startswith(keys.IDEM_CLAIM):
+            raise SubmissionInFlight(max(1, min(self.claim_s, self.redis.ttl(key) or 1)))
+        if self.durable is not None:
+            self.durable.wait()  # a retry after a 503 (not yet durable) waits again
+        return BatchAccepted(batch_id=value, job_ids=self.store.batch_job_ids(value))
+
+    def _unclaim(self, key: str | None, claim: str) -> None:
+        """Withdraw this submission's claim on its idempotency key (only while it is still ours)."""
+        if key is not None:
+            self.redis.eval(_UNCLAIM, 1, key, claim)
 
     def cost_s(self, request: RenderRequest, pool: str) -> float:
         """Estimated GPU-seconds of ``request`` on ``pool`` (its ``s_per_mpx_step``)."""
@@ -87,7 +123,10 @@ class Submitter:
 
         With an ``idempotency_key`` this tenant used in the last ``idempotency_ttl_s`` seconds,
         nothing is submitted and the first batch is returned again (keys are per tenant, so one
-        tenant's key never returns another tenant's batch).
+        tenant's key never returns another tenant's batch). The key is first claimed for
+        ``claim_s`` seconds (``SET NX EX``), then set to the batch id in the batch's own MULTI/EXEC,
+        so it never names a batch that does not exist; a duplicate arriving while the claim
+        holds raises :class:`SubmissionInFlight` (409 with ``Retry-After``).
 
         Jobs whose metadata carries a ``catalog_key`` are entered in the tenant's catalog index
         (:mod:`infra.state.catalog`); a batch with a ``webhook_url`` is enrolled with the webhook
@@ -99,33 +138,37 @@ class Submitter:
         Raises:
             NoPoolError: some request no declared pool can serve (its model, or its size over
                 the pool's ``max_pixels``); nothing is recorded or enqueued.
+            NotDurable: Redis did not confirm the batch durable in time (the batch exists: a
+                retry with the same idempotency key returns it).
+            SubmissionInFlight: another submission with this idempotency key is in flight.
             QuotaExceeded: the tenant's outstanding jobs or GPU-seconds would exceed its quota
                 (429), or this request alone does (413); nothing is recorded or enqueued.
         """
         resolved = [resolve(request, self.default_model) for request in requests]
         pools = self.router.route_all(resolved)
-        if idempotency_key is not None and (first := self.redis.get(keys.idempotency(tenant, idempotency_key))):
-            return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))  # before any quota
+        key = keys.idempotency(tenant, idempotency_key) if idempotency_key is not None else None
+        if key is not None and (first := self.redis.get(key)):
+            return self._existing(key, first)  # before any quota
         batch_id = new_id()
         jobs = [NewJob(new_id(), request, pool, cost_s=self.cost_s(request, pool))
                 for request, pool in zip(resolved, pools)]
         gpu_s = sum(j.cost_s or 0.0 for j in jobs)
         drain = self.drain_gpu_s_per_s() if self.drain_gpu_s_per_s is not None else 1.0
-        self.quotas.reserve(tenant, len(jobs), gpu_s, drain_gpu_s_per_s=drain)
-        key = None
+        claim = keys.IDEM_CLAIM + batch_id
+        if key is not None and not self.redis.set(key, claim, nx=True, ex=self.claim_s):
+            return self._existing(key, self.redis.get(key))
         try:
-            if idempotency_key is not None:
-                key = keys.idempotency(tenant, idempotency_key)
-                if not self.redis.set(key, batch_id, nx=True, ex=self.idempotency_ttl_s):
-                    self.quotas.release(tenant, len(jobs), gpu_s)
-                    first = self.redis.get(key)
-                    return BatchAccepted(batch_id=first, job_ids=self.store.batch_job_ids(first))
+            self.quotas.reserve(tenant, len(jobs), gpu_s, drain_gpu_s_per_s=drain)
+        except BaseException:
+            self._unclaim(key, claim)
+            raise
+        try:
             extra = {"webhook_url": webhook_url} if webhook_url else None
             catalog.record(self.redis, tenant, batch_id, jobs)  # before the records: see infra.state.catalog
-            self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant)
+            self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant,
+                                    idempotency=(key, self.idempotency_ttl_s) if key is not None else None)
         except BaseException:
-            if key is not None and self.redis.get(key) == batch_id:
-                self.redis.delete(key)
+            self._unclaim(key, claim)
             if not self.store.batch_meta(batch_id):
                 self.quotas.release(tenant, len(jobs), gpu_s)
             raise
@@ -133,6 +176,8 @@ class Submitter:
             webhooks.enroll(self.redis, batch_id)
         enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,
                 ttl_s=self.store.job_ttl_s)
+        if self.durable is not None:
+            self.durable.wait()  # the records, the idempotency key and the lane entries
         if self.on_enqueued is not None:
             self.on_enqueued({j.pool for j in jobs})
         return BatchAccepted(batch_id=batch_id, job_ids=[j.job_id for j in jobs])

@@ -25,8 +25,8 @@ from typing import Any
 from rich.console import Console
 
 from infra.localstack.ports import PortBusy
-from infra.localstack.processes import ProcessExited
-from infra.localstack.stack import LocalStack
+from infra.localstack.processes import ProcessExited, Supervisor
+from infra.localstack.stack import LocalStack, patched_environ
 
 #: ``renderfarm up``'s ports: the API's (the README's clients use it) and SeaweedFS's usual S3 port.
 API_PORT, S3_PORT = 8000, 8333
@@ -64,7 +64,8 @@ def stack_from_args(args: argparse.Namespace, console: Console) -> LocalStack:
     return LocalStack(workers=args.workers, model=args.model, device=args.device,
                       batch_size=args.batch_size, appendonly=args.appendonly, console=console,
                       api_port=getattr(args, "api_port", None), s3_port=getattr(args, "s3_port", None),
-                      redis_url=getattr(args, "redis_url", None))  # fmt: skip
+                      redis_url=getattr(args, "redis_url", None),
+                      data_dir=getattr(args, "data_dir", None))  # fmt: skip
 
 
 def write_client_env(path: Path, env: Mapping[str, str]) -> str:
@@ -120,13 +121,18 @@ def foreground(stack: LocalStack) -> Iterator[LocalStack]:
 def up_command(args: argparse.Namespace) -> int:
     """``renderfarm up``: run the local stack in the foreground until Ctrl-C or SIGTERM.
 
-    Returns the exit code: 0 after a requested stop, 1 when a service failed to start or died
-    (or a port was taken).
+    Returns the exit code: 0 after a requested stop, 1 when a service failed to start or Redis,
+    S3 or the API died (or a port was taken). A crashed worker is restarted with exponential
+    backoff (:class:`infra.localstack.processes.Supervisor`) while the rest keeps serving.
     """
-    from infra.settings import env_file_path
+    from infra.settings import ENV_FILE_VAR, Settings, env_file_path
 
     console = Console()
     env_path = env_file_path(for_writing=True)
+    if args.data_dir is None:
+        with patched_environ({ENV_FILE_VAR: ""}):
+            settings = Settings()
+        args.data_dir = settings.data_dir or settings.cache_dir / "data"
     stack = stack_from_args(args, console)
     console.print(f"starting the local stack in {stack.run_dir} …")
     written = None
@@ -142,7 +148,10 @@ def up_command(args: argparse.Namespace) -> int:
                 console.print("Clients reach it with:")
             console.print(stack.exports(), highlight=False)
             console.print("[bold]Ctrl-C stops everything.[/]")
-            while not (dead := stack.exited()):
+            supervisor = Supervisor(stack.workers, on_event=lambda line: console.print(f"[yellow]{line}[/]",
+                                                                                       highlight=False))
+            while not (dead := [p for p in stack.exited() if p not in stack.workers]):
+                supervisor.poll()  # a crashed worker restarts with backoff; the stack keeps serving
                 time.sleep(1.0)
             for p in dead:
                 console.print(f"[red]{p.name} exited with code {p.returncode_now()}[/]; log tail:\n{p.log_tail()}")
@@ -163,8 +172,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "up",
         help="run the local stack in the foreground (Redis, SeaweedFS, API, workers)",
-        description="Start redis-server (unless one answers at the Redis URL), SeaweedFS S3, the bucket, "
-        "the status API and N workers; Ctrl-C or SIGTERM stops them all. While it runs, the client settings are "
+        description="Start redis-server (its own, AOF on, unless --redis-url names one that answers), SeaweedFS S3, "
+        "the bucket, the status API and N workers (a crashed worker restarts with backoff); Redis and S3 data "
+        "persist together in --data-dir; Ctrl-C or SIGTERM stops them all. While it runs, the client settings are "
         "in .renderfarm/env (RENDERFARM_ENV_FILE names another file; empty: none), which renderfarm commands in "
         "that directory or below read by themselves.",
     )
@@ -172,7 +182,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--api-port", type=int, default=API_PORT, help=f"the status API's port (default {API_PORT})")
     parser.add_argument("--s3-port", type=int, default=S3_PORT, help=f"SeaweedFS's S3 port (default {S3_PORT})")
     parser.add_argument("--redis-url", default=None,
-                        help="the Redis to use, or to start when none answers there and it is local "
-                             "(default RENDERFARM_REDIS_URL, redis://127.0.0.1:6379/0)")
+                        help="a Redis to use instead of the stack's own (started when none answers there "
+                             "and it is local); default: its own redis-server on a free port, AOF in --data-dir")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where Redis's AOF and SeaweedFS's data persist across runs, together (default "
+                             "RENDERFARM_DATA_DIR, else RENDERFARM_CACHE_DIR/data: ~/.cache/renderfarm/data); "
+                             "delete it to start afresh")
     parser.set_defaults(func=up_command)
     return parser

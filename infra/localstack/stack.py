@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.localstack.ports import check_free
-from infra.localstack.processes import ManagedProcess, new_run_dir
+from infra.localstack.processes import ManagedProcess, free_port, new_run_dir
 from infra.localstack.services import ApiServer, RedisServer, SeaweedS3, WorkerProcess, redis_answers, start_workers
 
 
@@ -106,7 +106,13 @@ class LocalStack:
     never from a client settings file (``.renderfarm/env``), and its processes read none either.
     If no Redis answers at the Redis URL and its host is local, a private redis-server is
     started on that URL's port. S3 credentials are random unless given. Everything runs from
-    one run dir (logs and data; default :func:`new_run_dir`). :attr:`env` holds the variables a
+    one run dir (logs and data; default :func:`new_run_dir`).
+
+    With a ``data_dir`` (``renderfarm up``: ``RENDERFARM_DATA_DIR``, default
+    ``~/.cache/renderfarm/data``), the data lives there instead, together and across runs: the
+    AOF of its own redis-server (``redis/``, appendonly on; on a free port unless ``redis_url``
+    names one) and SeaweedFS's volumes and filer (``seaweedfs/``), so job records and the
+    images they point at are kept, or wiped, together. :attr:`env` holds the variables a
     client needs to reach the stack.
 
     ``start()`` stops whatever it started if any part fails, so it never leaves processes behind.
@@ -128,6 +134,7 @@ class LocalStack:
         secret_key: str | None = None,
         cache_dir: Path | str | None = None,
         run_dir: Path | str | None = None,
+        data_dir: Path | str | None = None,
         console: Console | None = None,
     ) -> None:
         from infra.settings import ENV_FILE_VAR, Settings
@@ -137,11 +144,15 @@ class LocalStack:
         self.console = console or Console(stderr=True)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else settings.cache_dir
         self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(self.cache_dir / "run")
+        self.data_dir = Path(data_dir).expanduser() if data_dir is not None else None
+        if self.data_dir is not None and redis_url is None:  # its own Redis, never the machine's 6379
+            redis_url = f"redis://127.0.0.1:{free_port()}/0"
         self.redis_url = redis_url or settings.redis_url
         self.bucket = bucket or settings.s3_bucket
-        self.appendonly = appendonly
+        self.appendonly = appendonly or self.data_dir is not None
         self.redis: RedisServer | None = None  # stays None when a Redis already answers
-        self.s3 = SeaweedS3(s3_port, dir=self.run_dir / "seaweedfs", access_key=access_key,
+        data = self.data_dir if self.data_dir is not None else self.run_dir
+        self.s3 = SeaweedS3(s3_port, dir=data / "seaweedfs", access_key=access_key,
                             secret_key=secret_key, run_dir=self.run_dir)  # fmt: skip
         self.api = ApiServer(api_port, run_dir=self.run_dir)
         self.env: dict[str, str] = stack_env(
@@ -200,8 +211,9 @@ class LocalStack:
             parts = urlsplit(self.redis_url)
             if parts.hostname not in ("127.0.0.1", "localhost"):
                 raise ConnectionError(f"no Redis answers at {self.redis_url}, and it is not local")
+            data = self.data_dir if self.data_dir is not None else self.run_dir
             self.redis = RedisServer(parts.port or 6379, appendonly=self.appendonly,
-                                     dir=self.run_dir / "redis", run_dir=self.run_dir)  # fmt: skip
+                                     dir=data / "redis", run_dir=self.run_dir)  # fmt: skip
             self.redis.start()
         self.s3.start()
         if self.redis is not None:
@@ -238,7 +250,9 @@ class LocalStack:
 
     def table(self) -> Table:
         """A rich table of the services: name, where it listens, pid, log file (in the run dir)."""
-        table = Table(title="renderfarm local stack", caption=f"logs and data in {self.run_dir}")
+        caption = (f"logs in {self.run_dir}; data in {self.data_dir}" if self.data_dir is not None
+                   else f"logs and data in {self.run_dir}")
+        table = Table(title="renderfarm local stack", caption=caption)
         for column in ("service", "listens at", "pid", "log"):
             table.add_column(column)
         if self.redis is None:

@@ -8,7 +8,9 @@ them.
 Every transition is one Lua script (:mod:`infra.state.scripts`), so it is atomic and monotonic: a terminal state never
 changes (only an operator's dead-letter retry takes ``failed`` back to ``queued``). Each start
 of a job increments its ``attempts``; a worker's later writes carry the attempt number it was
-given, and a write from a stale attempt is discarded (fencing). Per-state counters of the batch
+given, with the run_id of the redis-server that started it (its epoch), and a write from a
+stale attempt is discarded (fencing) — also after a rollback of Redis, when a new attempt may
+reuse the number but never the epoch. Per-state counters of the batch
 move in the same script as the state, so they always add up to the batch's total.
 
 A running job holds a lease (``lease_until``, on the Redis server's clock), renewed by progress
@@ -55,13 +57,20 @@ RECENT_BATCHES_MAX = 1000
 
 @dataclass(frozen=True)
 class StartedJob:
-    """A job a worker now holds: its ``attempt`` number fences every later write."""
+    """A job a worker now holds: its ``attempt`` number and ``epoch`` (the run_id of the
+    redis-server that started it) fence every later write (:attr:`token`)."""
 
     job_id: str
     batch_id: str
     attempt: int
     request: RenderRequest
     tenant: str | None = None  # None: looked up when a transition needs it
+    epoch: str = ""  # "": fenced by the attempt number alone
+
+    @property
+    def token(self) -> str:
+        """The fencing token the scripts compare: ``"{attempt}:{epoch}"`` (``"{attempt}"`` without one)."""
+        return f"{self.attempt}:{self.epoch}" if self.epoch else str(self.attempt)
 
 
 @dataclass(frozen=True)
@@ -118,11 +127,15 @@ class JobStore:
 
     # ---- creation -------------------------------------------------------------------------
     def create_batch(self, batch_id: str, jobs: Sequence[NewJob], *, priority: str = "normal",
-                     extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT) -> None:
+                     extra: dict[str, str] | None = None, tenant: str = PUBLIC_TENANT,
+                     idempotency: tuple[str, int] | None = None) -> None:
         """Record a batch and all its jobs as ``queued`` (no expiry until they end; see ``job_ttl_s``),
         owned by ``tenant``, in one MULTI/EXEC round trip (all or nothing), and index the jobs in
         ``rf:pending`` (their messages are about to be published; the reaper republishes any that
-        never arrive)."""
+        never arrive).
+
+        ``idempotency`` = (Redis key, TTL seconds): that key is set to ``batch_id`` in the same
+        transaction, so a retry never finds the key without the batch, nor the batch without it."""
         published = self.server_time()
         now = repr(time.time())
         pipe = self.r.pipeline(transaction=True)
@@ -141,6 +154,8 @@ class JobStore:
         pipe.zadd(keys.recent_batches(tenant), {batch_id: float(now)})
         pipe.zremrangebyrank(keys.recent_batches(tenant), 0, -RECENT_BATCHES_MAX - 1)
         pipe.expire(keys.recent_batches(tenant), self.job_ttl_s)
+        if idempotency is not None:
+            pipe.set(idempotency[0], batch_id, ex=idempotency[1])
         pipe.execute()
 
     # ---- worker transitions (pipelined over a batch) --------------------------------------
@@ -172,12 +187,12 @@ class JobStore:
                         args=[job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts],
                         client=pipe)
         out: dict[str, StartedJob | str] = {}
-        for job_id, (batch_id, tenant), (attempt, payload) in zip(job_ids, owners, pipe.execute()):
+        for job_id, (batch_id, tenant), (attempt, payload, *epoch) in zip(job_ids, owners, pipe.execute()):
             if int(attempt) == 0:
                 out[job_id] = payload
             else:
                 out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload),
-                                         tenant)
+                                         tenant, epoch[0] if epoch else "")
         return out
 
     def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> dict[str, int]:
@@ -199,13 +214,13 @@ class JobStore:
         ids = []
         for job, progress in updates:
             self._progress(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                           args=[job.job_id, job.attempt, repr(self.lease_s), progress], client=pipe)
+                           args=[job.job_id, job.token, repr(self.lease_s), progress], client=pipe)
             ids.append(job.job_id)
         return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
 
     def succeed(self, job: StartedJob, result: JobResult) -> bool:
         """``running`` → ``succeeded`` for this attempt. False when the attempt is stale."""
-        return bool(self._finish_one(job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(),
+        return bool(self._finish_one(job.job_id, job.token, "succeeded", "result", result.model_dump_json(),
                                      batch_id=job.batch_id, tenant=job.tenant))
 
     def succeed_many(self, results: Sequence[tuple[StartedJob, JobResult]]) -> dict[str, bool]:
@@ -227,7 +242,7 @@ class JobStore:
         left, the job goes back to ``queued`` instead, its error kept as ``last_error``; the
         caller republishes it. Returns ``"failed"``, ``"queued"``, or None when the attempt is stale.
         """
-        code = self._finish_one(job.job_id, str(job.attempt), "failed", "error", error.model_dump_json(),
+        code = self._finish_one(job.job_id, job.token, "failed", "error", error.model_dump_json(),
                                 batch_id=job.batch_id, tenant=job.tenant, retry=retry)
         return {1: "failed", 2: "queued"}.get(code)
 
@@ -250,7 +265,7 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
             self._release(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                          args=[job.job_id, job.attempt], client=pipe)
+                          args=[job.job_id, job.token], client=pipe)
         return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
 
     # ---- recovery (the reaper) ------------------------------------------------------------

@@ -6,28 +6,40 @@ Data flow: workers write here every ``heartbeat_interval_s``; the status API (``
 
 Keys (:mod:`infra.keys`): ``rf:workers`` (sorted set, name → last heartbeat epoch seconds) and
 ``rf:worker:{name}`` (hash of JSON-encoded fields).
+
+Every time here is the Redis server's clock (``TIME``): the heartbeat is stamped inside a Lua
+script and liveness is judged against :func:`infra.background.server_time`, so a worker whose
+clock is off (20 s behind the API, or 60 s) is still seen, and its pool still dispatched.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import redis
 
 from infra import keys
+from infra.background import server_time
+
+# KEYS[1] rf:worker:{name}, KEYS[2] rf:workers; ARGV[1] name, ARGV[2] ttl (s), ARGV[3…] field, JSON value.
+# The heartbeat's time is the server's, taken inside the script.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[1], 'last_heartbeat', now)
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+return now
+"""
 
 
-def heartbeat(client: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> None:
-    """Record ``info`` (JSON-able values) for worker ``name`` and mark it alive for ``ttl_s`` seconds."""
-    now = time.time()
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(keys.worker(name), mapping={k: json.dumps(v) for k, v in {**info, "name": name,
-                                                                        "last_heartbeat": now}.items()})
-    pipe.expire(keys.worker(name), max(1, int(ttl_s)))
-    pipe.zadd(keys.WORKERS, {name: now})
-    pipe.execute()
+def heartbeat(client: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> float:
+    """Record ``info`` (JSON-able values) for worker ``name`` and mark it alive for ``ttl_s`` seconds,
+    stamped with the Redis server's clock (one script, one round trip); returns that time (epoch s)."""
+    fields = [x for k, v in {**info, "name": name}.items() if k != "last_heartbeat" for x in (k, json.dumps(v))]
+    return float(client.eval(_HEARTBEAT, 2, keys.worker(name), keys.WORKERS, name, max(1, int(ttl_s)), *fields))
 
 
 def deregister(client: redis.Redis, name: str) -> None:
@@ -40,8 +52,9 @@ def deregister(client: redis.Redis, name: str) -> None:
 
 def live_workers(client: redis.Redis, ttl_s: float = 20.0) -> list[dict[str, Any]]:
     """Workers heard from within ``ttl_s`` seconds, each a dict with ``name``, ``model``, ``pool``,
-    ``device``, ``batch_size``, ``pid``, ``host``, ``last_heartbeat`` and ``heartbeat_age_s``."""
-    now = time.time()
+    ``device``, ``batch_size``, ``pid``, ``host``, ``last_heartbeat`` and ``heartbeat_age_s``
+    (both on the Redis server's clock, whatever the clocks of the worker and the caller)."""
+    now = server_time(client)
     client.zremrangebyscore(keys.WORKERS, "-inf", now - ttl_s)
     names = client.zrange(keys.WORKERS, 0, -1)
     pipe = client.pipeline(transaction=False)

@@ -52,8 +52,17 @@ local function expire_ended()
 end
 local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') or 0 end
 local function used() return num('attempts') - num('attempt_base') end
-local function ours(attempt)
-  return redis.call('HGET', KEYS[1], 'state') == 'running' and redis.call('HGET', KEYS[1], 'attempts') == attempt
+-- the fencing token is "attempt" or "attempt:epoch"; the epoch is the run_id of the redis-server
+-- that started the attempt (stored as the job's 'epoch'), so after a rollback (kill -9, failover)
+-- a stale worker holding the same attempt number from before it is refused
+local function epoch()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+end
+local function ours(token)
+  if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return false end
+  local attempt, ep = string.match(token, '^(%d+):(%w+)$')
+  if not attempt then return redis.call('HGET', KEYS[1], 'attempts') == token end
+  return redis.call('HGET', KEYS[1], 'attempts') == attempt and redis.call('HGET', KEYS[1], 'epoch') == ep
 end
 -- back to queued for another attempt; the attempt counter is kept (it fences)
 local function requeue(state, t, err)
@@ -85,7 +94,8 @@ end
 """
 
 # start: queued|running → running, attempts += 1. ARGV: id, worker, lease_s, force, max_attempts.
-# Returns {attempt, request} or {0, reason}. A running job is taken over only when its lease has
+# Returns {attempt, request, epoch} or {0, reason}; the attempt's epoch (the server's run_id) is
+# stored with it. A running job is taken over only when its lease has
 # expired and its attempt budget is not spent (else the reaper fails it), or when forced.
 START = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -104,16 +114,17 @@ local old = num('progress')
 if state ~= 'running' then move(state, 'running') end
 redis.call('HINCRBYFLOAT', KEYS[2], 'done', -old)
 local lease = t + tonumber(ARGV[3])
+local ep = epoch()
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', fmt(t), 'progress', '0',
-           'lease_until', fmt(lease))
+           'lease_until', fmt(lease), 'epoch', ep)
 redis.call('ZADD', KEYS[3], lease, id)
 redis.call('ZREM', KEYS[4], id)
 keep()
-return {attempt, redis.call('HGET', KEYS[1], 'request')}
+return {attempt, redis.call('HGET', KEYS[1], 'request'), ep}
 """
 
 # progress / renew: only for the current attempt of a running job; both extend its lease.
-# ARGV: id, attempt, lease_s, progress ('' = leave it). Returns 1 (ours), 0 (stale), 2 (canceled).
+# ARGV: id, token (attempt[:epoch]), lease_s, progress ('' = leave it). Returns 1 (ours), 0 (stale), 2 (canceled).
 PROGRESS = _PRELUDE + """
 if redis.call('HGET', KEYS[1], 'state') == 'canceled' then return 2 end
 if not ours(ARGV[2]) then return 0 end
@@ -131,7 +142,7 @@ return 1
 """
 
 # finish: running (this attempt; '*' = any non-terminal state) → succeeded|failed|canceled.
-# ARGV: id, attempt|'*', state, field, json, retry ('1'), max_attempts.
+# ARGV: id, token (attempt[:epoch]) | '*', state, field, json, retry ('1'), max_attempts.
 # Returns 1 (finished), 2 (a retryable failure went back to queued), 0 (stale or already ended).
 FINISH = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -176,7 +187,7 @@ return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 """
 
 # release (graceful shutdown): this attempt of a running job → queued, without spending the
-# attempt budget. ARGV: id, attempt. Returns {1, pool} or {0, ''}.
+# attempt budget. ARGV: id, token (attempt[:epoch]). Returns {1, pool} or {0, ''}.
 RELEASE = _PRELUDE + """
 if not ours(ARGV[2]) then return {0, ''} end
 redis.call('HINCRBY', KEYS[1], 'attempt_base', 1)

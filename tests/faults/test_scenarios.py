@@ -8,19 +8,29 @@ once: counted by the workers in Redis, see ``worker/faults.py``), and recovery s
 - a: from the ``kill -9`` until every job the dead worker held had succeeded elsewhere;
 - b, c: from the service being back until the farm completed a job again;
 - f: from SIGTERM until the worker had exited;
-- d, e, g: no outage to recover from (–).
+- d, e, g: no outage to recover from (–);
+- h: from redis-server being back (after its ``kill -9``) until the farm completed a job again;
+- n: from the ``kill -9`` of the worker under ``renderfarm up`` until its restart was announced.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+import threading
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 
+from infra.localstack import ManagedProcess, free_port
+from infra.localstack.services import cli_command
+from infra.state.durable import DurableAck
 from worker.faults import OOM_ENV, POISON_ENV
 
-from .farm import LEASE_S, request
+from .farm import FAULT_SETTINGS, LEASE_S, record_row, request
 
 pytestmark = pytest.mark.faults
 
@@ -182,3 +192,104 @@ def test_g_cancel_50_of_200_queued_jobs(fault_farm):
     renders, writes = farm.counters()
     assert not any(renders.get(j) or writes.get(j) for j in doomed)
     assert all(s.started_at is None and s.attempts == 0 for s in farm.statuses(doomed))
+
+
+@pytest.mark.farm_settings(RENDERFARM_DURABLE_ACK="local")
+def test_h_kill_9_redis_right_after_a_burst_of_202s(fault_farm, fault_redis):
+    """redis-server (``--appendonly yes --appendfsync everysec``, the suite's) is killed with
+    SIGKILL the moment the last of a burst of 202s arrives, and restarted from its AOF: every
+    job the API accepted still exists and succeeds."""
+    farm = fault_farm
+    assert fault_redis.appendonly and fault_redis.appendfsync == "everysec"
+    ack = "waitaof" if DurableAck(farm.redis, "local").has_waitaof() else "everysec-sleep"
+    farm.add_workers(2, batch_size=8, step_delay_s=0.4)  # 1.6 s a batch: most jobs still queued at the kill
+    accepted: list[str] = []
+    lock = threading.Lock()
+
+    def burst(t: int) -> None:
+        for k in range(5):
+            body = {"jobs": [request(t * 1000 + k * 100 + i, steps=4).model_dump(mode="json", exclude_none=True)
+                             for i in range(10)]}
+            resp = httpx.post(f"{farm.api.url}/v1/batches", json=body, timeout=60)
+            assert resp.status_code == 202, resp.text
+            with lock:
+                accepted.extend(resp.json()["job_ids"])
+
+    threads = [threading.Thread(target=burst, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    fault_redis.kill()  # right after the last 202: no SIGTERM flush
+    fault_redis.start().wait_ready()
+    back = time.monotonic()
+    missing_after_restart = sum(1 for s in farm.statuses(accepted) if s is None)
+    done_at_restart = _succeeded(farm, accepted)
+    farm.wait_for(lambda: _succeeded(farm, accepted) > done_at_restart, timeout=60)
+    recovery = time.monotonic() - back
+    farm.wait(accepted, timeout=180)
+    row = farm.account("h. kill -9 redis-server right after a burst of 202s", accepted, recovery, ack=ack,
+                       succeeded_before_kill=done_at_restart, missing_after_restart=missing_after_restart)
+    _assert_clean(row, succeeded=200, failed=0, objects=200, missing_after_restart=0)
+
+
+def _up(tmp_path: Path, run: str, data: Path, cache_dir: Path) -> ManagedProcess:
+    """``renderfarm up --workers 1 --model null`` with its data in ``data``; ready once it serves."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
+    env.update(FAULT_SETTINGS, RENDERFARM_CACHE_DIR=str(cache_dir), RENDERFARM_ENV_FILE="", COLUMNS="200",
+               RENDERFARM_TEST_STEP_DELAY_S="0.05")
+    log = tmp_path / run / "up.log"
+    return ManagedProcess("up", cli_command("up", "--workers", "1", "--model", "null", "--data-dir", str(data),
+                                            "--api-port", str(free_port()), "--s3-port", str(free_port())),
+                          env=env, run_dir=tmp_path / run, cwd=tmp_path,
+                          ready=lambda: "Ctrl-C stops everything" in log.read_text(), ready_timeout=300)
+
+
+def _submit_and_wait(api: str, n: int, base: int) -> list[str]:
+    body = {"jobs": [request(base + i).model_dump(mode="json", exclude_none=True) for i in range(n)]}
+    job_ids = httpx.post(f"{api}/v1/batches", json=body, timeout=60).json()["job_ids"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        states = [httpx.get(f"{api}/v1/jobs/{j}", timeout=10).json()["state"] for j in job_ids]
+        if all(s in ("succeeded", "failed", "canceled") for s in states):
+            break
+        time.sleep(0.5)
+    return job_ids
+
+
+def test_n_kill_9_a_worker_under_up_then_restart_up(tmp_path, cache_dir):
+    data = tmp_path / "data"
+    with _up(tmp_path, "run1", data, cache_dir) as up:
+        output = up.log_path.read_text()
+        api = re.search(r"^export RENDERFARM_API_URL=(\S+)$", output, flags=re.M).group(1)
+        worker_pid = int(re.search(r"^✓ null-1 .* pid (\d+)\s*$", output, flags=re.M).group(1))
+        first = _submit_and_wait(api, 8, 0)
+        os.kill(worker_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        deadline = killed + 120
+        while "null-1 restarted" not in up.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        recovery = time.monotonic() - killed
+        assert "null-1 restarted" in up.log_path.read_text(), up.log_tail()
+        assert httpx.get(f"{api}/healthz", timeout=10).status_code == 200  # the stack kept serving
+        second = _submit_and_wait(api, 8, 100)  # rendered by the restarted worker
+        up.send_signal(signal.SIGTERM)
+        assert up.proc.wait(timeout=120) == 0, up.log_tail()
+    job_ids = first + second
+    with _up(tmp_path, "run2", data, cache_dir) as up:
+        output = up.log_path.read_text()
+        api = re.search(r"^export RENDERFARM_API_URL=(\S+)$", output, flags=re.M).group(1)
+        statuses = [httpx.get(f"{api}/v1/jobs/{j}", timeout=10).json() for j in job_ids]
+        fetched = sum(1 for s in statuses if s.get("state") == "succeeded" and s["result"].get("url")
+                      and httpx.get(s["result"]["url"], timeout=30).content[:4] == b"\x89PNG")
+        counts = {state: sum(1 for s in statuses if s.get("state") == state)
+                  for state in ("succeeded", "failed", "canceled")}
+        row = {"scenario": "n. kill -9 a worker under renderfarm up; up stopped and started again",
+               "submitted": len(job_ids), **counts, "lost": len(job_ids) - fetched,
+               # run twice here: jobs that needed more than one attempt (no job was in flight at the kill)
+               "run_twice": sum(1 for s in statuses if (s.get("attempts") or 0) > 1), "recovery_s": round(recovery, 1),
+               "fetched_after_restart": fetched}
+        record_row(row)
+        up.send_signal(signal.SIGTERM)
+        up.proc.wait(timeout=120)
+    assert row["lost"] == 0 and row["succeeded"] == 16 and row["run_twice"] == 0, row

@@ -313,3 +313,56 @@ def test_records_never_expire_while_queued_or_running_and_ttl_restarts_at_each_e
     assert r.ttl(keys.job(b)) == -1 and [r.ttl(k) for k in batch_keys] == [-1] * 3
     assert store.cancel(b)
     assert 95 <= r.ttl(keys.job(b)) <= 100 and all(95 <= r.ttl(k) <= 100 for k in batch_keys)
+
+
+def _restart_hard(server) -> None:
+    """``kill -9`` of redis-server and a restart from its AOF (a new run_id: a new epoch)."""
+    server.kill()
+    server.start().wait_ready()
+
+
+def test_epoch_fences_a_stale_attempt_after_a_redis_rollback(fault_redis, r):
+    """Redis restarted without the start of attempt 1 (a rollback: kill -9 before the fsync, a
+    failover to a replica that had not received it): a new worker starts attempt 1 again, and
+    the stale worker's success with the same attempt number is refused by its epoch."""
+    store = _store(r)
+    (job_id,) = _batch(store, 1)
+    before = {k: r.dump(k) for k in (f"rf:job:{job_id}", "rf:batch:b1:counts")}
+    stale = store.start_many([job_id], "w-stale")[job_id]
+    assert isinstance(stale, StartedJob) and stale.attempt == 1 and len(stale.epoch) == 40
+    _restart_hard(fault_redis)
+    for key, dumped in before.items():  # what the lost writes leave: the job still queued, attempt 0
+        r.restore(key, 0, dumped, replace=True)
+    r.zrem(keys.LEASES, job_id)
+    fresh = store.start_many([job_id], "w-fresh")[job_id]
+    assert fresh.attempt == stale.attempt == 1 and fresh.epoch != stale.epoch
+    assert store.succeed(stale, RESULT) is False
+    assert store.progress_many([(stale, 0.5)]) == {job_id: STALE}
+    assert store.succeed(fresh, RESULT) is True
+    assert store.get_job(job_id).worker == "w-fresh"
+    _counts_add_up(store)
+
+
+def test_epoch_survives_a_restart_without_rollback(fault_redis, r):
+    """A job started before a restart that lost nothing: its worker's writes still count (the
+    epoch compared is the one stored with the attempt, not the server's current run_id)."""
+    store = _store(r, lease_s=60.0)
+    (job_id,) = _batch(store, 1)
+    started = store.start_many([job_id], "w1")[job_id]
+    time.sleep(1.5)  # appendfsync everysec: on disk
+    _restart_hard(fault_redis)
+    assert store.progress_many([(started, 0.5)]) == {job_id: HELD}
+    assert store.succeed(started, RESULT) is True
+
+
+def test_durable_ack_modes(fault_redis, r):
+    """What each ``RENDERFARM_DURABLE_ACK`` mode confirms on this redis-server (AOF on, everysec)."""
+    from infra.state.durable import DurableAck, NotDurable, redis_version
+
+    assert DurableAck(r, "off").wait() == "off"
+    local = DurableAck(r, "local", fallback_s=0.1)
+    assert local.wait() == ("waitaof" if redis_version(r) >= (7, 2) else "everysec-sleep")
+    with pytest.raises(NotDurable):  # no replica here
+        DurableAck(r, "replicas", timeout_ms=100).wait()
+    with pytest.raises(ValueError):
+        DurableAck(r, "sometimes")

@@ -1,0 +1,39 @@
+"""Worker liveness on the Redis server's clock (issue 14, item 8), on a real redis-server: a
+worker whose clock is 60 s behind is live, and its pool has dispatch capacity."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from infra import keys
+from infra.background import server_time
+from infra.broker.dispatch import batch_capacity
+from infra.state import registry
+
+pytestmark = pytest.mark.integration
+DB = 13
+SKEW_S = 60.0
+
+
+def test_a_worker_60s_behind_is_live_and_dispatched(redis_db, monkeypatch):
+    r = redis_db(DB)
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() - SKEW_S)  # this process's clock, 60 s behind
+    stamped = registry.heartbeat(r, "w-behind", {"pool": "tiny", "batch_size": 8, "healthy": True}, ttl_s=20)
+    monkeypatch.setattr(time, "time", lambda: real_time() + SKEW_S)  # the reader's clock, 60 s ahead
+    assert abs(stamped - server_time(r)) < 2.0
+    (worker,) = registry.live_workers(r, ttl_s=20)
+    assert worker["name"] == "w-behind" and 0 <= worker["heartbeat_age_s"] < 2.0
+    assert batch_capacity(registry.live_workers(r, ttl_s=20)) == {"tiny": 8}
+
+
+def test_liveness_is_judged_on_the_server_clock(redis_db):
+    """An entry stamped 60 s back on the server's clock (what the old code wrote for a worker
+    whose clock was 60 s behind) is gone; one stamped now is live."""
+    r = redis_db(DB)
+    registry.heartbeat(r, "w-now", {"pool": "tiny"}, ttl_s=20)
+    registry.heartbeat(r, "w-old", {"pool": "tiny"}, ttl_s=20)
+    r.zadd(keys.WORKERS, {"w-old": server_time(r) - SKEW_S})
+    assert [w["name"] for w in registry.live_workers(r, ttl_s=20)] == ["w-now"]

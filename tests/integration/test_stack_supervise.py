@@ -1,0 +1,64 @@
+"""``renderfarm up``'s supervision and persistent data (issue 14, items 9 and 10), on real
+processes: a crashed child restarts with exponential backoff, and the stack's own redis-server
+and SeaweedFS keep their data together in one directory across a stop and a start."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from rich.console import Console
+
+from infra.localstack import LocalStack, ManagedProcess, patched_environ
+from infra.localstack.processes import Supervisor
+from infra.storage.s3 import Storage
+
+pytestmark = pytest.mark.integration
+
+
+def test_supervisor_restarts_a_crashing_child_with_backoff(tmp_path):
+    crasher = ManagedProcess("crasher", [sys.executable, "-c", "import time; time.sleep(0.2); raise SystemExit(3)"],
+                             run_dir=tmp_path)
+    events: list[str] = []
+    supervisor = Supervisor([crasher], base_s=0.3, max_s=1.2, healthy_after_s=30, on_event=events.append)
+    crasher.start()
+    started = time.monotonic()
+    while supervisor.restarts["crasher"] < 3 and time.monotonic() - started < 20:
+        supervisor.poll()
+        time.sleep(0.05)
+    crasher.stop()
+    assert supervisor.restarts["crasher"] == 3, events
+    delays = [float(e.split("restarting in ")[1].split(" s")[0]) for e in events if "restarting in" in e]
+    assert [supervisor.backoff_s(n) for n in (1, 2, 3, 4, 5)] == [0.3, 0.6, 1.2, 1.2, 1.2]
+    assert len(delays) >= 3 and all("exited with code 3" in e for e in events if "restarting" in e), events
+
+
+def test_local_stack_keeps_redis_and_s3_data_together_across_runs(cache_dir, tmp_path):
+    data = tmp_path / "data"
+
+    def stack(run: str) -> LocalStack:
+        return LocalStack(workers=0, cache_dir=cache_dir, run_dir=tmp_path / run, data_dir=data,
+                          bucket="persist", console=Console(file=open(tmp_path / f"{run}.txt", "w")))
+
+    first = stack("run1")
+    assert first.redis_url != "redis://127.0.0.1:6379/0" and first.appendonly
+    with first:
+        assert first.redis is not None, "its own redis-server, never the machine's"
+        first.redis.client().set("rf:persist-probe", "kept")
+        Storage(_settings(first)).client.put_object(Bucket="persist", Key="img/a.png", Body=b"\x89PNG-bytes")
+        time.sleep(1.5)  # appendfsync everysec
+    assert (data / "redis").is_dir() and (data / "seaweedfs").is_dir()
+    with stack("run2") as second:
+        assert second.redis.client().get("rf:persist-probe") == "kept"
+        body = Storage(_settings(second)).client.get_object(Bucket="persist", Key="img/a.png")["Body"].read()
+        assert body == b"\x89PNG-bytes"
+
+
+
+def _settings(stack: LocalStack):
+    """Settings of the clients of ``stack`` (its environment)."""
+    from infra.settings import Settings
+
+    with patched_environ(stack.env):
+        return Settings()
