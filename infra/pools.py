@@ -21,6 +21,11 @@ free for the renders only they can do. A request no pool can serve is refused wi
 With no pools declared, each model is its own pool, named by a slug of the model spec, and
 every size is accepted (the behaviour before pools were declared).
 
+Upscaling: a pool lists the ``upscalers`` its workers may load; a request asking for another is
+refused at submission (``unknown_upscaler``). Only the diffusion size (``width × height``) counts
+against ``max_pixels``: the upscaled image may be larger. With no pools declared, any upscaler
+is accepted and the worker loads it on first use.
+
 Capabilities: what a model family cannot do (a negative prompt, guidance, a scheduler, a size
 that is not a multiple of its latent patch) is plain data here, :data:`FAMILIES`, so the API
 refuses such a request with a 422 at submission without importing diffusers. A pool names its
@@ -153,6 +158,9 @@ class PoolSpec(BaseModel):
                                             "turns it off).")
     batch_invariant: bool | None = Field(None, description="Identical pixels alone and in any batch (None: the "
                                                            "device's default: on for CPUs, off for GPUs).")
+    upscalers: tuple[str, ...] = Field((), description="Upscaler specs its workers load on request (offline names "
+                                                       "such as esrgan-x4-arch, weight files, hub files); a request "
+                                                       "for another is refused at submit.")
 
     @field_validator("family")
     @classmethod
@@ -264,6 +272,11 @@ class Router:
         pool, error = self._route_size(model, width, height)
         if error is None and request is not None:
             spec = self._by_name.get(pool)
+            upscaler = getattr(request, "upscaler", None)
+            if upscaler is not None and spec is not None and upscaler not in spec.upscalers:
+                return "", {"type": "unknown_upscaler", "field": "upscaler", "input": upscaler,
+                            "msg": f"pool {spec.name!r} has no upscaler {upscaler!r} (it has: "
+                                   f"{', '.join(map(repr, spec.upscalers)) or 'none'})"}
             family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
             errors = capability_errors(request, family)
             if errors:

@@ -83,8 +83,9 @@ class RRDBNet(nn.Module):
         ValueError: ``scale`` other than 1, 2 or 4.
     """
 
-    def __init__(self, config: RRDBConfig = RRDBConfig()) -> None:
+    def __init__(self, config: RRDBConfig | None = None) -> None:
         super().__init__()
+        config = config or RRDBConfig()
         if config.scale not in (1, 2, 4):
             raise ValueError(f"RRDBNet scale must be 1, 2 or 4, got {config.scale}")
         self.config = config

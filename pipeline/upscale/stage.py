@@ -55,7 +55,8 @@ class UpscaleStage:
             ValueError: ``spec`` is not among :attr:`allowed`, or cannot be loaded.
         """
         if self.allowed is not None and spec not in self.allowed:
-            raise ValueError(f"upscaler {spec!r} is not one of this worker's pool ({', '.join(self.allowed) or 'none'})")
+            allowed = ", ".join(self.allowed) or "none"
+            raise ValueError(f"upscaler {spec!r} is not one of this worker's pool's ({allowed})")
         with self._lock:
             if spec not in self._nets:
                 self._nets[spec] = load_upscaler(spec, device=self.device, dtype=self.dtype, cache_dir=self.cache_dir)
@@ -85,5 +86,5 @@ class UpscaleStage:
             raise ValueError("the images of one upscale call must share a size")
         batch = torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in images])).permute(0, 3, 1, 2)
         out = self.upscale_tensor(batch.float().div_(255.0), spec, factor)
-        arrays = out.mul_(255.0).round_().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        arrays = (out * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
         return [PIL.Image.fromarray(a) for a in arrays]
