@@ -149,3 +149,19 @@ TINY_ERNIE_TEXT = {
                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
     "vision_config": {**ERNIE_TEXT["vision_config"], "hidden_size": 16, "intermediate_size": 32},
 }
+
+
+# ---- Chinese text encoders ---------------------------------------------------------------------
+
+#: IDEA-CCNL/Taiyi-CLIP-RoBERTa-102M-ViT-L-Chinese, the text encoder of
+#: Taiyi-Stable-Diffusion-1B-Chinese-v0.1 (its model card: a Chinese RoBERTa-wwm base, BertModel
+#: class, 768 wide like the SD 1.x UNet's cross-attention; bert-base-chinese's 21,128 vocabulary).
+TAIYI_BERT = {"vocab_size": 21128, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+              "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2,
+              "hidden_act": "gelu", "layer_norm_eps": 1e-12}
+
+
+def tiny_bert(hidden: int = 32) -> dict:
+    """A 2-layer BertModel of width ``hidden`` with the Chinese 21,128-token vocabulary."""
+    return {**TAIYI_BERT, "hidden_size": hidden, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 2 * hidden}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from transformers import BertTokenizer, PreTrainedTokenizerFast
 
 from pipeline.tokenizer import clip_vocab_and_merges, write_clip_tokenizer
 
@@ -64,12 +64,44 @@ def word_level_tokenizer(kind: str, vocab_size: int) -> PreTrainedTokenizerFast:
                                    eos_token=eos, model_max_length=max_length)
 
 
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+#: Full-width and CJK punctuation a Chinese prompt uses.
+CJK_PUNCTUATION = "，。！？、；：“”‘’（）《》【】「」…—·～"
+
+
+def chinese_bert_vocabulary(size: int) -> list[str]:
+    """A BERT WordPiece vocabulary for Chinese prompts, ``size`` entries: the special tokens, ASCII
+    characters, CJK punctuation, every CJK Unified Ideograph of U+4E00…U+9FA5 (one token per
+    character, as bert-base-chinese tokenizes Chinese), then CLIP's whole English words. The layout
+    of bert-base-chinese's 21,128-entry vocab.txt (the Taiyi text encoder's), not its ids."""
+    vocab = [*BERT_SPECIALS, *(chr(c) for c in range(0x21, 0x7F)), *CJK_PUNCTUATION,
+             *(chr(c) for c in range(0x4E00, 0x9FA6))]
+    seen = set(vocab)
+    clip, _ = clip_vocab_and_merges()
+    for token in clip:
+        if len(vocab) >= size:
+            break
+        word = token[:-4] if token.endswith("</w>") else ""
+        if len(word) > 1 and word.isascii() and word.isalpha() and word not in seen:
+            vocab.append(word)
+            seen.add(word)
+    return vocab[:size]
+
+
 def write_tokenizer(directory: Path, spec: dict) -> None:
-    """Write the tokenizer ``spec`` describes into ``directory``: ``{"kind": "clip", "pad_token": ...}``
-    or ``{"kind": "t5" | "mistral", "vocab_size": n}``."""
+    """Write the tokenizer ``spec`` describes into ``directory``: ``{"kind": "clip", "pad_token": ...}``,
+    ``{"kind": "t5" | "mistral", "vocab_size": n}`` or ``{"kind": "bert", "vocab_size": n,
+    "model_max_length": m}`` (a ``BertTokenizer`` for Chinese, :func:`chinese_bert_vocabulary`)."""
     kind = spec["kind"]
     if kind == "clip":
         write_clip_tokenizer(directory, pad_token=spec.get("pad_token", "<|endoftext|>"))
+        return
+    if kind == "bert":
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "vocab.txt").write_text("\n".join(chinese_bert_vocabulary(spec["vocab_size"])) + "\n",
+                                             encoding="utf-8")
+        BertTokenizer(str(directory / "vocab.txt"), do_lower_case=True, tokenize_chinese_chars=True,
+                      model_max_length=spec.get("model_max_length", 512)).save_pretrained(directory)
         return
     directory.mkdir(parents=True, exist_ok=True)
     word_level_tokenizer(kind, spec["vocab_size"]).save_pretrained(directory)
@@ -82,4 +114,6 @@ def make_tokenizer(spec: dict, scratch: Path):
         from pipeline.tokenizer import load_clip_tokenizer
 
         return load_clip_tokenizer(scratch)
+    if spec["kind"] == "bert":
+        return BertTokenizer.from_pretrained(scratch)
     return PreTrainedTokenizerFast.from_pretrained(scratch)
