@@ -83,6 +83,8 @@ FAMILIES: dict[str, Capabilities] = {
     "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16),
     "flux2": Capabilities(False, True, _OWN_SCHEDULER, 16),
     "ernie-image": Capabilities(True, True, _OWN_SCHEDULER, 16, batch_invariant=False),
+    # Kolors: an SDXL-style UNet (any scheduler) conditioned by ChatGLM3 (prompts padded to 256 tokens).
+    "kolors": Capabilities(True, True, _ANY_SCHEDULER, 8),
 }
 #: Offline model name → family (the names ``pipeline.models`` builds; a test keeps them equal).
 OFFLINE_FAMILIES: dict[str, str] = {
@@ -90,7 +92,7 @@ OFFLINE_FAMILIES: dict[str, str] = {
     "tiny-sdxl": "sdxl", "sdxl-arch": "sdxl", "tiny-sd3": "sd3", "sd3-arch": "sd3",
     "tiny-flux": "flux-schnell", "flux-schnell-arch": "flux-schnell",
     "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
-    "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1",
+    "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1", "tiny-kolors": "kolors",
 }
 #: guidance_scale values that ask for no guidance: 0 and 1 (no CFG), and the request schema's
 #: default 7.5, which a client sends when the user named none. Only other values are refused

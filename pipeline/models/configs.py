@@ -165,3 +165,17 @@ def tiny_bert(hidden: int = 32) -> dict:
     """A 2-layer BertModel of width ``hidden`` with the Chinese 21,128-token vocabulary."""
     return {**TAIYI_BERT, "hidden_size": hidden, "num_hidden_layers": 2, "num_attention_heads": 4,
             "intermediate_size": 2 * hidden}
+
+
+#: Kolors' UNet as an SDXL UNet conditioned by ChatGLM3 (Kwai-Kolors/Kolors-diffusers unet/config.json:
+#: ``encoder_hid_dim_type`` text_proj from 4096-wide ChatGLM states); at test widths here.
+TINY_KOLORS_UNET = {**TINY_SDXL_UNET, "cross_attention_dim": 64, "encoder_hid_dim": 32,
+                    "encoder_hid_dim_type": "text_proj", "projection_class_embeddings_input_dim": 32 + 6 * 8}
+
+
+def tiny_chatglm(hidden: int, pieces: int) -> dict:
+    """A 2-layer ChatGLM (ChatGLM3's layout: RMSNorm, rotary embeddings, multi-query attention with 2
+    groups) of width ``hidden``, for a tokenizer of ``pieces`` SentencePiece pieces plus its specials."""
+    return {"num_layers": 2, "padded_vocab_size": pieces + 16, "hidden_size": hidden, "ffn_hidden_size": 2 * hidden,
+            "kv_channels": 8, "num_attention_heads": 4, "seq_length": 256, "multi_query_attention": True,
+            "multi_query_group_num": 2, "original_rope": True, "add_qkv_bias": True}

@@ -79,6 +79,17 @@ def _taiyi(name, description, unet, text, max_length, vae=c.SD_VAE, **kw):
         {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}, **kw)
 
 
+def _kolors(name, description, unet, text, vae, **kw):
+    """Kolors (Kwai-Kolors/Kolors-diffusers): an SDXL-style UNet whose ``text_proj`` takes ChatGLM3's
+    hidden states, diffusers' ``KolorsPipeline`` with its ``ChatGLMModel`` and ``ChatGLMTokenizer``."""
+    return OfflineModel(name, description, "KolorsPipeline", {
+        "unet": ("diffusers", "UNet2DConditionModel", unet), "vae": ("diffusers", "AutoencoderKL", vae),
+        "text_encoder": ("kolors", "ChatGLMModel", text),
+        "tokenizer": ("tokenizer", "chatglm", {"vocab_size": CHATGLM_TINY_VOCAB}),
+        "scheduler": ("scheduler", "EulerDiscreteScheduler", c.EULER_SDXL)},
+        {"force_zeros_for_empty_prompt": False}, **kw)
+
+
 def _sdxl(name, description, unet, text, text_2, vae, **kw):
     return OfflineModel(name, description, "StableDiffusionXLPipeline", {
         "unet": ("diffusers", "UNet2DConditionModel", unet), "vae": ("diffusers", "AutoencoderKL", vae),
@@ -120,6 +131,7 @@ def _ernie(name, description, transformer, text, vae, **kw):
 
 
 _TINY_VAE = {**c.SD_VAE, **c.TINY_VAE_BLOCKS}
+CHATGLM_TINY_VOCAB = 21000  # SentencePiece pieces of the offline ChatGLM tokenizer (pipeline.models.tokenizers)
 OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
     _sd("tiny", "A very small SD-style model for tests: renders 512x512 in well under a second on CPU.",
         {"sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 1, "block_out_channels": [32, 64],
@@ -149,6 +161,10 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
            512, published_params={"unet": 859.52e6},
            notes="The tokenizer's model_max_length (512, BERT's positions) is assumed; a real checkpoint's "
                  "tokenizer_config decides when it is loaded."),
+    _kolors("tiny-kolors", "Kolors' classes at test widths: an SDXL-style UNet with text_proj from ChatGLM hidden "
+            "states, a 2-layer ChatGLMModel (multi-query attention, rotary embeddings) and ChatGLMTokenizer, the "
+            "SDXL VAE scaling.", c.TINY_KOLORS_UNET, c.tiny_chatglm(32, CHATGLM_TINY_VOCAB),
+            {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),
     _sdxl("tiny-sdxl", "SDXL's classes at test widths: text_time UNet, CLIP-L + bigG-style text towers, SDXL VAE "
           "scaling factor.", c.TINY_SDXL_UNET, c.tiny_clip(32), c.tiny_clip(32, 32), {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),
     _sdxl("sdxl-arch", "stabilityai/stable-diffusion-xl-base-1.0 architecture (UNet 2.6B, CLIP-L + OpenCLIP bigG, "
