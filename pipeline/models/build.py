@@ -45,7 +45,17 @@ def _instantiate(kind: str, cls_name: str, config: dict):
     cls = _model_class(kind, cls_name)
     if kind in ("diffusers", "scheduler"):
         return cls(**config)
-    model = cls(cls.config_class(**config))
+    if kind != "kolors":
+        return cls(cls.config_class(**config)).eval()
+    # ChatGLM skips weight initialization by default (empty_init), its RMSNorm weights are torch.empty
+    # and its _init_weights does nothing: initialize the linear layers and set the norms to 1.
+    model = cls(cls.config_class(**config), empty_init=False)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "RMSNorm":
+                module.weight.fill_(1.0)
+            elif isinstance(module, torch.nn.Embedding):
+                module.weight.normal_(0.0, 0.02)
     return model.eval()
 
 
