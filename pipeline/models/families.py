@@ -7,8 +7,8 @@ step of :mod:`pipeline.optimize` picks the tiny autoencoder that matches the VAE
 **Reference dtype** (what "exact" means for a model): diffusers at the dtype its model card
 recommends on an accelerator: ``torch_dtype=torch.float16`` in the SD 1.5, SD 2.x / SD-Turbo,
 SDXL / SDXL-Turbo and SD3-medium cards and diffusers' "Speed up inference" guide;
-``torch.bfloat16`` in the SD 3.5, FLUX.1 / FLUX.2 and ERNIE-Image cards; float16 in the Kolors card (ERNIE-Image-Turbo SDNQ
-uint4 model card's usage). On the CPU the reference is float32 (half precision there is an
+``torch.bfloat16`` in the SD 3.5, FLUX.1 / FLUX.2 and ERNIE-Image cards (ERNIE-Image-Turbo SDNQ
+uint4 model card's usage); float16 again in the Kolors card. On the CPU the reference is float32 (half precision there is an
 approximation for every family). The capabilities (negative prompt, guidance, schedulers, size
 multiple) are infra's table, :data:`infra.pools.FAMILIES`.
 """

@@ -82,8 +82,9 @@ def test_tiny_kolors_batches_chinese_prompts_with_chatglm(offline_cache):
     assert [t for t in pipe.tokenizer.tokenize("一只狐狸") if t != "▁"] == ["一", "只", "狐", "狸"]
     renderer = Renderer(pipe, model="tiny-kolors")
     assert renderer.family == "kolors" and renderer.invariance == "cpu-kernels"
+    cases = (("红烧肉，美食摄影", "", 1), ("山水画，水墨", "模糊", 2))
     requests = [RenderRequest(prompt=p, negative_prompt=n, model="tiny-kolors", seed=s, width=64, height=64,
-                              num_inference_steps=2) for p, n, s in (("红烧肉，美食摄影", "", 1), ("山水画，水墨", "模糊", 2))]
+                              num_inference_steps=2) for p, n, s in cases]
     images = renderer.render(requests)
     assert [im.size for im in images] == [(64, 64)] * 2
     alone = renderer.render(requests[1:])[0]
