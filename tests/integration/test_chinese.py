@@ -54,8 +54,9 @@ def test_a_chinese_catalog_end_to_end(taiyi_worker, farm_env, s3_server, tmp_pat
     text = report_path.read_text(encoding="utf-8")
     assert "美食摄影" in text and "菜单.csv" in text  # readable UTF-8, not \\u escapes
     report = json.loads(text)
-    print(json.dumps({k: report[k] for k in ("items", "distinct_images", "rendered", "skipped", "failed")},
-                     ensure_ascii=False))
+    shown = {k: v for k, v in report.items() if k not in ("manifest", "batches")}
+    shown["manifest"] = [{k: m[k] for k in ("id", "line", "s3_key")} for m in report["manifest"]]
+    print(json.dumps(shown, ensure_ascii=False, indent=1))  # the closing note's sample report
     assert (report["items"], report["distinct_images"], report["rendered"], report["failed"]) == (4, 3, 4, 0)
     s3, bucket = s3_server.client(), farm_env["RENDERFARM_S3_BUCKET"]
     prompts = {i: template.format(name=n, color=c) for i, n, c in ROWS}
