@@ -62,7 +62,7 @@ class RenderRequest(BaseModel):
     scheduler: SchedulerName = Field("default", description="Scheduler name; default keeps the model's.")
     output_format: OutputFormat = Field("png", description="Image file format.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Free str→str map, kept with the job.")
-    upscale: Literal[2, 4] | None = Field(None, description="Upscale the rendered image by 2 or 4 (needs upscaler); "
+    upscale: int | None = Field(None, description="Upscale the rendered image by 2 or 4 (needs upscaler); "
                                                             "the result is width·upscale × height·upscale.")
     upscaler: str | None = Field(None, min_length=1, max_length=300,
                                  description="The upscaler (one its pool declares), e.g. an ESRGAN network.")
@@ -79,6 +79,13 @@ class RenderRequest(BaseModel):
     def _multiple_of_8(cls, v: int, info) -> int:
         if v % 8:
             raise ValueError(f"{info.field_name} must be a multiple of 8, got {v}")
+        return v
+
+    @field_validator("upscale")
+    @classmethod
+    def _upscale_factor(cls, v: int | None) -> int | None:
+        if v is not None and v not in (2, 4):
+            raise ValueError(f"upscale must be 2 or 4, got {v}")
         return v
 
     @model_validator(mode="after")
