@@ -21,6 +21,11 @@ free for the renders only they can do. A request no pool can serve is refused wi
 With no pools declared, each model is its own pool, named by a slug of the model spec, and
 every size is accepted (the behaviour before pools were declared).
 
+Upscaling: a pool lists the ``upscalers`` its workers may load; a request asking for another is
+refused at submission (``unknown_upscaler``). Only the diffusion size (``width × height``) counts
+against ``max_pixels``: the upscaled image may be larger. With no pools declared, any upscaler
+is accepted and the worker loads it on first use.
+
 Capabilities: what a model family cannot do (a negative prompt, guidance, a scheduler, a size
 that is not a multiple of its latent patch) is plain data here, :data:`FAMILIES`, so the API
 refuses such a request with a 422 at submission without importing diffusers. A pool names its
@@ -78,6 +83,8 @@ FAMILIES: dict[str, Capabilities] = {
     "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16),
     "flux2": Capabilities(False, True, _OWN_SCHEDULER, 16),
     "ernie-image": Capabilities(True, True, _OWN_SCHEDULER, 16, batch_invariant=False),
+    # Kolors: an SDXL-style UNet (any scheduler) conditioned by ChatGLM3 (prompts padded to 256 tokens).
+    "kolors": Capabilities(True, True, _ANY_SCHEDULER, 8),
 }
 #: Offline model name → family (the names ``pipeline.models`` builds; a test keeps them equal).
 OFFLINE_FAMILIES: dict[str, str] = {
@@ -85,6 +92,7 @@ OFFLINE_FAMILIES: dict[str, str] = {
     "tiny-sdxl": "sdxl", "sdxl-arch": "sdxl", "tiny-sd3": "sd3", "sd3-arch": "sd3",
     "tiny-flux": "flux-schnell", "flux-schnell-arch": "flux-schnell",
     "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
+    "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1", "tiny-kolors": "kolors",
 }
 #: guidance_scale values that ask for no guidance: 0 and 1 (no CFG), and the request schema's
 #: default 7.5, which a client sends when the user named none. Only other values are refused
@@ -156,6 +164,9 @@ class PoolSpec(BaseModel):
                                             "turns it off).")
     batch_invariant: bool | None = Field(None, description="Identical pixels alone and in any batch (None: the "
                                                            "device's default: on for CPUs, off for GPUs).")
+    upscalers: tuple[str, ...] = Field((), description="Upscaler specs its workers load on request (offline names "
+                                                       "such as esrgan-x4-arch, weight files, hub files); a request "
+                                                       "for another is refused at submit.")
 
     @field_validator("family")
     @classmethod
@@ -272,6 +283,11 @@ class Router:
         pool, error = self._route_size(model, width, height)
         if error is None and request is not None:
             spec = self._by_name.get(pool)
+            upscaler = getattr(request, "upscaler", None)
+            if upscaler is not None and spec is not None and upscaler not in spec.upscalers:
+                return "", {"type": "unknown_upscaler", "field": "upscaler", "input": upscaler,
+                            "msg": f"pool {spec.name!r} has no upscaler {upscaler!r} (it has: "
+                                   f"{', '.join(map(repr, spec.upscalers)) or 'none'})"}
             family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
             errors = capability_errors(request, family)
             if errors:

@@ -51,8 +51,9 @@ class RenderRequest(BaseModel):
     """One text-to-image render.
 
     Sizes are pixels; ``width`` and ``height`` must be multiples of 8 in 64…2048 (the VAE
-    downsamples by 8). ``seed`` is assigned by the producer when absent, so that every stored
-    job is reproducible. ``model`` ``None`` means the farm's default model.
+    downsamples by 8). They are the diffusion size: with ``upscale`` (2 or 4) and an ``upscaler``
+    the stored image is ``upscale`` times larger per side. ``seed`` is assigned by the producer
+    when absent, so that every stored job is reproducible. ``model`` ``None`` means the farm's default model.
 
     Raises:
         pydantic.ValidationError: naming the field and the rule, e.g.
@@ -72,6 +73,10 @@ class RenderRequest(BaseModel):
     scheduler: SchedulerName = Field("default", description="Scheduler name; default keeps the model's.")
     output_format: OutputFormat = Field("png", description="Image file format.")
     metadata: dict[str, str] = Field(default_factory=dict, description="Free str→str map, kept with the job.")
+    upscale: int | None = Field(None, description="Upscale the rendered image by 2 or 4 (needs upscaler); "
+                                                            "the result is width·upscale × height·upscale.")
+    upscaler: str | None = Field(None, min_length=1, max_length=300,
+                                 description="The upscaler (one its pool declares), e.g. an ESRGAN network.")
 
     @field_validator("prompt")
     @classmethod
@@ -86,6 +91,19 @@ class RenderRequest(BaseModel):
         if v % 8:
             raise ValueError(f"{info.field_name} must be a multiple of 8, got {v}")
         return v
+
+    @field_validator("upscale")
+    @classmethod
+    def _upscale_factor(cls, v: int | None) -> int | None:
+        if v is not None and v not in (2, 4):
+            raise ValueError(f"upscale must be 2 or 4, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _upscale_pair(self) -> "RenderRequest":
+        if (self.upscale is None) != (self.upscaler is None):
+            raise ValueError("upscale and upscaler go together: give both (upscale 2 or 4 and an upscaler) or neither")
+        return self
 
     @field_validator("metadata")
     @classmethod

@@ -35,17 +35,20 @@ if TYPE_CHECKING:
     from pipeline.memory import BatchLimits
     from pipeline.warm import PoolOptions
 
-CompatKey = tuple[str | None, int, int, int, float, str]
+CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler])
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def compat_key(request: RenderRequest) -> CompatKey:
-    """``(model, width, height, num_inference_steps, guidance_scale, scheduler)``.
+    """``(model, width, height, num_inference_steps, guidance_scale, scheduler)``, followed by
+    ``(upscale, upscaler)`` for a request that asks for upscaling.
 
-    Requests with equal keys can share one pipeline call; prompts, negative prompts and seeds may differ.
+    Requests with equal keys can share one pipeline call (and one upscale batch); prompts,
+    negative prompts and seeds may differ.
     """
     r = request
-    return (r.model, r.width, r.height, r.num_inference_steps, r.guidance_scale, r.scheduler)
+    key = (r.model, r.width, r.height, r.num_inference_steps, r.guidance_scale, r.scheduler)
+    return key if r.upscale is None else (*key, r.upscale, r.upscaler)
 
 
 class Renderer:
@@ -54,7 +57,9 @@ class Renderer:
     ``device`` is where the pipeline lives (it is not moved here). ``batch_invariant``: identical
     pixels alone and in any batch (see the module docstring); None = on for the CPU, off on
     accelerators. ``use_pe``: ERNIE-Image's prompt enhancer (a pool setting; off as in its model
-    card's validation). The invariance actually in force is :attr:`invariance` (``"cpu-kernels"``,
+    card's validation). ``upscale``: the upscaling stage (:class:`pipeline.upscale.UpscaleStage`) for
+    requests that ask for ``upscale`` (None: one is made on first use, on ``device``, allowing any
+    upscaler). The invariance actually in force is :attr:`invariance` (``"cpu-kernels"``,
     ``"per-sample"`` or ``"none"`` with the reason in :attr:`invariance_note`).
     """
 
@@ -65,8 +70,9 @@ class Renderer:
     pool: PoolOptions
 
     def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
-                 batch_invariant: bool | None = None, use_pe: bool = False) -> None:
+                 batch_invariant: bool | None = None, use_pe: bool = False, upscale=None) -> None:
         self.pipe = pipe
+        self.upscale = upscale
         self.device = device
         self.model = model
         self.generator_device = generator_device
@@ -134,7 +140,9 @@ class Renderer:
     def render(
         self, requests: Sequence[RenderRequest], on_step: Callable[[int, int], None] | None = None
     ) -> list[PIL.Image.Image]:
-        """Render ``requests`` in one pipeline call; returns RGB PIL images (width × height) in order.
+        """Render ``requests`` in one pipeline call; returns RGB PIL images (width × height) in order,
+        or ``upscale`` times that for requests that ask for upscaling (one batched upscale call after
+        the decode, on the same device: :mod:`pipeline.upscale.stage`).
 
         ``on_step(done, total)`` is called after each denoising iteration, ``done`` = 1 … ``total``
         (``total`` = ``num_inference_steps`` for single-stage schedulers).
@@ -172,7 +180,19 @@ class Renderer:
         kwargs = call_arguments(pipe, requests, generators=generators, step_end=step_end, use_pe=self.use_pe)
         with torch.inference_mode():
             result = pipe(**kwargs)
-        return list(result.images)
+        images = list(result.images)
+        if first.upscale is not None:
+            images = self.upscale_stage().upscale(images, first.upscaler, first.upscale)
+        return images
+
+    def upscale_stage(self):
+        """The upscaling stage (made on first use on this renderer's device when none was given)."""
+        if self.upscale is None:
+            from pipeline.upscale import UpscaleStage
+
+            dtype = torch.float32 if self.device.partition(":")[0] in ("cpu", "mps") else torch.float16
+            self.upscale = UpscaleStage(device=self.device, dtype=dtype)
+        return self.upscale
 
     def _zeros_for_empty_negative(self) -> bool:
         """SDXL encodes "no negative prompt" as zero embeddings, but only when the whole call has none."""

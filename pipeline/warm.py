@@ -20,6 +20,8 @@ import os
 import time
 from dataclasses import dataclass, replace
 
+import torch
+
 from infra.schemas import RenderRequest
 from pipeline.capabilities import check_pool_family
 from pipeline.device import probe
@@ -29,6 +31,7 @@ from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
 from pipeline.recipes import apply_overrides, recipe_for
 from pipeline.render import Renderer
+from pipeline.upscale import UpscaleStage
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -42,6 +45,7 @@ class PoolOptions:
     steps: int | None = None
     use_pe: bool = False
     batch_invariant: bool | None = None
+    upscalers: tuple[str, ...] | None = None  # the upscalers a worker may load (None: any)
 
 
 def peek_family(model: str) -> str | None:
@@ -95,7 +99,10 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
                          use_pe=pool.use_pe)
     check_pool_family(pipe, pool.family)
     report = apply_recipe(pipe, recipe, device=target)
-    renderer = Renderer(pipe, device=target, model=model, batch_invariant=recipe.batch_invariant, use_pe=pool.use_pe)
+    upscale = UpscaleStage(device=target, dtype=torch.float32 if profile.kind in ("cpu", "mps") else torch.float16,
+                           allowed=pool.upscalers)
+    renderer = Renderer(pipe, device=target, model=model, batch_invariant=recipe.batch_invariant, use_pe=pool.use_pe,
+                        upscale=upscale)
     renderer.recipe = {**recipe.to_dict(), "report": report, **renderer.describe()}
     renderer.max_batch_size = recipe.max_batch_size
     renderer.limits = BatchLimits()

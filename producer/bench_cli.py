@@ -44,9 +44,30 @@ def _console():
     return Console(width=max(Console().width, 200))
 
 
+def _two_stage(args: argparse.Namespace) -> int:
+    from pipeline.bench import write_json
+    from pipeline.bench.twostage import TwoStageConfig, run_two_stage_bench, two_stage_table
+
+    console = _console()
+    config = TwoStageConfig(model=args.model, upscaler=args.upscaler, target=args.target, steps=args.steps,
+                            batch=args.two_stage_batch, repeats=args.repeats, device=args.device)
+    try:
+        result = run_two_stage_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+    except ValueError as exc:
+        console.print(f"[red]bench pipeline --two-stage: {exc}[/]", highlight=False)
+        return 2
+    console.print(two_stage_table(result))
+    if args.json:
+        write_json(result, args.json)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
 def _pipeline(args: argparse.Namespace) -> int:
     from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
 
+    if args.two_stage:
+        return _two_stage(args)
     console = _console()
     config = PipelineBenchConfig(
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
@@ -172,6 +193,12 @@ def _register_pipeline(sub) -> None:
     p.add_argument("--table", choices=("pipeline", "modelcard"), default="pipeline",
                    help="modelcard: the SDNQ model card's columns, batch 1, one spec at a time")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count (the denoiser calls are still counted)")
+    p.add_argument("--two-stage", action="store_true",
+                   help="the Rapid Diffusion path instead: --model at --target² directly vs at --target/4² + "
+                        "--upscaler ×4 and --target/2² + ×2, same --steps (s/img, peak memory, speed-up)")
+    p.add_argument("--upscaler", default="esrgan-x4-arch", help="--two-stage: the upscaler (default esrgan-x4-arch)")
+    p.add_argument("--target", type=int, default=1024, help="--two-stage: the output side, pixels (default 1024)")
+    p.add_argument("--two-stage-batch", type=int, default=1, help="--two-stage: images per call (default 1)")
     p.set_defaults(func=lambda args: sys.exit(_pipeline(args)))
 
 

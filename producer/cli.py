@@ -26,7 +26,8 @@ def _requests_from_args(args: argparse.Namespace) -> list[RenderRequest]:
     common = {k: v for k, v in {
         "model": args.model, "width": args.width, "height": args.height, "num_inference_steps": args.steps,
         "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt,
-        "scheduler": args.scheduler, "output_format": args.format}.items() if v is not None}
+        "scheduler": args.scheduler, "output_format": args.format, "upscale": args.upscale,
+        "upscaler": args.upscaler}.items() if v is not None}
     return [RenderRequest(prompt=p, seed=None if args.seed is None else args.seed + i, **common)
             for i, p in enumerate(prompts)]
 
@@ -110,6 +111,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduler")
     p.add_argument("--format", choices=["png", "webp", "jpeg"])
     p.add_argument("--seed", type=int, help="seed of the first prompt; the next ones count up")
+    p.add_argument("--upscale", type=int, choices=[2, 4],
+                   help="upscale the rendered images by 2 or 4 (with --upscaler)")
+    p.add_argument("--upscaler", help="an upscaler the pool declares, e.g. esrgan-x4-arch")
     p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
     p.add_argument("--wait", action="store_true", help="wait for the batch with a progress bar")
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait")

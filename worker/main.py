@@ -64,7 +64,7 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
 
     pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
                                                  steps=spec.steps, use_pe=spec.use_pe,
-                                                 batch_invariant=spec.batch_invariant)
+                                                 batch_invariant=spec.batch_invariant, upscalers=spec.upscalers)
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides, pool=pool)
     renderer.warmup()

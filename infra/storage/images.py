@@ -9,6 +9,9 @@ The ``parameters`` text is A1111's infotext layout::
     Negative prompt: blurry
     Steps: 20, Sampler: Euler a, CFG scale: 7.5, Seed: 7, Size: 512x512, Model: tiny
 
+``Size`` is the diffusion size; an upscaled image adds ``Postprocess upscale by: 4, Postprocess
+upscaler: esrgan-x4-arch`` (the names A1111's extras tab writes).
+
 ``Sampler`` names the scheduler the image was really rendered with, in A1111's words
 (:mod:`infra.storage.samplers`): for a request that kept the model's own scheduler, the worker names
 that scheduler (``DDIM``, ``DPM++ 2M Karras``, …), so the text never says "Default" when a
@@ -65,6 +68,9 @@ def format_parameters(request: RenderRequest, *, model: str, job_id: str | None 
         "Size": f"{request.width}x{request.height}",
         "Model": model,
     }
+    if request.upscale is not None:  # the names of AUTOMATIC1111's extras tab
+        fields["Postprocess upscale by"] = str(request.upscale)
+        fields["Postprocess upscaler"] = request.upscaler or ""
     if job_id:
         fields["Job id"] = job_id
     lines.append(", ".join(f"{k}: {_quote(v)}" for k, v in fields.items()))
@@ -96,6 +102,8 @@ def request_from_parameters(text: str) -> RenderRequest:
         prompt=p["prompt"], negative_prompt=p["negative_prompt"], model=p.get("Model"), width=width,
         height=height, num_inference_steps=int(p["Steps"]), guidance_scale=float(p["CFG scale"]),
         seed=int(p["Seed"]), scheduler=samplers.from_label(p.get("Sampler", ""), p.get("Schedule type")),
+        upscale=int(p["Postprocess upscale by"]) if "Postprocess upscale by" in p else None,
+        upscaler=p.get("Postprocess upscaler"),
     )
 
 

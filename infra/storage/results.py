@@ -29,7 +29,8 @@ class StoredImage:
 
 def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: str, request: RenderRequest,
                 model: str, retry_s: float = 60.0, scheduler: str | None = None) -> StoredImage:
-    """Encode ``image`` (RGB, ``request.width`` × ``request.height`` pixels) and write it once to
+    """Encode ``image`` (RGB, ``request.width`` × ``request.height`` pixels, times ``request.upscale``
+    when set) and write it once to
     ``{batch_id}/{job_id}.{ext}``.
 
     Args:
@@ -51,7 +52,10 @@ def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: 
     metadata = object_metadata({"job-id": job_id, "batch-id": batch_id, "seed": str(request.seed),
                                 "model": model, "steps": str(request.num_inference_steps),
                                 "cfg-scale": f"{request.guidance_scale:g}",
-                                "size": f"{request.width}x{request.height}"}, parameters)
+                                "size": f"{request.width}x{request.height}",
+                                **({"upscaler": request.upscaler or "", "upscale": str(request.upscale),
+                                    "output-size": f"{image.width}x{image.height}"} if request.upscale else {})},
+                                parameters)
     written = storage.put_once(key, body, content_type, metadata, retry_s=retry_s)
     size = len(body) if written else storage.size(key)
     result = JobResult(key=key, width=image.width, height=image.height, seed=request.seed or 0,

@@ -16,16 +16,20 @@ guarantees the worker relies on:
   exponential backoff (0.5 s doubling, at most 2 s apart) for up to ``retry_s`` seconds in all,
   on top of botocore's own few retries, so S3 being down for tens of seconds delays a batch
   but fails no job. Object metadata carries the generation parameters; S3 user metadata
-is ASCII and (on AWS) at most 2 KB, so values are percent-encoded and the full infotext is cut
-to fit, with ``parameters-truncated: true`` said when it was.
+is ASCII and (on AWS) at most 2 KB. A value of printable ASCII is stored as it is; any other
+(a Chinese prompt, the infotext's line breaks) as RFC 2047 MIME encoded-words
+(``=?UTF-8?B?…?=``), which is how AWS documents non-ASCII user-defined metadata ("Working with
+object metadata", Amazon S3 User Guide); :func:`decode_metadata` reads both back. The infotext is
+cut to fit, at encoded-word boundaries, with ``parameters-truncated: true`` said when it was.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from base64 import b64encode
 from collections.abc import Callable
-from urllib.parse import quote
+from email.header import decode_header
 
 import boto3
 from botocore.client import Config
@@ -47,14 +51,68 @@ def object_key(batch_id: str, job_id: str, output_format: str) -> str:
     return f"{batch_id}/{job_id}.{ext}"
 
 
+_WORD_BYTES = 45  # UTF-8 bytes per encoded-word: 60 base64 characters, 72 with the delimiters (RFC 2047: ≤ 75)
+
+
+def _plain(value: str) -> bool:
+    return all(" " <= ch <= "~" for ch in value) and "=?" not in value
+
+
+def encode_metadata_words(value: str) -> list[str]:
+    """``value`` as RFC 2047 encoded-words (``=?UTF-8?B?…?=``, base64 of UTF-8), each of whole
+    characters and at most 75 characters long; a printable-ASCII value is one word, itself."""
+    if _plain(value):
+        return [value]
+    words: list[str] = []
+    chunk: list[str] = []
+    size = 0
+    for ch in value:
+        n = len(ch.encode("utf-8"))
+        if chunk and size + n > _WORD_BYTES:
+            words.append("".join(chunk))
+            chunk, size = [], 0
+        chunk.append(ch)
+        size += n
+    if chunk:
+        words.append("".join(chunk))
+    return [f"=?UTF-8?B?{b64encode(w.encode('utf-8')).decode('ascii')}?=" for w in words]
+
+
+def encode_metadata(value: str) -> str:
+    """One S3 user-metadata value, ASCII: ``value`` itself when it is printable ASCII, else its RFC
+    2047 encoded-words separated by spaces (:func:`decode_metadata` reverses it)."""
+    return " ".join(encode_metadata_words(value))
+
+
+def decode_metadata(value: str) -> str:
+    """The text of an S3 user-metadata value as :func:`encode_metadata` (or AWS, for non-ASCII
+    metadata) wrote it: RFC 2047 encoded-words decoded, plain ASCII as it is."""
+    if "=?" not in value:
+        return value
+    return "".join(part.decode(charset or "utf-8", "replace") if isinstance(part, bytes) else part
+                   for part, charset in decode_header(value))
+
+
 def object_metadata(fields: dict[str, str], parameters: str) -> dict[str, str]:
-    """S3 user metadata: the given ASCII ``fields`` plus the percent-encoded infotext, cut to fit."""
-    meta = {k: quote(str(v), safe=" ,:=x") for k, v in fields.items()}
+    """S3 user metadata: the given ``fields`` plus the infotext, each value ASCII
+    (:func:`encode_metadata`), the infotext cut to fit the budget at encoded-word boundaries."""
+    meta = {k: encode_metadata(str(v)) for k, v in fields.items()}
     budget = _METADATA_BUDGET - sum(len(k) + len(v) for k, v in meta.items()) - len("parameters")
-    encoded = quote(parameters, safe=" ,:=x")
+    words = encode_metadata_words(parameters)
+    encoded = " ".join(words)
     if len(encoded) > budget:
-        cut = encoded[: max(0, budget - len("parameters-truncated") - 4)]
-        meta["parameters"] = cut[: cut.rfind("%")] if "%" in cut[-3:] else cut
+        budget -= len("parameters-truncated") + 4
+        if len(words) == 1:  # plain ASCII: cut anywhere
+            encoded = encoded[: max(0, budget)]
+        else:
+            kept, used = [], 0
+            for word in words:
+                if used + len(word) + 1 > budget:
+                    break
+                kept.append(word)
+                used += len(word) + 1
+            encoded = " ".join(kept)
+        meta["parameters"] = encoded
         meta["parameters-truncated"] = "true"
     else:
         meta["parameters"] = encoded

@@ -147,3 +147,11 @@ def pool_batch_size(renderer, profile: DeviceProfile, width: int, height: int, s
     from pipeline.warm import batch_size_from_memory
 
     return batch_size_from_memory(renderer, profile.to_dict(), width=width, height=height, steps=min(steps, 2))
+
+
+def farm_renderer(model: str, device: str = "auto", recipe: str = "exact"):
+    """A worker's warm renderer of ``model`` (``pipeline.warm.prepare_renderer``: the device's
+    recipe applied) and the device profile as a dict; its ``upscale_stage()`` is the worker's."""
+    from pipeline.warm import prepare_renderer
+
+    return prepare_renderer(model, device, recipe)

@@ -34,6 +34,10 @@ def _model_class(kind: str, name: str):
     import diffusers
     import transformers
 
+    if kind == "kolors":  # Kolors' ChatGLM text encoder ships inside diffusers' Kolors pipeline package
+        from diffusers.pipelines.kolors import text_encoder
+
+        return getattr(text_encoder, name)
     return getattr(diffusers if kind in ("diffusers", "scheduler") else transformers, name)
 
 
@@ -41,7 +45,17 @@ def _instantiate(kind: str, cls_name: str, config: dict):
     cls = _model_class(kind, cls_name)
     if kind in ("diffusers", "scheduler"):
         return cls(**config)
-    model = cls(cls.config_class(**config))
+    if kind != "kolors":
+        return cls(cls.config_class(**config)).eval()
+    # ChatGLM skips weight initialization by default (empty_init), its RMSNorm weights are torch.empty
+    # and its _init_weights does nothing: initialize the linear layers and set the norms to 1.
+    model = cls(cls.config_class(**config), empty_init=False)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "RMSNorm":
+                module.weight.fill_(1.0)
+            elif isinstance(module, torch.nn.Embedding):
+                module.weight.normal_(0.0, 0.02)
     return model.eval()
 
 
@@ -83,16 +97,17 @@ def construct_components(spec: OfflineModel, device: str | torch.device = "cpu",
 
 
 def construct_pipeline(spec: OfflineModel | str, device: str | torch.device = "cpu",
-                       dtype: torch.dtype = torch.float32):
+                       dtype: torch.dtype = torch.float32, scratch: Path | None = None):
     """The diffusers pipeline of ``spec`` with random weights, built on ``device`` in ``dtype``.
 
-    This is how full-size models are made on a GPU (``construct_pipeline("flux-schnell-arch",
+    ``scratch``: where tokenizer files are written (a temporary directory, removed on return,
+    when None). This is how full-size models are made on a GPU (``construct_pipeline("flux-schnell-arch",
     "cuda", torch.bfloat16)``): no float32 copy, nothing written to disk.
     """
     import diffusers
 
     spec = OFFLINE_MODELS[spec] if isinstance(spec, str) else spec
-    pipe = getattr(diffusers, spec.pipeline)(**construct_components(spec, device, dtype))
+    pipe = getattr(diffusers, spec.pipeline)(**construct_components(spec, device, dtype, scratch))
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -134,9 +149,11 @@ def build_offline_model(name: str, cache_dir: Path) -> Path:
         started = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=models_dir))
         try:
-            pipe = construct_pipeline(spec)
+            # tokenizers' files stay on disk until saved (ChatGLM's copies its tokenizer.model from there)
+            pipe = construct_pipeline(spec, scratch=tmp / ".tokenizers")
             pipe.save_pretrained(tmp, safe_serialization=True)
             del pipe
+            shutil.rmtree(tmp / ".tokenizers", ignore_errors=True)
             for component, (kind, cls_name, config) in spec.components.items():
                 if kind == "tokenizer":  # the classic files too (vocab.json/merges.txt for CLIP)
                     write_tokenizer(tmp / component, {"kind": cls_name, **config})

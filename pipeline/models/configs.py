@@ -149,3 +149,33 @@ TINY_ERNIE_TEXT = {
                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
     "vision_config": {**ERNIE_TEXT["vision_config"], "hidden_size": 16, "intermediate_size": 32},
 }
+
+
+# ---- Chinese text encoders ---------------------------------------------------------------------
+
+#: IDEA-CCNL/Taiyi-CLIP-RoBERTa-102M-ViT-L-Chinese, the text encoder of
+#: Taiyi-Stable-Diffusion-1B-Chinese-v0.1 (its model card: a Chinese RoBERTa-wwm base, BertModel
+#: class, 768 wide like the SD 1.x UNet's cross-attention; bert-base-chinese's 21,128 vocabulary).
+TAIYI_BERT = {"vocab_size": 21128, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+              "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2,
+              "hidden_act": "gelu", "layer_norm_eps": 1e-12}
+
+
+def tiny_bert(hidden: int = 32) -> dict:
+    """A 2-layer BertModel of width ``hidden`` with the Chinese 21,128-token vocabulary."""
+    return {**TAIYI_BERT, "hidden_size": hidden, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 2 * hidden}
+
+
+#: Kolors' UNet as an SDXL UNet conditioned by ChatGLM3 (Kwai-Kolors/Kolors-diffusers unet/config.json:
+#: ``encoder_hid_dim_type`` text_proj from 4096-wide ChatGLM states); at test widths here.
+TINY_KOLORS_UNET = {**TINY_SDXL_UNET, "cross_attention_dim": 64, "encoder_hid_dim": 32,
+                    "encoder_hid_dim_type": "text_proj", "projection_class_embeddings_input_dim": 32 + 6 * 8}
+
+
+def tiny_chatglm(hidden: int, pieces: int) -> dict:
+    """A 2-layer ChatGLM (ChatGLM3's layout: RMSNorm, rotary embeddings, multi-query attention with 2
+    groups) of width ``hidden``, for a tokenizer of ``pieces`` SentencePiece pieces plus its specials."""
+    return {"num_layers": 2, "padded_vocab_size": pieces + 16, "hidden_size": hidden, "ffn_hidden_size": 2 * hidden,
+            "kv_channels": 8, "num_attention_heads": 4, "seq_length": 256, "multi_query_attention": True,
+            "multi_query_group_num": 2, "original_rope": True, "add_qkv_bias": True}

@@ -8,9 +8,9 @@ step of :mod:`pipeline.optimize` picks the tiny autoencoder that matches the VAE
 recommends on an accelerator: ``torch_dtype=torch.float16`` in the SD 1.5, SD 2.x / SD-Turbo,
 SDXL / SDXL-Turbo and SD3-medium cards and diffusers' "Speed up inference" guide;
 ``torch.bfloat16`` in the SD 3.5, FLUX.1 / FLUX.2 and ERNIE-Image cards (ERNIE-Image-Turbo SDNQ
-uint4 model card's usage). On the CPU the reference is float32 (half precision there is an
-approximation for every family). The capabilities (negative prompt, guidance, schedulers, size
-multiple) are infra's table, :data:`infra.pools.FAMILIES`.
+uint4 model card's usage); float16 again in the Kolors card. On the CPU the reference is float32
+(half precision there is an approximation for every family). The capabilities (negative prompt,
+guidance, schedulers, size multiple) are infra's table, :data:`infra.pools.FAMILIES`.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ FAMILY_SPECS: dict[str, Family] = {f.name: f for f in (
     # ERNIE's attention processor reads to_q/to_k/to_v directly: fused projections would do nothing.
     Family("ernie-image", "ErnieImagePipeline", "transformer", "bfloat16", 1024, 8, 1.0, fuse_qkv=False,
            regional_compile=True),
+    # Kwai-Kolors/Kolors-diffusers card: torch_dtype=torch.float16, 50 steps, guidance_scale 5.0.
+    Family("kolors", "KolorsPipeline", "unet", "float16", 1024, 50, 5.0),
 )}
 assert set(FAMILY_SPECS) == set(FAMILIES), "FAMILY_SPECS out of sync with infra.pools.FAMILIES"
 

@@ -68,6 +68,28 @@ def _sd(name, description, unet, text, scheduler_cls, scheduler, pad="<|endoftex
         {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}, **kw)
 
 
+def _taiyi(name, description, unet, text, max_length, vae=c.SD_VAE, **kw):
+    """SD 1.x with a Chinese BERT text encoder: the Taiyi-Stable-Diffusion-1B-Chinese layout (a
+    StableDiffusionPipeline whose text_encoder is a BertModel and tokenizer a BertTokenizer)."""
+    return OfflineModel(name, description, "StableDiffusionPipeline", {
+        "unet": ("diffusers", "UNet2DConditionModel", unet), "vae": ("diffusers", "AutoencoderKL", vae),
+        "text_encoder": ("transformers", "BertModel", text),
+        "tokenizer": ("tokenizer", "bert", {"vocab_size": text["vocab_size"], "model_max_length": max_length}),
+        "scheduler": ("scheduler", "PNDMScheduler", c.PNDM_SD15)},
+        {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False}, **kw)
+
+
+def _kolors(name, description, unet, text, vae, **kw):
+    """Kolors (Kwai-Kolors/Kolors-diffusers): an SDXL-style UNet whose ``text_proj`` takes ChatGLM3's
+    hidden states, diffusers' ``KolorsPipeline`` with its ``ChatGLMModel`` and ``ChatGLMTokenizer``."""
+    return OfflineModel(name, description, "KolorsPipeline", {
+        "unet": ("diffusers", "UNet2DConditionModel", unet), "vae": ("diffusers", "AutoencoderKL", vae),
+        "text_encoder": ("kolors", "ChatGLMModel", text),
+        "tokenizer": ("tokenizer", "chatglm", {"vocab_size": CHATGLM_TINY_VOCAB}),
+        "scheduler": ("scheduler", "EulerDiscreteScheduler", c.EULER_SDXL)},
+        {"force_zeros_for_empty_prompt": False}, **kw)
+
+
 def _sdxl(name, description, unet, text, text_2, vae, **kw):
     return OfflineModel(name, description, "StableDiffusionXLPipeline", {
         "unet": ("diffusers", "UNet2DConditionModel", unet), "vae": ("diffusers", "AutoencoderKL", vae),
@@ -109,6 +131,7 @@ def _ernie(name, description, transformer, text, vae, **kw):
 
 
 _TINY_VAE = {**c.SD_VAE, **c.TINY_VAE_BLOCKS}
+CHATGLM_TINY_VOCAB = 21000  # SentencePiece pieces of the offline ChatGLM tokenizer (pipeline.models.tokenizers)
 OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
     _sd("tiny", "A very small SD-style model for tests: renders 512x512 in well under a second on CPU.",
         {"sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 1, "block_out_channels": [32, 64],
@@ -127,6 +150,21 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
          "down_block_types": ["CrossAttnDownBlock2D"] * 3, "up_block_types": ["CrossAttnUpBlock2D"] * 3,
          "mid_block_type": None}, c.CLIP_L, "PNDMScheduler", c.PNDM_SD15,
         notes="UNet config follows the BK-SDM authors' published unet_config/bk_tiny/config.json."),
+    _taiyi("tiny-taiyi", "Taiyi-Stable-Diffusion-1B-Chinese's layout at test widths: the tiny SD UNet (32-wide "
+           "cross-attention) with a 2-layer Chinese BertModel and BertTokenizer.",
+           {"sample_size": 64, "in_channels": 4, "out_channels": 4, "layers_per_block": 1,
+            "block_out_channels": [32, 64], "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+            "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "cross_attention_dim": 32,
+            "attention_head_dim": 8, "norm_num_groups": 32}, c.tiny_bert(32), 77, vae=_TINY_VAE),
+    _taiyi("taiyi-sd-arch", "IDEA-CCNL/Taiyi-Stable-Diffusion-1B-Chinese-v0.1 architecture (SD v1-4 UNet 860M and "
+           "VAE, Taiyi-CLIP-RoBERTa-102M Chinese BertModel text encoder), random weights.", c.SD1_UNET, c.TAIYI_BERT,
+           512, published_params={"unet": 859.52e6},
+           notes="The tokenizer's model_max_length (512, BERT's positions) is assumed; a real checkpoint's "
+                 "tokenizer_config decides when it is loaded."),
+    _kolors("tiny-kolors", "Kolors' classes at test widths: an SDXL-style UNet with text_proj from ChatGLM hidden "
+            "states, a 2-layer ChatGLMModel (multi-query attention, rotary embeddings) and ChatGLMTokenizer, the "
+            "SDXL VAE scaling.", c.TINY_KOLORS_UNET, c.tiny_chatglm(32, CHATGLM_TINY_VOCAB),
+            {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),
     _sdxl("tiny-sdxl", "SDXL's classes at test widths: text_time UNet, CLIP-L + bigG-style text towers, SDXL VAE "
           "scaling factor.", c.TINY_SDXL_UNET, c.tiny_clip(32), c.tiny_clip(32, 32),
           {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),

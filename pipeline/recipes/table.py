@@ -117,4 +117,5 @@ FAMILY_FITS: dict[str, FamilyFit] = {
     "flux-dev": FamilyFit(33.8, 0.25, "torchao_fp8_dynamic"),
     "flux2": FamilyFit(112.0, 0.25, "torchao_fp8_dynamic"),
     "ernie-image": FamilyFit(11.6, 0.25, "sdnq_uint4"),
+    "kolors": FamilyFit(17.8, 0.5),  # fp16: SDXL-size UNet 2.6B + ChatGLM3-6B text encoder + VAE
 }

@@ -40,7 +40,7 @@ def _write_report(path: str | None, report: dict[str, Any]) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         tmp.replace(target)
 
 
@@ -51,6 +51,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     params = {k: v for k, v in {"width": args.width, "height": args.height, "num_inference_steps": args.steps,
                                 "guidance_scale": args.guidance_scale, "scheduler": args.scheduler,
+                                "upscale": args.upscale, "upscaler": args.upscaler,
                                 "output_format": args.format}.items() if v is not None}
     if not 1 <= args.chunk_size <= MAX_CHUNK:
         print(f"error: --chunk-size must be 1…{MAX_CHUNK}", file=sys.stderr)
@@ -108,6 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--guidance-scale", type=float)
     p.add_argument("--scheduler")
     p.add_argument("--format", choices=["png", "webp", "jpeg"], help="image format")
+    p.add_argument("--upscale", type=int, choices=[2, 4], help="upscale every image by 2 or 4 (with --upscaler)")
+    p.add_argument("--upscaler", help="an upscaler the pool declares, e.g. esrgan-x4-arch")
     p.add_argument("--input-format", choices=["auto", "csv", "jsonl"], default="auto",
                    help="catalog format (default: by extension, else sniffed)")
     p.add_argument("--report", help="write the JSON report here (with a manifest: item id, S3 key, presigned URL)")

@@ -27,14 +27,17 @@ from producer.catalog.templates import Template, TemplateFieldError
 PARAM_FIELDS = {"seed": "seed", "width": "width", "height": "height", "steps": "num_inference_steps",
                 "num_inference_steps": "num_inference_steps", "guidance_scale": "guidance_scale",
                 "negative_prompt": "negative_prompt", "scheduler": "scheduler", "output_format": "output_format",
-                "model": "model"}
-#: The request fields a content key covers (with ``seed``); metadata is not part of it.
+                "model": "model", "upscale": "upscale", "upscaler": "upscaler"}
+#: The request fields a content key covers (with ``seed``, and ``upscale``/``upscaler`` when set);
+#: metadata is not part of it.
 KEY_FIELDS = ("model", "prompt", "negative_prompt", "width", "height", "num_inference_steps", "guidance_scale",
               "scheduler", "output_format")
 
 
 def _canonical(request: RenderRequest, with_seed: bool) -> bytes:
     data = {k: getattr(request, k) for k in KEY_FIELDS}
+    if request.upscale is not None:  # only then, so that the keys of catalogs without upscaling stay as they were
+        data["upscale"], data["upscaler"] = request.upscale, request.upscaler
     if with_seed:
         data["seed"] = request.seed
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

@@ -56,3 +56,45 @@ def test_object_metadata_is_ascii_and_bounded(request_):
     assert meta["parameters-truncated"] == "true"
     short = object_metadata({"seed": "1"}, format_parameters(request_, model="tiny"))
     assert "parameters-truncated" not in short
+
+
+def test_metadata_values_round_trip_as_rfc_2047_encoded_words():
+    from email.header import decode_header, make_header
+
+    from infra.storage.s3 import decode_metadata, encode_metadata
+
+    prompt = "一幅山水画，远山与小桥流水，水墨风格"
+    encoded = encode_metadata(prompt)
+    assert encoded.isascii() and encoded.startswith("=?UTF-8?B?") and encoded.endswith("?=")
+    assert all(len(word) <= 75 for word in encoded.split(" "))  # RFC 2047 §2
+    assert decode_metadata(encoded) == prompt
+    assert str(make_header(decode_header(encoded))) == prompt  # the standard library reads it the same
+    assert encode_metadata("tiny") == "tiny" and decode_metadata("tiny") == "tiny"  # plain ASCII stays plain
+    text = "line one\nSeed: 7"
+    assert decode_metadata(encode_metadata(text)) == text
+
+
+def test_a_chinese_infotext_round_trips_through_png_and_metadata():
+    from infra.storage.s3 import decode_metadata
+
+    request = RenderRequest(prompt="红烧肉，特写，美食摄影", negative_prompt="模糊", model="taiyi", seed=5, width=64,
+                            height=64, upscale=4, upscaler="esrgan-x4-arch")
+    text = format_parameters(request, model="taiyi")
+    assert text.splitlines()[-1].endswith("Postprocess upscale by: 4, Postprocess upscaler: esrgan-x4-arch")
+    data, _ = encode_image(Image.new("RGB", (256, 256)), "png", text)
+    back = request_from_parameters(read_parameters(data))
+    assert back.prompt == request.prompt and back.negative_prompt == "模糊"
+    assert (back.upscale, back.upscaler) == (4, "esrgan-x4-arch")
+    meta = object_metadata({"seed": "5"}, text)
+    assert all(v.isascii() for v in meta.values())
+    assert decode_metadata(meta["parameters"]) == text
+
+
+def test_a_truncated_chinese_infotext_is_cut_at_a_word_boundary():
+    from infra.storage.s3 import decode_metadata
+
+    long = RenderRequest(prompt="山" * 2000, model="tiny", seed=1)
+    meta = object_metadata({"seed": "1"}, format_parameters(long, model="tiny"))
+    assert meta["parameters-truncated"] == "true"
+    assert sum(len(k) + len(v) for k, v in meta.items()) <= 2048
+    assert set(decode_metadata(meta["parameters"])) == {"山"}  # whole characters only

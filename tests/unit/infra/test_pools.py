@@ -133,3 +133,25 @@ def test_the_charts_rendered_pools_are_what_settings_and_workers_read():
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         spec = worker_pool(pools, args[args.index("--pool") + 1], args[args.index("--model") + 1])
         assert spec.queue == deployment["metadata"]["annotations"]["renderfarm.io/queue"]
+
+
+def test_an_upscaler_the_pool_lacks_is_refused_and_only_the_diffusion_size_counts():
+    pools = [PoolSpec(name="cpu-tiny", model="tiny", max_pixels=256 * 256, upscalers=("tiny-esrgan-x4",))]
+    router = Router(pools)
+    ok = RenderRequest(prompt="a", model="tiny", width=256, height=256, upscale=4, upscaler="tiny-esrgan-x4")
+    assert router.route_all([ok]) == ["cpu-tiny"]  # 1024² upscaled, 256² diffused: within max_pixels
+    bad = ok.model_copy(update={"upscaler": "esrgan-x4-arch"})
+    with pytest.raises(NoPoolError) as info:
+        router.route_all([ok, bad])
+    error = info.value.errors[0]
+    assert error["index"] == 1 and error["type"] == "unknown_upscaler" and error["field"] == "upscaler"
+    assert "has no upscaler 'esrgan-x4-arch'" in error["msg"]
+
+
+def test_upscale_and_upscaler_go_together():
+    with pytest.raises(ValidationError, match="go together"):
+        RenderRequest(prompt="a", upscale=2)
+    with pytest.raises(ValidationError, match="go together"):
+        RenderRequest(prompt="a", upscaler="tiny-esrgan-x4")
+    with pytest.raises(ValidationError):
+        RenderRequest(prompt="a", upscale=3, upscaler="tiny-esrgan-x4")

@@ -17,9 +17,9 @@ from pipeline.models.tokenizers import word_level_tokenizer
 from pipeline.recipes import recipe_for
 
 TINY = {"tiny": "sd1", "tiny-sdxl": "sdxl", "tiny-sd3": "sd3", "tiny-flux": "flux-schnell",
-        "tiny-ernie-image": "ernie-image"}
+        "tiny-ernie-image": "ernie-image", "tiny-kolors": "kolors"}
 TINY_VAE = {"tiny": "taesd-arch", "tiny-sdxl": "taesdxl-arch", "tiny-sd3": "taesd3-arch", "tiny-flux": "taef1-arch",
-            "tiny-ernie-image": None}
+            "tiny-ernie-image": None, "tiny-kolors": "taesdxl-arch"}
 
 
 @pytest.fixture(scope="module")

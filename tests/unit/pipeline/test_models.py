@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from infra.schemas import RenderRequest
 from pipeline.models import OFFLINE_MODELS, build_offline_model, load_pipeline
 
 
@@ -49,3 +50,42 @@ def test_missing_local_path():
 def test_directory_that_is_not_a_pipeline(tmp_path):
     with pytest.raises(ValueError, match=str(tmp_path)):
         load_pipeline(str(tmp_path))
+
+
+def test_tiny_taiyi_is_sd1_with_a_chinese_bert_text_encoder(offline_cache):
+    from pipeline.models.build import parameter_counts
+    from pipeline.render import Renderer
+
+    pipe = load_pipeline("tiny-taiyi", cache_dir=offline_cache)
+    assert type(pipe.text_encoder).__name__ == "BertModel" and type(pipe.tokenizer).__name__ == "BertTokenizer"
+    assert pipe.tokenizer.tokenize("一只狐狸") == ["一", "只", "狐", "狸"]  # one token per character
+    assert "[UNK]" not in pipe.tokenizer.tokenize("小桥流水人家，水彩。")
+    renderer = Renderer(pipe, model="tiny-taiyi")
+    assert renderer.family == "sd1"
+    requests = [RenderRequest(prompt=p, model="tiny-taiyi", seed=1, width=64, height=64, num_inference_steps=2)
+                for p in ("红烧肉", "清蒸鲈鱼")]
+    images = renderer.render(requests)
+    assert [im.size for im in images] == [(64, 64)] * 2
+    assert images[0].tobytes() != images[1].tobytes()  # the Chinese prompt conditions the picture
+    counts = parameter_counts("taiyi-sd-arch")
+    assert counts["unet"] == 859_520_964 and round(counts["text_encoder"] / 1e6) == 102  # Taiyi-CLIP-RoBERTa-102M
+
+
+def test_tiny_kolors_batches_chinese_prompts_with_chatglm(offline_cache):
+    import numpy as np
+
+    from pipeline.render import Renderer
+
+    pipe = load_pipeline("tiny-kolors", cache_dir=offline_cache)
+    assert type(pipe).__name__ == "KolorsPipeline"
+    assert (type(pipe.text_encoder).__name__, type(pipe.tokenizer).__name__) == ("ChatGLMModel", "ChatGLMTokenizer")
+    assert [t for t in pipe.tokenizer.tokenize("一只狐狸") if t != "▁"] == ["一", "只", "狐", "狸"]
+    renderer = Renderer(pipe, model="tiny-kolors")
+    assert renderer.family == "kolors" and renderer.invariance == "cpu-kernels"
+    cases = (("红烧肉，美食摄影", "", 1), ("山水画，水墨", "模糊", 2))
+    requests = [RenderRequest(prompt=p, negative_prompt=n, model="tiny-kolors", seed=s, width=64, height=64,
+                              num_inference_steps=2) for p, n, s in cases]
+    images = renderer.render(requests)
+    assert [im.size for im in images] == [(64, 64)] * 2
+    alone = renderer.render(requests[1:])[0]
+    assert np.array_equal(np.asarray(alone), np.asarray(images[1]))  # batch invariance holds for Kolors too

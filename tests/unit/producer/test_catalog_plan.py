@@ -202,3 +202,14 @@ def test_a_422_fails_the_items_it_names(tmp_path):
     errors = [f["error"] for f in report["failures"]]
     assert errors[1] == {"type": "Refused", "message": "model: no declared pool serves model 'tiny'"}
     assert errors[0]["message"].startswith("HTTP 422")
+
+
+def test_upscaling_is_part_of_the_content_key_only_when_asked(tmp_path):
+    from infra.schemas import RenderRequest
+    from producer.catalog.plan import _canonical
+
+    plain = RenderRequest(prompt="红烧肉", model="tiny", seed=1)
+    assert b"upscale" not in _canonical(plain, True)  # keys of catalogs without upscaling are unchanged
+    up = plain.model_copy(update={"upscale": 4, "upscaler": "esrgan-x4-arch"})
+    assert _canonical(up, True) != _canonical(plain, True)
+    assert RenderRequest.model_validate({"prompt": "a", "upscale": "4", "upscaler": "x"}).upscale == 4  # CSV text
