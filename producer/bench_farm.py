@@ -217,8 +217,10 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     assert config.jobs is not None and config.batch_size is not None  # resolved() fills both
     load_before = _load_average()
     started = time.time()
-    # the bench's own knobs for its private stack: no rate limits, the recipe under test
+    # the bench's own knobs for its private stack: no rate limits, the recipe under test, and a
+    # fresh /metrics answer on every read (the timing sums are read right before and after a run)
     env = {"RENDERFARM_RATE_LIMIT_JOBS_PER_S": "0", "RENDERFARM_RATE_LIMIT_REQUESTS_PER_S": "0",
+           "RENDERFARM_METRICS_CACHE_S": "0",
            "RENDERFARM_RECIPE": config.recipe,
            "RENDERFARM_NULL_RENDER_MS_PER_IMAGE": str(config.render_ms_per_image)}
     result: dict = {"benchmark": "farm", "config": asdict(config)}

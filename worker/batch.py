@@ -24,6 +24,7 @@ class BatchOutcome:
     dropped: int = 0  # canceled or taken over while this attempt ran: result discarded
     requeued: list[str] = field(default_factory=list)  # transient failure: back to queued
     renders: list[tuple[int, float]] = field(default_factory=list)  # (images, seconds) per pipeline call
+    job_ids: list[str] = field(default_factory=list)  # the pulled batch's job ids (set when it is recorded)
 
     @property
     def failed_batch(self) -> bool:

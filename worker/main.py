@@ -53,6 +53,13 @@ log = logging.getLogger("renderfarm.worker")
 DEFAULT_NULL_BATCH = 64
 
 
+def _job_id(request) -> str | None:
+    """The job id a Celery request carries in its kwargs, or None (a malformed message)."""
+    kwargs = getattr(request, "kwargs", None)
+    job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
+    return job_id if isinstance(job_id, str) else None
+
+
 def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int]:
     """The warm renderer for ``args.model`` (the null renderer, or a diffusers pipeline), the
     device profile, and the batch size: the flag, the setting, or measured from memory at the
@@ -157,16 +164,35 @@ def run_worker(args: argparse.Namespace) -> int:
             visibility.finished(requests, None)
             return
         visibility.started(requests)
-        outcomes = []
-        try:  # overlapped: the outcomes of the batches stored since the last call
-            outcomes = runner.run_overlapped(requests) if settings.worker_overlap else [runner.run(requests)]
-        finally:
+        if not settings.worker_overlap:
+            try:
+                outcomes = [runner.run(requests)]
+            finally:
+                visibility.finished(requests, store.get_jobs)
+            record_outcomes(outcomes)
+            return
+        try:  # overlapped: returns once the batch is started, with the batches recorded since
+            outcomes = runner.run_overlapped(requests)
+        except BaseException:
             visibility.finished(requests, store.get_jobs)
+            raise
+        for request in requests:  # ready (task events, inspect) when their batch is recorded
+            job_id = _job_id(request)
+            if job_id is None:
+                visibility.finished([request], None)
+            else:
+                awaiting[job_id] = request
         record_outcomes(outcomes)
 
+    awaiting: dict[str, object] = {}  # job id → its Celery request, until its batch is recorded
+
     def record_outcomes(outcomes) -> None:
+        """Runs in Celery's consumer thread (the batch task, or the consumer's timer)."""
         for outcome in outcomes:
             breaker.record(outcome.failed_batch)
+            done = [awaiting.pop(j) for j in outcome.job_ids if j in awaiting]
+            if done:
+                visibility.finished(done, store.get_jobs)
 
     def on_received(sender=None, request=None, **_kw) -> None:
         kwargs = getattr(request, "kwargs", None)

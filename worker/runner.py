@@ -257,6 +257,7 @@ class BatchRunner:
         outcome.dropped += rendering.dropped
         outcome.requeued.extend(rendering.requeued)
         outcome.renders.extend(rendering.renders)
+        outcome.job_ids = list(work.job_ids)
         with self._lock:
             for job in work.jobs:
                 self.current.pop(job.job_id, None)

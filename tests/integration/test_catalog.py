@@ -137,19 +137,24 @@ def test_template_errors_exit_2_before_anything_is_sent(api_server, tmp_path):
     assert proc.returncode == 2 and "attribute or index access" in proc.stderr
 
 
-def _finish(store: JobStore, job_ids) -> None:
-    """Succeed queued jobs as a worker would (their model has no worker)."""
+def _finish(store: JobStore, job_ids, s3, bucket: str) -> None:
+    """Succeed queued jobs as a worker would (their model has no worker), image object included:
+    a catalog skips an item only after a HEAD of its image."""
     for job_id, started in store.start_many(list(job_ids), "pytest-catalog").items():
         assert not isinstance(started, str), (job_id, started)
-        assert store.succeed(started, JobResult(key=f"{started.batch_id}/{job_id}.png", width=64, height=64,
-                                                seed=started.request.seed, content_type="image/png", bytes=8))
+        key = f"{started.batch_id}/{job_id}.png"
+        s3.put_object(Bucket=bucket, Key=key, Body=b"\x89PNG\r\n\x1a\n", ContentType="image/png")
+        assert store.succeed(started, JobResult(key=key, width=64, height=64, seed=started.request.seed,
+                                                content_type="image/png", bytes=8))
 
 
-def test_interrupted_run_resumes_without_rendering_anything_twice(api_server, store, tmp_path):
+def test_interrupted_run_resumes_without_rendering_anything_twice(api_server, store, tmp_path, s3_server,
+                                                                  farm_env):
     rows = [(str(i), f"thing{i}", "grey") for i in range(8)]
     path = _csv(tmp_path / "c.csv", rows)
     template = f"a {{name}} {_nonce()}"
     report_path = tmp_path / "report.json"
+    s3, bucket = s3_server.client(), farm_env["RENDERFARM_S3_BUCKET"]
     args = [str(path), "--template", template, "--model", UNSERVED, "--report", str(report_path), *SMALL_ARGS]
 
     proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "catalog", *args], stderr=subprocess.PIPE,
@@ -170,7 +175,7 @@ def test_interrupted_run_resumes_without_rendering_anything_twice(api_server, st
         interrupted = json.loads(report_path.read_text())
         assert interrupted["interrupted"] and interrupted["pending"] == 8 and interrupted["rendered"] == 0
 
-        _finish(store, [first_jobs[k] for k in keys[:3]])  # the farm works on while no run watches
+        _finish(store, [first_jobs[k] for k in keys[:3]], s3, bucket)  # the farm works on, unwatched
         rerun = subprocess.Popen([sys.executable, "-m", "infra.cli", "catalog", *args], stderr=subprocess.PIPE,
                                  text=True)
         line = ""
@@ -178,7 +183,7 @@ def test_interrupted_run_resumes_without_rendering_anything_twice(api_server, st
             line = rerun.stderr.readline()
             assert line or rerun.poll() is None, rerun.stderr.read()
         assert "3 already rendered, 5 in flight from an earlier run, 0 to submit" in line, line
-        _finish(store, [first_jobs[k] for k in keys[3:]])
+        _finish(store, [first_jobs[k] for k in keys[3:]], s3, bucket)
         assert rerun.wait(timeout=120) == 0, rerun.stderr.read()
         report = json.loads(report_path.read_text())
         assert (report["rendered"], report["skipped"], report["failed"], report["resumed"]) == (5, 3, 0, 5)

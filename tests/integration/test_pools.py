@@ -65,7 +65,11 @@ def workers(api, env, run_dir) -> Iterator[dict[str, WorkerProcess]]:
     procs = {
         "null-small": WorkerProcess("null", env, "pools-small", 8, extra_args=["--pool", "null-small"],
                                     run_dir=run_dir),
-        "null-big": WorkerProcess("null", {**env, "RENDERFARM_TEST_STEP_DELAY_S": "0.5"}, "pools-big", 4,
+        # the serial worker: "running" is exactly the batch it renders (an overlapped worker also
+        # holds the started batches waiting for its render thread), so the depth test below can
+        # place every job in one column
+        "null-big": WorkerProcess("null", {**env, "RENDERFARM_TEST_STEP_DELAY_S": "0.5",
+                                           "RENDERFARM_WORKER_OVERLAP": "false"}, "pools-big", 4,
                                   extra_args=["--pool", "null-big"], run_dir=run_dir),
     }
     try:
@@ -199,7 +203,7 @@ def test_outstanding_counts_what_workers_hold_where_llen_does_not(api, workers, 
         while time.monotonic() < deadline and not (row.get("running") == 4 and row.get("outstanding") == 12):
             time.sleep(0.2)
             row = httpx.get(f"{api.url}/v1/queues/null-big").json()
-        assert row["running"] == 4 and row["queued"] == 8 and row["outstanding"] == 12, row
+        assert row["running"] == 4 and row["queued"] == 8 and row["outstanding"] == 12, str(row)
         with app.connection_for_read() as conn:
             held = [conn.default_channel.basic_get(keys.queue("null-big")) for _ in range(3)]
             assert all(m is not None for m in held)

@@ -46,19 +46,19 @@ def test_local_stack_keeps_redis_and_s3_data_together_across_runs(cache_dir, tmp
     with first:
         assert first.redis is not None, "its own redis-server, never the machine's"
         first.redis.client().set("rf:persist-probe", "kept")
-        Storage(_settings(first)).client.put_object(Bucket="persist", Key="img/a.png", Body=b"\x89PNG-bytes")
+        _storage(first).client.put_object(Bucket="persist", Key="img/a.png", Body=b"\x89PNG-bytes")
         time.sleep(1.5)  # appendfsync everysec
     assert (data / "redis").is_dir() and (data / "seaweedfs").is_dir()
     with stack("run2") as second:
         assert second.redis.client().get("rf:persist-probe") == "kept"
-        body = Storage(_settings(second)).client.get_object(Bucket="persist", Key="img/a.png")["Body"].read()
+        body = _storage(second).client.get_object(Bucket="persist", Key="img/a.png")["Body"].read()
         assert body == b"\x89PNG-bytes"
 
 
-
-def _settings(stack: LocalStack):
-    """Settings of the clients of ``stack`` (its environment)."""
+def _storage(stack: LocalStack) -> Storage:
+    """A client of ``stack``'s S3, built inside its environment: boto3 reads the credentials when
+    the client is created, and a test session's own farm has other ones in ``os.environ``."""
     from infra.settings import Settings
 
     with patched_environ(stack.env):
-        return Settings()
+        return Storage(Settings())
