@@ -95,6 +95,24 @@ def make_tenant(keystore: KeyStore):
         http.close()
 
 
+def _module_tenant(request, secure_api: ApiServer, make_tenant, suffix: str) -> Tenant:
+    """A tenant of ``secure_api`` named after the test module (``<module>-<suffix>``), so that
+    modules sharing the package's API never share a tenant."""
+    return make_tenant(f"{request.module.__name__.rsplit('.', 1)[-1]}-{suffix}", secure_api.url)
+
+
+@pytest.fixture(scope="module")
+def tenant_a(request, secure_api, make_tenant) -> Tenant:
+    """This module's first tenant on ``secure_api`` (the owner in isolation tests)."""
+    return _module_tenant(request, secure_api, make_tenant, "a")
+
+
+@pytest.fixture(scope="module")
+def tenant_b(request, secure_api, make_tenant) -> Tenant:
+    """This module's second tenant on ``secure_api`` (the prober in isolation tests)."""
+    return _module_tenant(request, secure_api, make_tenant, "b")
+
+
 @pytest.fixture(scope="package")
 def finish_as_worker(store: JobStore):
     """``finish_as_worker(job_id, key)`` moves a queued job to ``succeeded`` with its image at

@@ -24,16 +24,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def tenant_a(secure_api, make_tenant):
-    return make_tenant("probe-a", secure_api.url)
-
-
-@pytest.fixture(scope="module")
-def tenant_b(secure_api, make_tenant):
-    return make_tenant("probe-b", secure_api.url)
-
-
-@pytest.fixture(scope="module")
 def owned(tenant_a, store, s3_server, farm_env, job_body, finish_as_worker, redis_server):
     """A's batch: job 0 succeeded with an image, job 1 failed (dead letter), job 2 queued and
     held by a (registered) worker; and A's catalog key."""
