@@ -92,7 +92,7 @@ OFFLINE_FAMILIES: dict[str, str] = {
     "tiny-sdxl": "sdxl", "sdxl-arch": "sdxl", "tiny-sd3": "sd3", "sd3-arch": "sd3",
     "tiny-flux": "flux-schnell", "flux-schnell-arch": "flux-schnell",
     "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
-    "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1", "tiny-kolors": "kolors",
+    "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1", "tiny-kolors": "kolors", "kolors-arch": "kolors",
 }
 #: guidance_scale values that ask for no guidance: 0 and 1 (no CFG), and the request schema's
 #: default 7.5, which a client sends when the user named none. Only other values are refused

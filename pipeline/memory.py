@@ -1,8 +1,10 @@
 """Memory: peak bytes per image, the batch size they allow, OOM recovery, allocator settings.
 
 Place in the data flow: at warm-up the worker renders batches of 1 and 2 images at its pool's
-largest size and steps through :func:`measure_per_image`, turns the result into a batch size with
-:func:`batch_size_for` (capped by ``Recipe.max_batch_size``), and keeps it. When a batch still runs
+largest size and steps through :func:`measure_per_image` (again with each upscaler its pool
+declares, the upscaling stage after the decode), turns the results into a batch size with
+:func:`batch_size_for_stages` (the smallest that every path fits, capped by
+``Recipe.max_batch_size``), and keeps it. When a batch still runs
 out of memory:
 
 * in the VAE decode only: :func:`guard_vae_decode` decodes that batch again one image at a time,
@@ -29,7 +31,7 @@ import resource
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -131,6 +133,22 @@ def batch_size_for(peak_per_image_bytes: int, base_bytes: int, device_total_byte
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     n = int((fraction * device_total_bytes - base_bytes) // peak_per_image_bytes)
     return max(1, min(n, cap) if cap else n)
+
+
+def batch_size_for_stages(measurements: Iterable[PeakMeasurement], device_total_bytes: int, fraction: float,
+                          cap: int | None = None) -> int:
+    """The largest batch every measured path fits: :func:`batch_size_for` of each measurement
+    (e.g. the diffusion alone, and the diffusion followed by each upscaler a pool declares),
+    the smallest of them. The stages of one path run one after the other on the same device, so
+    one path's measured peak is already the larger of its stages' peaks.
+
+    Raises:
+        ValueError: no measurement, or as :func:`batch_size_for`.
+    """
+    sizes = [batch_size_for(m.per_image_bytes, m.base_bytes, device_total_bytes, fraction, cap) for m in measurements]
+    if not sizes:
+        raise ValueError("batch_size_for_stages needs at least one measurement")
+    return min(sizes)
 
 
 def is_oom_error(exc: BaseException) -> bool:

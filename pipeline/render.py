@@ -182,7 +182,10 @@ class Renderer:
             result = pipe(**kwargs)
         images = list(result.images)
         if first.upscale is not None:
-            images = self.upscale_stage().upscale(images, first.upscaler, first.upscale)
+            images = self.upscale_stage().upscale(images, first.upscaler, first.upscale,
+                                                  prompts=[r.prompt for r in requests],
+                                                  negative_prompts=[r.negative_prompt for r in requests],
+                                                  seeds=[cast(int, r.seed) for r in requests])
         return images
 
     def upscale_stage(self):

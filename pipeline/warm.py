@@ -25,7 +25,7 @@ import torch
 from infra.schemas import RenderRequest
 from pipeline.capabilities import check_pool_family
 from pipeline.device import probe
-from pipeline.memory import BatchLimits, batch_size_for, check_allocator_env, measure_per_image
+from pipeline.memory import BatchLimits, PeakMeasurement, batch_size_for_stages, check_allocator_env, measure_per_image
 from pipeline.models.families import FAMILY_SPECS, family_of_name
 from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
@@ -124,26 +124,46 @@ def sizing_shape(renderer: Renderer, pool: PoolOptions | None = None) -> tuple[i
     return side, side, pool.steps or 2
 
 
+def sizing_requests(renderer: Renderer, n: int, *, width: int, height: int, steps: int,
+                    upscaler: str | None = None) -> list[RenderRequest]:
+    """The ``n`` requests a warm-up measurement renders: guidance on where the pipeline takes it
+    (classifier-free guidance doubles the denoiser's batch), and with ``upscaler`` an ×4 upscale
+    (the larger factor; a ×2 network is then followed by a resize), so that the upscaling stage's
+    peak is measured with the diffusion's."""
+    guidance = 7.5 if renderer.capabilities.guidance_scale else 0.0
+    up = {"upscale": 4, "upscaler": upscaler} if upscaler else {}
+    return [RenderRequest(prompt="warm-up", model=renderer.model, seed=i, width=width, height=height,
+                          num_inference_steps=steps, guidance_scale=guidance, **up) for i in range(n)]
+
+
 def batch_size_from_memory(renderer: Renderer, profile: dict, *, width: int | None = None, height: int | None = None,
                            steps: int | None = None, pool: PoolOptions | None = None) -> int:
     """Measure peak bytes per image at the pool's largest size (:func:`sizing_shape`, or the given
-    ``width``×``height`` and ``steps``) with guidance on (classifier-free guidance doubles the
-    denoiser's batch), and return the largest batch whose peak stays under the recipe's
-    ``memory_fraction`` of the device memory, capped by its ``max_batch_size``."""
+    ``width``×``height`` and ``steps``) with guidance on, and return the largest batch whose peak
+    stays under the recipe's ``memory_fraction`` of the device memory, capped by its ``max_batch_size``.
+
+    A pool that declares ``upscalers`` is measured once more per upscaler, the renders followed by
+    its ×4 upscale (:func:`sizing_requests`), and the smallest batch size wins
+    (:func:`pipeline.memory.batch_size_for_stages`): a group's upscale runs on the same device after
+    its decode, on the whole group, so its peak bounds the batch as the denoiser's does.
+    """
+    pool = pool or getattr(renderer, "pool", None) or PoolOptions()
     w, h, s = sizing_shape(renderer, pool)
     width, height, steps = width or w, height or h, steps or s
-    guidance = 7.5 if renderer.capabilities.guidance_scale else 0.0
+    measured: dict[str, PeakMeasurement] = {}
+    for upscaler in (None, *(pool.upscalers or ())):
+        def render(n: int, upscaler: str | None = upscaler) -> None:
+            renderer.render(sizing_requests(renderer, n, width=width, height=height, steps=steps, upscaler=upscaler))
 
-    def render(n: int) -> None:
-        renderer.render([RenderRequest(prompt="warm-up", model=renderer.model, seed=i, width=width, height=height,
-                                       num_inference_steps=steps, guidance_scale=guidance) for i in range(n)])
-
-    measured = measure_per_image(render, renderer.device)
-    size = batch_size_for(measured.per_image_bytes, measured.base_bytes, profile["total_memory_bytes"],
-                          renderer.recipe["memory_fraction"], cap=renderer.max_batch_size)
-    log.info("peak memory: base %.0f MiB + %.1f MiB per %dx%d image, %d steps → batch size %d",
-             measured.base_bytes / 2**20, measured.per_image_bytes / 2**20, width, height, steps, size)
+        measured[upscaler or "diffusion"] = measure_per_image(render, renderer.device)
+    size = batch_size_for_stages(measured.values(), profile["total_memory_bytes"], renderer.recipe["memory_fraction"],
+                                 cap=renderer.max_batch_size)
+    for name, m in measured.items():
+        log.info("peak memory (%s): base %.0f MiB + %.1f MiB per %dx%d image, %d steps", name, m.base_bytes / 2**20,
+                 m.per_image_bytes / 2**20, width, height, steps)
+    log.info("batch size %d", size)
     return size
 
 
-__all__ = ["PoolOptions", "batch_size_from_memory", "peek_family", "prepare_renderer", "sizing_shape"]
+__all__ = ["PoolOptions", "batch_size_from_memory", "peek_family", "prepare_renderer", "sizing_requests",
+           "sizing_shape"]

@@ -44,65 +44,59 @@ def _console():
     return Console(width=max(Console().width, 200))
 
 
-def _two_stage(args: argparse.Namespace) -> int:
+def _run_and_report(name: str, run, tables, json_path: str | None) -> int:
+    """Run one benchmark and report it: ``run(log)`` returns the result dict; a ValueError (a bad
+    spec, recipe, override, size or allocator setting) prints ``name: message`` and returns 2, no
+    traceback; else ``tables(result)`` (one rich table or a list of them) is printed and the
+    result is written to ``json_path`` when given. Returns the exit status."""
     from pipeline.bench import write_json
-    from pipeline.bench.twostage import TwoStageConfig, run_two_stage_bench, two_stage_table
 
     console = _console()
-    config = TwoStageConfig(model=args.model, upscaler=args.upscaler, target=args.target, steps=args.steps,
-                            batch=args.two_stage_batch, repeats=args.repeats, device=args.device)
     try:
-        result = run_two_stage_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
+        result = run(lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
     except ValueError as exc:
-        console.print(f"[red]bench pipeline --two-stage: {exc}[/]", highlight=False)
+        console.print(f"[red]{name}: {exc}[/]", highlight=False)
         return 2
-    console.print(two_stage_table(result))
-    if args.json:
-        write_json(result, args.json)
-        console.print(f"wrote {args.json}")
+    printed = tables(result)
+    for table in printed if isinstance(printed, list) else [printed]:
+        console.print(table)
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"wrote {json_path}")
     return 0
 
 
+def _two_stage(args: argparse.Namespace) -> int:
+    from pipeline.bench.twostage import TwoStageConfig, run_two_stage_bench, two_stage_table
+
+    config = TwoStageConfig(model=args.model, upscaler=args.upscaler, target=args.target, steps=args.steps,
+                            batch=args.two_stage_batch, repeats=args.repeats, device=args.device,
+                            diffusion_upscaler=args.diffusion_upscaler, upscale_steps=args.upscale_steps)
+    return _run_and_report("bench pipeline --two-stage", lambda log: run_two_stage_bench(config, log=log),
+                           two_stage_table, args.json)
+
+
 def _pipeline(args: argparse.Namespace) -> int:
-    from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
+    from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench
 
     if args.two_stage:
         return _two_stage(args)
-    console = _console()
     config = PipelineBenchConfig(
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
         recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,
         cache_dir=args.cache_dir, count_flops=not args.no_flops, sequential=args.sequential, table=args.table)
-    try:
-        result = run_pipeline_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
-    except ValueError as exc:  # a bad spec, recipe, override or allocator setting: say which, no traceback
-        console.print(f"[red]bench pipeline: {exc}[/]", highlight=False)
-        return 2
-    console.print(result_table(result))
-    if args.json:
-        write_json(result, args.json)
-        console.print(f"wrote {args.json}")
-    return 0
+    return _run_and_report("bench pipeline", lambda log: run_pipeline_bench(config, log=log), result_table,
+                           args.json)
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from pipeline.bench import ProfileConfig, profile_tables, run_profile, write_json
+    from pipeline.bench import ProfileConfig, profile_tables, run_profile
 
-    console = _console()
     config = ProfileConfig(model=args.model, recipe=args.recipe, width=args.width, height=args.height,
                            steps=args.steps, batch_size=args.batch_size, guidance_scale=args.guidance_scale,
                            device=args.device, cache_dir=args.cache_dir, trace=args.trace)
-    try:
-        result = run_profile(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
-    except ValueError as exc:
-        console.print(f"[red]bench profile: {exc}[/]", highlight=False)
-        return 2
-    for table in profile_tables(result):
-        console.print(table)
-    if args.json:
-        write_json(result, args.json)
-        console.print(f"wrote {args.json}")
-    return 0
+    return _run_and_report("bench profile", lambda log: run_profile(config, log=log),
+                           lambda result: list(profile_tables(result)), args.json)
 
 
 def _render_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,39 +120,26 @@ SPEC_HELP = ("reference (diffusers at the model's recommended dtype, eager, SDPA
              "(torchao float8 on the denoiser, CUDA cc >= 8.9), first_block_cache=0.1 (diffusers' First Block "
              "Cache, approximate)")
 def _farm(args: argparse.Namespace) -> int:
-    from pipeline.bench import write_json
     from producer.bench_farm import FarmBenchConfig, result_table, run_farm_bench
 
-    console = _console()
     config = FarmBenchConfig(
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
         height=args.height, steps=args.steps, guidance_scale=args.guidance_scale, recipe=args.recipe,
         submit_jobs=args.submit_jobs, submit_repeats=args.submit_repeats, rounds=args.rounds,
         bare=not args.no_bare, render_ms_per_image=args.render_ms_per_image)
-    result = run_farm_bench(config, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
-    console.print(result_table(result))
-    if args.json:
-        write_json(result, args.json)
-        console.print(f"wrote {args.json}")
-    return 0
+    return _run_and_report("bench farm", lambda log: run_farm_bench(config, log=log), result_table, args.json)
 
 
 def _redis(args: argparse.Namespace) -> int:
     import os
 
-    from pipeline.bench import write_json
     from producer.bench_farm import FarmBenchConfig
     from producer.bench_redis import run_saturation, saturation_table
 
-    console = _console()
     config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
                              submit_jobs=0, bare=False).resolved()
-    result = run_saturation(config, args.workers, log=lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
-    console.print(saturation_table(result, os.cpu_count() or 0))
-    if args.json:
-        write_json(result, args.json)
-        console.print(f"wrote {args.json}")
-    return 0
+    return _run_and_report("bench redis", lambda log: run_saturation(config, args.workers, log=log),
+                           lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -199,6 +180,11 @@ def _register_pipeline(sub) -> None:
     p.add_argument("--upscaler", default="esrgan-x4-arch", help="--two-stage: the upscaler (default esrgan-x4-arch)")
     p.add_argument("--target", type=int, default=1024, help="--two-stage: the output side, pixels (default 1024)")
     p.add_argument("--two-stage-batch", type=int, default=1, help="--two-stage: images per call (default 1)")
+    p.add_argument("--diffusion-upscaler", default=None,
+                   help="--two-stage: also a row of target/4² + this diffusion upscaler ×4 (e.g. sd-x4-upscaler-arch, "
+                        "the SD x4 upscaler's architecture with random weights)")
+    p.add_argument("--upscale-steps", type=int, default=20,
+                   help="--two-stage: the diffusion upscaler's denoising steps (default 20)")
     p.set_defaults(func=lambda args: sys.exit(_pipeline(args)))
 
 

@@ -8,7 +8,11 @@ prompt and seeds, the same steps:
 * ``base + ×4``: the model at target/4 (256²), then the upscaler ×4 (default ``esrgan-x4-arch``,
   the real ESRGAN size with random weights);
 * ``base + ×2``: the model at target/2 (512²), then the upscaler ×2 (a ×4 network resized, as
-  Real-ESRGAN's ``--outscale``).
+  Real-ESRGAN's ``--outscale``);
+* with ``diffusion_upscaler`` (e.g. ``sd-x4-upscaler-arch``, diffusers' SD ×4 upscaler's
+  architecture with random weights): the model at target/4, then that upscaler ×4 with
+  ``upscale_steps`` steps, the request's prompt and seed, in the stage's 128² input tiles: the
+  diffusion alternative to ESRGAN.
 
 This is the Rapid Diffusion path (Alibaba PAI with South China University of Technology, ACL 2023:
 render at 256², upscale with a pre-trained ESRGAN instead of a second diffusion pass). Columns:
@@ -27,6 +31,7 @@ from dataclasses import asdict, dataclass
 from infra.schemas import RenderRequest
 from pipeline.bench.adapter import farm_renderer
 from pipeline.bench.measure import DeviceTimer, MemoryWindow, mib
+from pipeline.upscale import DiffusionSettings
 
 PROMPT = "a bowl of braised pork belly on a wooden table, food photography"
 
@@ -36,7 +41,8 @@ class TwoStageConfig:
     """What to measure: ``model`` rendered directly at ``target``² and at ``target``/factor² plus
     ``upscaler`` × factor, for each factor of ``factors``; ``steps`` denoising steps in every row;
     ``batch`` images per call; ``repeats`` timed rounds (median reported), after one warm-up at
-    64² and the upscaler's first call."""
+    64² and the upscaler's first call; ``diffusion_upscaler`` adds a ×4 row of that upscaler
+    run with ``upscale_steps`` denoising steps."""
 
     model: str = "sd15-arch"
     upscaler: str = "esrgan-x4-arch"
@@ -47,9 +53,11 @@ class TwoStageConfig:
     repeats: int = 1
     device: str = "auto"
     recipe: str = "exact"
+    diffusion_upscaler: str | None = None
+    upscale_steps: int = 20
 
 
-def _row(renderer, config: TwoStageConfig, factor: int) -> dict:
+def _row(renderer, config: TwoStageConfig, factor: int, upscaler: str) -> dict:
     side = config.target // factor
     requests = [RenderRequest(prompt=PROMPT, model=config.model, seed=i, width=side, height=side,
                               num_inference_steps=config.steps) for i in range(config.batch)]
@@ -64,13 +72,14 @@ def _row(renderer, config: TwoStageConfig, factor: int) -> dict:
                 images = renderer.render(requests)
             with DeviceTimer(renderer.device) as t_up:
                 if factor > 1:
-                    images = stage.upscale(images, config.upscaler, factor)
+                    images = stage.upscale(images, upscaler, factor, prompts=[r.prompt for r in requests],
+                                           seeds=[i for i, _ in enumerate(requests)])
         diffusion.append(t_diff.seconds / config.batch)
         upscale.append(t_up.seconds / config.batch if factor > 1 else 0.0)
         peaks.append(memory.peak_allocated or 0)
         out_size = images[0].size
     d, u = statistics.median(diffusion), statistics.median(upscale)
-    label = "direct" if factor == 1 else f"{side}² + {config.upscaler} ×{factor}"
+    label = "direct" if factor == 1 else f"{side}² + {upscaler} ×{factor}"
     return {"path": label, "diffusion_size": f"{side}x{side}", "output_size": f"{out_size[0]}x{out_size[1]}",
             "steps": config.steps, "diffusion_s_per_img": round(d, 3), "upscale_s_per_img": round(u, 3),
             "s_per_img": round(d + u, 3), "peak_mib": mib(max(peaks))}
@@ -91,14 +100,20 @@ def run_two_stage_bench(config: TwoStageConfig, log=print) -> dict:
     renderer, profile = farm_renderer(config.model, config.device, config.recipe)
     renderer.warmup()
     stage = renderer.upscale_stage()
-    log(f"loading {config.upscaler}")
+    stage.diffusion = DiffusionSettings(steps=config.upscale_steps)
     import PIL.Image
 
-    stage.upscale([PIL.Image.new("RGB", (64, 64))], config.upscaler, max(config.factors))  # load and first call
+    plan = [(factor, config.upscaler) for factor in (1, *config.factors)]
+    if config.diffusion_upscaler:
+        plan.append((4, config.diffusion_upscaler))
+    for upscaler in dict.fromkeys(name for factor, name in plan if factor > 1):
+        log(f"loading {upscaler}")
+        stage.upscale([PIL.Image.new("RGB", (64, 64))], upscaler, 4, prompts=[PROMPT])  # load and first call
     rows = []
-    for factor in (1, *config.factors):
-        log(f"rendering {config.target // factor}² × {config.steps} steps" + (f" + ×{factor}" if factor > 1 else ""))
-        rows.append(_row(renderer, config, factor))
+    for factor, upscaler in plan:
+        log(f"rendering {config.target // factor}² × {config.steps} steps" + (f" + {upscaler} ×{factor}"
+                                                                              if factor > 1 else ""))
+        rows.append(_row(renderer, config, factor, upscaler))
         log(f"  {rows[-1]}")
     direct = rows[0]["s_per_img"]
     for row in rows:
@@ -111,8 +126,9 @@ def two_stage_table(result: dict):
     from rich.table import Table
 
     c = result["config"]
+    extra = (f", {c['diffusion_upscaler']} {c['upscale_steps']} steps" if c.get("diffusion_upscaler") else "")
     table = Table(title=f"bench pipeline --two-stage: {c['model']}, {c['steps']} steps, batch {c['batch']}, "
-                        f"upscaler {c['upscaler']}, recipe {result['recipe']}, median of {c['repeats']}",
+                        f"upscaler {c['upscaler']}{extra}, recipe {result['recipe']}, median of {c['repeats']}",
                   title_justify="left")
     columns = ("path", "diffusion_size", "output_size", "diffusion_s_per_img", "upscale_s_per_img", "s_per_img",
                "peak_mib", "speedup")

@@ -173,6 +173,18 @@ TINY_KOLORS_UNET = {**TINY_SDXL_UNET, "cross_attention_dim": 64, "encoder_hid_di
                     "encoder_hid_dim_type": "text_proj", "projection_class_embeddings_input_dim": 32 + 6 * 8}
 
 
+#: Kwai-Kolors/Kolors-diffusers unet/config.json (2.58B): SDXL's UNet with ``text_proj`` from ChatGLM3's
+#: 4096-wide states to the 2048-wide cross-attention, and text_time conditioning on the pooled
+#: 4096-wide state plus 6 × 256 time ids (5632).
+KOLORS_UNET = {**SDXL_UNET, "encoder_hid_dim": 4096, "encoder_hid_dim_type": "text_proj",
+               "projection_class_embeddings_input_dim": 4096 + 6 * 256}
+#: THUDM/chatglm3-6b config.json (6.24B), Kolors' text encoder: 28 layers of 4096, FFN 13,696,
+#: multi-query attention with 2 groups of 128, a 65,024-token padded vocabulary.
+CHATGLM3_6B = {"num_layers": 28, "padded_vocab_size": 65024, "hidden_size": 4096, "ffn_hidden_size": 13696,
+               "kv_channels": 128, "num_attention_heads": 32, "seq_length": 8192, "multi_query_attention": True,
+               "multi_query_group_num": 2, "original_rope": True, "add_qkv_bias": True}
+
+
 def tiny_chatglm(hidden: int, pieces: int) -> dict:
     """A 2-layer ChatGLM (ChatGLM3's layout: RMSNorm, rotary embeddings, multi-query attention with 2
     groups) of width ``hidden``, for a tokenizer of ``pieces`` SentencePiece pieces plus its specials."""

@@ -165,6 +165,12 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
             "states, a 2-layer ChatGLMModel (multi-query attention, rotary embeddings) and ChatGLMTokenizer, the "
             "SDXL VAE scaling.", c.TINY_KOLORS_UNET, c.tiny_chatglm(32, CHATGLM_TINY_VOCAB),
             {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),
+    _kolors("kolors-arch", "Kwai-Kolors/Kolors-diffusers architecture (SDXL-style UNet 2.58B with text_proj, "
+            "ChatGLM3-6B text encoder 6.24B, SDXL VAE), random weights; the offline tokenizer has 21,000 pieces.",
+            c.KOLORS_UNET,
+            c.CHATGLM3_6B, c.SDXL_VAE, disk=False,
+            published_params={"unet": 2.58e9, "text_encoder": 6.244e9},
+            notes="Too large to build on a small CPU host (about 35 GB in float32): constructed on the GPU only."),
     _sdxl("tiny-sdxl", "SDXL's classes at test widths: text_time UNet, CLIP-L + bigG-style text towers, SDXL VAE "
           "scaling factor.", c.TINY_SDXL_UNET, c.tiny_clip(32), c.tiny_clip(32, 32),
           {**c.SDXL_VAE, **c.TINY_VAE_BLOCKS}),

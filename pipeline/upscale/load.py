@@ -13,6 +13,8 @@ An upscaler spec is one of:
 - a hub file ``owner/repo/path/to/file.pth`` (downloaded with ``huggingface_hub.hf_hub_download``).
 
 The network's shape is read from the state dict (:func:`pipeline.upscale.rrdbnet.config_from_state_dict`).
+Diffusion upscalers (a hub id ``owner/name``, a directory, their offline names) are loaded by
+:mod:`pipeline.upscale.diffusion` instead.
 """
 
 from __future__ import annotations

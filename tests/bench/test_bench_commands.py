@@ -113,3 +113,29 @@ def test_bench_farm_on_tiny_writes_its_json(tmp_path, bench_cache, monkeypatch, 
     assert overhead["jobs"] == 4 and overhead["render_s"] > 0 and overhead["overhead_ms_per_job"] is not None
     assert result["submission"]["jobs"] == 200 and result["submission"]["median_s"] > 0
     assert result["cpu_ms_per_job"]["total"] > 0
+
+
+def test_bench_two_stage_on_tiny_has_a_row_per_path(tmp_path, bench_cache, monkeypatch, capsys):
+    monkeypatch.setenv("RENDERFARM_CACHE_DIR", str(bench_cache))
+    from infra.settings import get_settings
+
+    get_settings.cache_clear()
+    out = tmp_path / "twostage.json"
+    run_cli(["bench", "pipeline", "--two-stage", "--model", "tiny", "--target", "256", "--steps", "1",
+             "--upscaler", "tiny-esrgan-x4", "--diffusion-upscaler", "tiny-sd-x4-upscaler", "--upscale-steps", "2",
+             "--repeats", "1", "--device", "cpu", "--json", str(out)])
+    assert "bench pipeline --two-stage: tiny" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["path"] for r in rows] == ["direct", "64² + tiny-esrgan-x4 ×4", "128² + tiny-esrgan-x4 ×2",
+                                         "64² + tiny-sd-x4-upscaler ×4"]
+    assert [r["diffusion_size"] for r in rows] == ["256x256", "64x64", "128x128", "64x64"]
+    assert {r["output_size"] for r in rows} == {"256x256"}
+    assert rows[0]["upscale_s_per_img"] == 0.0 and all(r["upscale_s_per_img"] > 0 for r in rows[1:])
+    assert all(r["speedup"] > 0 for r in rows)
+
+
+def test_bench_two_stage_refuses_a_target_that_does_not_divide(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "pipeline", "--two-stage", "--model", "tiny", "--target", "100", "--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "bench pipeline --two-stage: target 100 / 4 is not a multiple of 8" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 layout: SD 1.x with a Chinese BertModel text encoder and BertTokenizer): a UTF-8 CSV catalog with
 a byte-order mark through ``renderfarm catalog`` (upscaled ×2), ``renderfarm submit``, and the
 HTTP API; the prompt survives in the job record, the PNG ``parameters`` and the S3 metadata (RFC
-2047 encoded-words). The session farm of tests/conftest.py, plus one worker of ``tiny-taiyi``."""
+2047 encoded-words). Then Kolors (``tiny-kolors``: KolorsPipeline with a ChatGLM text encoder) the
+same way. The session farm of tests/conftest.py, plus one worker of each model."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import sys
 import uuid
 
 import httpx
+import numpy as np
 import pytest
 
-from infra.localstack import WorkerProcess, start_workers
+from infra.schemas import RenderRequest
 from infra.storage.images import parse_parameters, read_parameters
 from infra.storage.s3 import decode_metadata
 from producer import RenderClient
@@ -27,13 +29,8 @@ ROWS = [("dish-1", "红烧肉", "酱红色"), ("dish-2", "清蒸鲈鱼", "白色
 
 
 @pytest.fixture(scope="module")
-def taiyi_worker(farm_env, run_dir, api_server):
-    proc = WorkerProcess(MODEL, farm_env, f"test-{MODEL}-1", 4, run_dir=run_dir)
-    try:
-        start_workers([proc])
-        yield proc
-    finally:
-        proc.stop()
+def taiyi_worker(start_worker, farm_env, api_server):
+    return start_worker(MODEL, farm_env)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -93,3 +90,46 @@ def test_a_chinese_prompt_through_the_cli_and_the_api(taiyi_worker, farm_env):
         job = client.wait(accepted.json()["batch_id"], timeout=300)[0]
         assert job.state == "succeeded" and job.request.prompt == "小桥流水人家，水彩"
         assert parse_parameters(read_parameters(client.fetch_bytes(job)))["prompt"] == "小桥流水人家，水彩"
+
+
+KOLORS = "tiny-kolors"
+
+
+@pytest.fixture(scope="module")
+def kolors_worker(start_worker, farm_env, api_server):
+    return start_worker(KOLORS, farm_env)
+
+
+def test_kolors_renders_chinese_prompts_through_the_farm(kolors_worker, farm_env, s3_server):
+    """Kolors' ChatGLM text encoder through API → Redis → worker → S3: a batch of Chinese prompts
+    (one with a negative prompt, one upscaled ×2 by the latent upscaler, which takes the prompt
+    too), the prompt back from the job record, the PNG ``parameters`` and the S3 metadata (RFC 2047
+    encoded-words that decode to the PNG's text)."""
+    nonce = uuid.uuid4().hex[:6]
+    batch = [RenderRequest(prompt=f"{p} {nonce}", model=KOLORS, seed=s, width=64, height=64, num_inference_steps=2,
+                           **kw) for p, s, kw in (
+        ("一碗红烧肉，美食摄影", 1, {}),
+        ("穿着汉服的少女，工笔画", 2, {"negative_prompt": "模糊，低质量"}),
+        ("夜晚的上海外滩，霓虹灯", 3, {"upscale": 2, "upscaler": "tiny-sd-x2-latent-upscaler"}))]
+    s3, bucket = s3_server.client(), farm_env["RENDERFARM_S3_BUCKET"]
+    pixels = []
+    with RenderClient() as client:
+        jobs = client.wait(client.submit_batch(batch).batch_id, timeout=600)
+        assert [j.state for j in jobs] == ["succeeded"] * len(batch), [(j.state, j.error) for j in jobs]
+        for request, job in zip(batch, jobs):
+            factor = request.upscale or 1
+            assert job.request.prompt == request.prompt
+            assert (job.result.width, job.result.height) == (64 * factor, 64 * factor)
+            data = client.fetch_bytes(job)
+            infotext = read_parameters(data)
+            params = parse_parameters(infotext)
+            assert params["prompt"] == request.prompt and params["Model"] == KOLORS
+            assert params.get("negative_prompt", "") == (request.negative_prompt or "")
+            head = s3.head_object(Bucket=bucket, Key=job.result.key)["Metadata"]
+            assert all(v.isascii() for v in head.values()) and "=?UTF-8?B?" in head["parameters"]
+            assert decode_metadata(head["parameters"]) == infotext
+            pixels.append(np.asarray(client.fetch_image(job).convert("RGB")))
+    assert all(p.std() > 1 for p in pixels), [p.std() for p in pixels]  # pictures, not blanks
+    worker = next(w for w in httpx.get(f"{farm_env['RENDERFARM_API_URL']}/v1/workers").json()
+                  if w.get("model") == KOLORS)
+    assert worker["recipe"]["family"] == "kolors"

@@ -8,7 +8,6 @@ import httpx
 import numpy as np
 import pytest
 
-from infra.localstack import WorkerProcess, start_workers
 from infra.schemas import RenderRequest
 from producer import RenderClient
 
@@ -17,13 +16,8 @@ MODEL = "tiny-flux"
 
 
 @pytest.fixture(scope="module")
-def flux_worker(farm_env, run_dir, api_server):
-    proc = WorkerProcess(MODEL, farm_env, f"test-{MODEL}-1", 4, run_dir=run_dir)
-    try:
-        start_workers([proc])
-        yield proc
-    finally:
-        proc.stop()
+def flux_worker(start_worker, farm_env, api_server):
+    return start_worker(MODEL, farm_env)
 
 
 def _req(prompt: str, seed: int, **kw) -> RenderRequest:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from infra.localstack import ApiServer, WorkerProcess, free_port, start_workers
+from infra.localstack import ApiServer, WorkerProcess, free_port
 from infra.schemas import RenderRequest
 from infra.storage.images import parse_parameters, read_parameters
 from infra.storage.s3 import decode_metadata
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 DB = 9
 POOL = "cpu-tiny-up"
 POOLS = [{"name": POOL, "model": "tiny", "device_class": "cpu", "max_pixels": 64 * 128, "max_batch": 4,
-          "upscalers": ["tiny-esrgan-x4"]}]
+          "upscalers": ["tiny-esrgan-x4", "tiny-sd-x4-upscaler", "tiny-sd-x2-latent-upscaler"]}]
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +38,8 @@ def api(env, run_dir) -> Iterator[ApiServer]:
 
 
 @pytest.fixture(scope="module")
-def worker(api, env, run_dir) -> Iterator[WorkerProcess]:
-    proc = WorkerProcess("tiny", env, "upscale-1", 4, extra_args=["--pool", POOL], run_dir=run_dir)
-    try:
-        start_workers([proc])
-        yield proc
-    finally:
-        proc.stop()
+def worker(start_worker, api, env) -> WorkerProcess:
+    return start_worker("tiny", env, name="upscale-1", extra_args=["--pool", POOL])
 
 
 def _req(prompt: str, seed: int, **kw) -> RenderRequest:
@@ -55,7 +50,12 @@ def _req(prompt: str, seed: int, **kw) -> RenderRequest:
 def test_upscaled_results_through_the_farm(worker, env, s3_server):
     batch = [_req("a red fox", 1), _req("一只红色的狐狸，雪地", 2, upscale=4, upscaler="tiny-esrgan-x4"),
              _req("a lighthouse", 3, upscale=2, upscaler="tiny-esrgan-x4"),
-             _req("a tall tower", 4, width=64, height=128, upscale=4, upscaler="tiny-esrgan-x4")]
+             _req("a tall tower", 4, width=64, height=128, upscale=4, upscaler="tiny-esrgan-x4"),
+             _req("一座灯塔，黄昏", 5, upscale=4, upscaler="tiny-sd-x4-upscaler"),
+             _req("a lighthouse at dusk", 6, upscale=4, upscaler="tiny-sd-x4-upscaler", negative_prompt="blurry"),
+             _req("a red fox", 7, width=64, height=128, upscale=2, upscaler="tiny-sd-x4-upscaler"),
+             _req("水墨山水", 8, upscale=2, upscaler="tiny-sd-x2-latent-upscaler"),
+             _req("a red fox", 9, upscale=4, upscaler="tiny-sd-x2-latent-upscaler")]
     s3, bucket = s3_server.client(), env["RENDERFARM_S3_BUCKET"]
     with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
         accepted = client.submit_batch(batch)
@@ -74,20 +74,21 @@ def test_upscaled_results_through_the_farm(worker, env, s3_server):
             assert all(v.isascii() for v in head.values())
             assert decode_metadata(head["parameters"]) == text
             if request.upscale:
-                assert params["Postprocess upscaler"] == "tiny-esrgan-x4"
+                assert params["Postprocess upscaler"] == request.upscaler
                 assert params["Postprocess upscale by"] == str(request.upscale)
-                assert head["upscaler"] == "tiny-esrgan-x4" and head["output-size"] == f"{size[0]}x{size[1]}"
+                assert head["upscaler"] == request.upscaler and head["output-size"] == f"{size[0]}x{size[1]}"
             else:
                 assert "Postprocess upscaler" not in params and "upscaler" not in head
             assert client.fetch_image(job).size == size
 
 
-def test_an_upscaler_the_pool_lacks_is_a_422(api, env):
+@pytest.mark.parametrize("upscaler", ["esrgan-x4-arch", "sd-x4-upscaler", "stabilityai/sd-x2-latent-upscaler"])
+def test_an_upscaler_the_pool_lacks_is_a_422(api, env, upscaler):
     jobs = [{"prompt": "fine", "model": "tiny", "width": 64, "height": 64},
-            {"prompt": "a fox", "model": "tiny", "width": 64, "height": 64, "upscale": 4, "upscaler": "esrgan-x4-arch"}]
+            {"prompt": "a fox", "model": "tiny", "width": 64, "height": 64, "upscale": 4, "upscaler": upscaler}]
     response = httpx.post(f"{env['RENDERFARM_API_URL']}/v1/batches", json={"jobs": jobs})
     assert response.status_code == 422, response.text
     detail = response.json()["detail"][0]
-    assert detail["loc"] == ["body", "jobs", 1, "upscaler"] and "has no upscaler 'esrgan-x4-arch'" in detail["msg"]
+    assert detail["loc"] == ["body", "jobs", 1, "upscaler"] and f"has no upscaler '{upscaler}'" in detail["msg"]
     half = httpx.post(f"{env['RENDERFARM_API_URL']}/v1/jobs", json={"prompt": "a", "model": "tiny", "upscale": 4})
     assert half.status_code == 422 and "go together" in half.text

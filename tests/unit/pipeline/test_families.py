@@ -85,10 +85,12 @@ def test_every_family_renders_a_mixed_batch_and_reports_its_recipe(cache, model,
 PUBLISHED = {("sd15-arch", "unet"): 859.52e6, ("sdxl-arch", "unet"): 2.567e9,
              ("sdxl-arch", "text_encoder_2"): 694.66e6, ("sd3-arch", "transformer"): 2.028e9,
              ("sd3-arch", "text_encoder_3"): 4.762e9, ("flux-schnell-arch", "transformer"): 11.9e9,
-             ("flux-schnell-arch", "text_encoder_2"): 4.762e9}
+             ("flux-schnell-arch", "text_encoder_2"): 4.762e9, ("kolors-arch", "unet"): 2.58e9,
+             ("kolors-arch", "text_encoder"): 6.244e9}
 
 
-@pytest.mark.parametrize("name", ["sd15-arch", "sdxl-arch", "sd3-arch", "flux-schnell-arch", "ernie-image-turbo-arch"])
+@pytest.mark.parametrize("name", ["sd15-arch", "sdxl-arch", "sd3-arch", "flux-schnell-arch", "ernie-image-turbo-arch",
+                                  "kolors-arch"])
 def test_full_size_configs_count_the_published_parameters_on_meta(name):
     counts = parameter_counts(name)  # no memory: every tensor on the meta device
     for (model, component), published in PUBLISHED.items():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from infra.schemas import RenderRequest
-from pipeline.memory import BatchLimits, split_on_oom
+from pipeline.memory import BatchLimits, PeakMeasurement, batch_size_for_stages, split_on_oom
 from pipeline.render import Renderer, compat_key
 
 
@@ -101,3 +101,33 @@ def test_batch_limits_arithmetic():
     assert limits.cap("a", 8) == 8 and limits.snapshot() == {}  # back to the size that first failed
     with pytest.raises(ValueError):
         BatchLimits(recover_after=0)
+
+
+def test_the_upscale_stage_can_bound_the_batch():
+    gib = 2**30
+    diffusion = PeakMeasurement(base_bytes=2 * gib, per_image_bytes=1 * gib)
+    upscaled = PeakMeasurement(base_bytes=2 * gib, per_image_bytes=3 * gib)  # e.g. ×4 of a large image
+    assert batch_size_for_stages([diffusion], 16 * gib, 0.9) == 12  # (14.4 - 2) // 1
+    assert batch_size_for_stages([diffusion, upscaled], 16 * gib, 0.9) == 4  # (14.4 - 2) // 3
+    assert batch_size_for_stages([diffusion, upscaled], 16 * gib, 0.9, cap=2) == 2
+    with pytest.raises(ValueError, match="at least one"):
+        batch_size_for_stages([], 16 * gib, 0.9)
+
+
+def test_sizing_renders_each_declared_upscaler_after_the_diffusion():
+    from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer
+
+    pool = PoolOptions(max_pixels=64 * 64, steps=1, upscalers=("tiny-esrgan-x4", "tiny-sd-x4-upscaler"))
+    renderer, profile = prepare_renderer("tiny", "cpu", "exact", pool=pool)
+    seen: list[tuple] = []
+    render = renderer.render
+
+    def recording(requests, on_step=None):
+        seen.append((len(requests), requests[0].width, requests[0].upscale, requests[0].upscaler))
+        return render(requests, on_step)
+
+    renderer.render = recording  # type: ignore[method-assign]
+    assert 1 <= batch_size_from_memory(renderer, profile) <= renderer.max_batch_size
+    assert sorted(seen, key=str) == sorted([(n, 64, up, name) for n in (1, 2) for up, name in
+                                            ((None, None), (4, "tiny-esrgan-x4"), (4, "tiny-sd-x4-upscaler"))], key=str)
+    assert set(renderer.upscale._nets) == {"tiny-esrgan-x4", "tiny-sd-x4-upscaler"}  # loaded and run at warm-up

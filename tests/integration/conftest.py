@@ -1,0 +1,38 @@
+"""Integration fixtures beside the session farm of ``tests/conftest.py``: ``start_worker``, the one
+way a test module starts workers of its own (a model, a pool, a Redis database other than the
+session farm's), stopped when the module ends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from infra.localstack import WorkerProcess, start_workers
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+@pytest.fixture(scope="module")
+def start_worker(run_dir: Path) -> Iterator[StartWorker]:
+    """``start_worker(model, env, *, name=None, batch_size=4, extra_args=())``: start one
+    ``renderfarm worker`` of ``model`` with the environment ``env`` (e.g. ``farm_env``, or a copy
+    naming another Redis database and ``RENDERFARM_POOLS``), wait until it is registered, and
+    return it. ``name`` defaults to ``test-<model>-<n>``. Every worker started through it is
+    stopped (warm shutdown) when the test module ends, also when it failed to start."""
+    procs: list[WorkerProcess] = []
+
+    def start(model: str, env: Mapping[str, str], *, name: str | None = None, batch_size: int = 4,
+              extra_args: Sequence[str] = ()) -> WorkerProcess:
+        proc = WorkerProcess(model, dict(env), name or f"test-{model}-{len(procs) + 1}", batch_size,
+                             extra_args=extra_args, run_dir=run_dir)
+        procs.append(proc)
+        start_workers([proc])
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
