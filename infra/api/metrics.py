@@ -97,7 +97,7 @@ def throughput(client: redis.Redis, minutes: int = 60) -> dict[str, Any]:
     pools = sorted(client.smembers(keys.METRICS_POOLS))
     pipe = client.pipeline(transaction=False)
     for pool in pools:
-        pipe.mget([keys.pool_throughput(pool, m) for m in range(first, current + 1)])
+        pipe.execute_command("MGET", *[keys.pool_throughput(pool, m) for m in range(first, current + 1)])
     series = {pool: [int(v or 0) for v in values] for pool, values in zip(pools, pipe.execute() if pools else [])}
     return {"start": first * 60, "minute_s": 60, "now": round(now, 3), "pools": series}
 
@@ -112,7 +112,7 @@ def with_rates(client: redis.Redis, workers: list[dict[str, Any]]) -> list[dict[
     minutes = range(current - RATE_WINDOW_MIN + 1, current + 1)
     pipe = client.pipeline(transaction=False)
     for w in workers:
-        pipe.mget([keys.worker_throughput(w["name"], m) for m in minutes])
+        pipe.execute_command("MGET", *[keys.worker_throughput(w["name"], m) for m in minutes])
     for w, values in zip(workers, pipe.execute()):
         since = max(minutes[0] * 60, float(w.get("started_at") or 0))
         elapsed = now - since

@@ -43,8 +43,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
 
 from infra import keys
 from infra.background import server_time
@@ -119,11 +122,22 @@ class JobStore:
         self._requeue = client.register_script(scripts.REQUEUE)
         self._release = client.register_script(scripts.RELEASE)
         self._retry = client.register_script(scripts.RETRY)
+        self._cluster = isinstance(client, RedisCluster)
 
     @classmethod
     def from_url(cls, url: str, **kwargs) -> "JobStore":
         """A store on the Redis at ``url`` (``redis://`` or ``rediss://``, password allowed)."""
         return cls(redis.Redis.from_url(url, decode_responses=True), **kwargs)
+
+    def _run(self, script: Script, names: list[str], args: list, pipe: Any) -> None:
+        """Queue one transition script on ``pipe``. redis-py's cluster pipeline refuses EVALSHA
+        (it cannot load a missing script on the right node mid-pipeline), so on Redis Cluster the
+        script goes as EVAL (its body each time; the server caches it by SHA1 all the same),
+        routed to the one slot of its keys."""
+        if self._cluster:
+            pipe.execute_command("EVAL", script.script, len(names), *names, *args)
+        else:
+            script(keys=names, args=args, client=pipe)
 
     def server_time(self) -> float:
         """The Redis server's clock, epoch seconds (the clock every lease is measured on)."""
@@ -192,9 +206,8 @@ class JobStore:
         owners = self._owners(job_ids)
         pipe = self.r.pipeline(transaction=False)
         for job_id, (batch_id, tenant) in zip(job_ids, owners):
-            self._start(keys=self._keys(job_id, batch_id, tenant),
-                        args=[job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts],
-                        client=pipe)
+            self._run(self._start, self._keys(job_id, batch_id, tenant),
+                      [job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts], pipe)
         out: dict[str, StartedJob | str] = {}
         for job_id, (batch_id, tenant), (attempt, payload, *epoch) in zip(job_ids, owners, pipe.execute()):
             if int(attempt) == 0:
@@ -222,8 +235,8 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         ids = []
         for job, progress in updates:
-            self._progress(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                           args=[job.job_id, job.token, repr(self.lease_s), progress], client=pipe)
+            self._run(self._progress, self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
+                      [job.job_id, job.token, repr(self.lease_s), progress], pipe)
             ids.append(job.job_id)
         return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
 
@@ -239,9 +252,9 @@ class JobStore:
             return {}
         pipe = self.r.pipeline(transaction=False)
         for job, result in results:
-            self._finish(keys=self._keys(job.job_id, job.batch_id),
-                         args=[job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(), "0",
-                               self.max_attempts], client=pipe)
+            self._run(self._finish, self._keys(job.job_id, job.batch_id),
+                      [job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(), "0",
+                       self.max_attempts], pipe)
         return {job.job_id: bool(int(code)) for (job, _), code in zip(results, pipe.execute())}
 
     def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
@@ -273,8 +286,8 @@ class JobStore:
         jobs = list(jobs)
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
-            self._release(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                          args=[job.job_id, job.token], client=pipe)
+            self._run(self._release, self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
+                      [job.job_id, job.token], pipe)
         return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
 
     # ---- recovery (the reaper) ------------------------------------------------------------
@@ -293,7 +306,7 @@ class JobStore:
         owners = self._owners(job_ids)
         pipe = self.r.pipeline(transaction=False)
         for job_id, (batch_id, tenant) in zip(job_ids, owners):
-            self._requeue(keys=self._keys(job_id, batch_id, tenant), args=[job_id, self.max_attempts], client=pipe)
+            self._run(self._requeue, self._keys(job_id, batch_id, tenant), [job_id, self.max_attempts], pipe)
         out = {}
         for job_id, (code, pool) in zip(job_ids, pipe.execute() if job_ids else []):
             if int(code) == 1:
