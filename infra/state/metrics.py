@@ -121,7 +121,7 @@ def record_batch(client: redis.Redis, job_ids: Sequence[str], *, worker: str,
 def _record_batch(client: redis.Redis, job_ids: Sequence[str], worker: str, renders: list[tuple[int, float]],
                   succeeded: int, failed: int, batch_seconds: float | None) -> None:
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    pipe.execute_command("TIME")  # redis-py's cluster pipeline blocks its .time(), not the command
     for job_id in job_ids:
         pipe.hmget(keys.job(job_id), "pool", "created_at", "started_at")
     (seconds, _micros), *rows = pipe.execute()
