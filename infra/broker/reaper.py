@@ -1,6 +1,7 @@
 """The reaper: puts back to work the jobs a dead worker held, and the jobs whose message is lost.
 
-Data flow: job-state store (``rf:leases``, ``rf:pending``) → **reaper** → the pool queues (fresh
+Data flow: job-state store (``rf:leases``, ``rf:pending``, each in 256 shards read in one round
+trip, :mod:`infra.state.shards`) → **reaper** → the pool queues (fresh
 Celery messages). It runs as a background thread of the status API (started in its lifespan)
 and standalone as ``renderfarm reaper``; any number may run at once.
 
