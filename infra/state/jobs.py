@@ -122,6 +122,8 @@ class JobStore:
         self._requeue = client.register_script(scripts.REQUEUE)
         self._release = client.register_script(scripts.RELEASE)
         self._retry = client.register_script(scripts.RETRY)
+        #: On Redis Cluster, a job gives its quota back to its shard's counter (its own slot);
+        #: on one Redis, to the tenant's counter itself, so a submission reads one key.
         self._cluster = isinstance(client, RedisCluster)
 
     @classmethod
@@ -186,7 +188,7 @@ class JobStore:
         s = keys.shard(job_id)
         return [keys.job(job_id), keys.batch_counts(batch_id), keys.leases(s), keys.pending(s), keys.dead(s),
                 keys.dead_of(tenant, s), keys.batch(batch_id), keys.batch_jobs(batch_id),
-                keys.quota_returned(tenant, s)]
+                keys.quota_returned(tenant, s) if self._cluster else keys.quota(tenant)]
 
     def _owners(self, job_ids: Sequence[str]) -> list[tuple[str, str]]:
         """``(batch_id, tenant)`` per job id, in one round trip (``"_"`` for an unknown job)."""

@@ -11,12 +11,12 @@ megapixel-step (``PoolSpec.s_per_mpx_step``, or ``RENDERFARM_DEFAULT_S_PER_MPX_S
 height / 10⁶ × steps. The dispatcher (:mod:`infra.broker.dispatch`) shares pools between
 tenants by the same cost, so one 150-step 1024² job weighs as much as ~75 512² 8-step ones.
 
-Keys: ``rf:quota:{tenant}`` hash ``jobs``, ``gpu_s``: what submissions reserved; and one hash
-per shard, ``rf:quota:{tenant}:{s}``, of what the jobs of that shard gave back (negative), so that
-each transition script writes in its job's own slot (Redis Cluster, :mod:`infra.keys`). The
-outstanding work is the reservation plus every shard's share. With a limit set, a submission
-reads the shards first (one pipelined round trip) and passes their sum to the reservation script;
-a dead-letter retry racing that read is counted at the next submission.
+Keys: ``rf:quota:{tenant}`` hash ``jobs``, ``gpu_s``. On one Redis the transitions give back to
+this hash itself. On Redis Cluster each transition script must stay in its job's slot, so a job
+gives back to its shard's hash ``rf:quota:{tenant}:{s}`` (negative counts, :mod:`infra.keys`) and
+the outstanding work is the tenant's hash plus every shard's: with a limit set, a submission
+reads the 256 shards first (one pipelined round trip) and passes their sum to the reservation
+script; a dead-letter retry racing that read is counted at the next submission.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+from redis.cluster import RedisCluster
 
 from infra import keys
 
@@ -69,10 +70,14 @@ class Quotas:
         client: Redis with ``decode_responses=True``.
         max_jobs: outstanding jobs per tenant (0: no limit).
         max_gpu_s: outstanding estimated GPU-seconds per tenant (0: no limit).
+        sharded: whether jobs give their share back to per-shard hashes (default: whether the
+            client is a RedisCluster, the same choice as :class:`infra.state.jobs.JobStore`'s).
     """
 
-    def __init__(self, client: redis.Redis, max_jobs: int = 0, max_gpu_s: float = 0.0):
+    def __init__(self, client: redis.Redis, max_jobs: int = 0, max_gpu_s: float = 0.0,
+                 sharded: bool | None = None):
         self.r = client
+        self.sharded = isinstance(client, RedisCluster) if sharded is None else sharded
         self.max_jobs = max_jobs
         self.max_gpu_s = max_gpu_s
         self._reserve = client.register_script(_RESERVE)
@@ -84,7 +89,10 @@ class Quotas:
         return int(jobs or 0) + back_jobs, float(gpu or 0) + back_gpu
 
     def _returned(self, tenant: str) -> tuple[int, float]:
-        """What the tenant's ended jobs gave back, summed over the shards (≤ 0)."""
+        """What the tenant's ended jobs gave back, summed over the shards (≤ 0); (0, 0) on one
+        Redis, where they gave it back to the tenant's hash itself."""
+        if not self.sharded:
+            return 0, 0.0
         pipe = self.r.pipeline(transaction=False)
         for s in keys.SHARDS:
             pipe.hmget(keys.quota_returned(tenant, s), "jobs", "gpu_s")

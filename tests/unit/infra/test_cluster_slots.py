@@ -27,6 +27,7 @@ def farm_batch(idempotency: tuple[str, str] | None = None, n: int = 20) -> tuple
 def test_transition_scripts_touch_one_slot(seed):
     batch_id, job_ids = farm_batch()
     store = JobStore.__new__(JobStore)  # _keys needs no connection when owners are given
+    store._cluster = True
     for job_id in job_ids:
         names = store._keys(job_id, batch_id, f"tenant{seed}")
         assert len(names) == 9 and len(slots(names)) == 1, names
