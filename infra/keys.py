@@ -9,72 +9,97 @@ Farm keys start with :data:`PREFIX` (``rf:``). The broker's own keys are kombu's
 names (``renderfarm.<pool>`` lists, ``unacked``, ``unacked_index``); kombu's other internals are
 used only in :mod:`infra.broker.kombu_redis`.
 
-=============================  ==========  =============================================================
-key                            type        holds
-=============================  ==========  =============================================================
-rf:job:{id}                    hash        one job's record (:mod:`infra.state.jobs`)
-rf:batch:{id}                  hash        a batch's created_at, total, priority, tenant, webhook_url
-rf:batch:{id}:jobs             list        its job ids in submission order
-rf:batch:{id}:counts           hash        one counter per state, and ``done`` = Σ progress
-rf:batches:{tenant}            zset        a tenant's newest batch ids → created_at
-rf:leases                      zset        running job id → lease_until (server clock)
-rf:pending                     zset        queued job id → when its message was last (re)published
-rf:dead                        zset        failed job id → when it failed (the dead-letter set, farm-wide)
-rf:dead:{tenant}               zset        the same, one tenant's jobs only (its dead-letter pages)
-rf:ack                         string      durable-ack marker: INCR then WAITAOF on one connection
-rf:migrations                  hash        one-time data migrations done → when (:mod:`infra.state.jobs`)
-rf:idem:{tenant}:{key}         string      an idempotency key → its batch id, or "claim:{batch id}"
-                                           while its submission is in flight (short expiry)
-rf:wait:pools                  set         pools with waiting jobs (:mod:`infra.broker.dispatch`)
-rf:wait:lanes:{pool}           set         "{tenant}:{priority}" of the pool's non-empty lanes
-rf:wait:{pool}:{tenant}:{p}    list        "{enqueued ms}:{job id}", oldest first
-rf:wfq:{pool}                  hash        tenant → pass, "_vt" → virtual time (fair share)
-rf:dispatch:lock:{pool}        string      one dispatcher per pool at a time
-rf:reaper:lock                 string      one reaper sweep at a time
-rf:workers                     zset        worker name → last heartbeat (:mod:`infra.state.registry`)
-rf:worker:{name}               hash        a worker's self-description (JSON fields)
-rf:metrics:pools               set         pools that recorded metrics (:mod:`infra.state.metrics`)
-rf:metrics:{pool}              hash        histogram buckets and sums, image counters
-rf:tput:{pool}:{minute}        string      images succeeded in that epoch minute
-rf:wtput:{worker}:{minute}     string      the same, per worker
-rf:catalog:{tenant}            hash        catalog key → job (:mod:`infra.state.catalog`)
-rf:apikey:{sha256}             hash        one API key's tenant, id, name (:mod:`infra.api.auth`)
-rf:apikeys                     hash        key id → sha256
-rf:tenant:{tenant}:keys        set         a tenant's key ids
-rf:tenant:{tenant}:webhook_secret  string  its webhook signing secret (:mod:`infra.api.webhook_secrets`)
-rf:rl:{tenant}:{kind}          hash        a token bucket (:mod:`infra.api.limits`)
-rf:quota:{tenant}              hash        outstanding jobs and GPU-seconds (:mod:`infra.state.quota`)
-rf:webhooks:pending            zset        batch id → when to look at its webhook next
-rf:webhook:{batch}             hash        a batch's webhook body and outcome
-rf:webhook:{batch}:lock        string      the delivery claim
-rf:test:renders / writes       hash        fault-injection counters (tests only, worker.faults)
-renderfarm.{pool}[:{n}]        list        kombu: a pool's queued messages, one list per priority
-unacked / unacked_index        hash/zset   kombu: delivered, unacknowledged messages
-=============================  ==========  =============================================================
+=================================  ==========  =========================================================
+key                                type        holds
+=================================  ==========  =========================================================
+rf:job:{s}:{id}                    hash        one job's record (:mod:`infra.state.jobs`)
+rf:batch:{s}:{id}                  hash        a batch's created_at, total, priority, tenant, webhook_url
+rf:batch:{s}:{id}:jobs             list        its job ids in submission order
+rf:batch:{s}:{id}:counts           hash        one counter per state, and ``done`` = Σ progress
+rf:batches:{tenant}:{s}            zset        a tenant's newest batch ids → created_at (one shard)
+rf:leases:{s}                      zset        running job id → lease_until (server clock)
+rf:pending:{s}                     zset        queued job id → when its message was last (re)published
+rf:dead:{s}                        zset        failed job id → when it failed (the dead-letter set)
+rf:dead:{tenant}:{s}               zset        the same, one tenant's jobs only (its dead-letter pages)
+rf:quota:{tenant}                  hash        jobs and GPU-seconds a tenant reserved (:mod:`infra.state.quota`)
+rf:quota:{tenant}:{s}              hash        what its ended jobs of shard s gave back (negative)
+rf:idem:{s}:{tenant}:{key}         string      an idempotency key → its batch id, or "claim:{batch id}"
+                                               while its submission is in flight (short expiry)
+rf:ack                             string      durable-ack marker: INCR then WAITAOF on one connection
+rf:wait:pools                      set         pools with waiting jobs (:mod:`infra.broker.dispatch`)
+rf:wait:lanes:{pool}               set         "{tenant}:{priority}" of the pool's non-empty lanes
+rf:wait:{pool}:{tenant}:{p}        list        "{enqueued ms}:{job id}:{cost_s}", oldest first
+rf:wait:popped:{pool}              zset        ids popped from the lanes, not yet in rf:pending
+rf:wfq:{pool}                      hash        tenant → pass, "_vt" → virtual time (fair share)
+rf:dispatch:lock:{pool}            string      one dispatcher per pool at a time
+rf:reaper:lock                     string      one reaper sweep at a time
+rf:{workers}                       zset        worker name → last heartbeat (:mod:`infra.state.registry`)
+rf:{workers}:{name}                hash        a worker's self-description (JSON fields)
+rf:{metrics}:pools                 set         pools that recorded metrics (:mod:`infra.state.metrics`)
+rf:{metrics}:{pool}                hash        histogram buckets and sums, image counters
+rf:{metrics}:tput:{pool}:{minute}  string      images succeeded in that epoch minute
+rf:{metrics}:wtput:{w}:{minute}    string      the same, per worker
+rf:catalog:{tenant}                hash        catalog key → job (:mod:`infra.state.catalog`)
+rf:{auth}:apikey:{sha256}          hash        one API key's tenant, id, name (:mod:`infra.api.auth`)
+rf:{auth}:apikeys                  hash        key id → sha256
+rf:{auth}:tenant:{tenant}:keys     set         a tenant's key ids
+rf:tenant:{tenant}:webhook_secret  string      its webhook signing secret (:mod:`infra.api.webhook_secrets`)
+rf:rl:{tenant}:{kind}              hash        a token bucket (:mod:`infra.api.limits`)
+rf:webhooks:pending                zset        batch id → when to look at its webhook next
+rf:webhook:{batch}                 hash        a batch's webhook body and outcome
+rf:webhook:{batch}:lock            string      the delivery claim
+rf:test:renders / writes           hash        fault-injection counters (tests only, worker.faults)
+renderfarm.{pool}[:{n}]            list        kombu: a pool's queued messages, one list per priority
+unacked / unacked_index            hash/zset   kombu: delivered, unacknowledged messages
+=================================  ==========  =========================================================
+
+Redis Cluster: a name's part in braces is its hash tag (only it picks the slot). ``{s}`` is a
+job's or batch's *shard*, two hex digits (:func:`shard`, 256 shards): a job id starts with its
+batch id's shard, so a job, its batch and the shard ``s`` of every index it is listed in share a
+slot, and each transition script (:mod:`infra.state.scripts`) runs in one slot. Readers of an
+index iterate its :data:`SHARDS`. A pool's dispatch keys share the tag ``{pool}``; workers,
+metrics and API keys each share one tag. The kombu lists live on the broker's own Redis.
+In the table ``{x}`` stands for a value; the braces of ``{s}`` and ``{pool}`` (where it ends a
+name or precedes ``:{tenant}``), ``{workers}``, ``{metrics}`` and ``{auth}`` are literal: hash tags.
 """
 
 from __future__ import annotations
 
+import re
+import zlib
+
 PREFIX = "rf:"
+#: Shards of every farm-wide index (:func:`shard`): 256, each a two-hex-digit hash tag.
+SHARDS = tuple(f"{n:02x}" for n in range(256))
+_HEX2 = re.compile(r"[0-9a-f]{2}")
+
+
+def shard(entity_id: str) -> str:
+    """The shard of a job or batch id: its first two characters when they are lowercase hex (a
+    farm id, :func:`infra.api.submission.new_id`, whose job ids start with their batch's shard),
+    else two hex digits of its CRC-32 (ids written by hand in tests and tools)."""
+    head = entity_id[:2]
+    return head if _HEX2.fullmatch(head) else f"{zlib.crc32(entity_id.encode()) & 0xFF:02x}"
+
+
+def idempotency_shard(tenant: str, key: str) -> str:
+    """The shard a tenant's idempotency key lives in; the batch it creates gets an id in it."""
+    return f"{zlib.crc32(f'{tenant}:{key}'.encode()) & 0xFF:02x}"
+
 
 # ---- jobs and batches (infra.state.jobs) ---------------------------------------------------
-LEASES = f"{PREFIX}leases"
-PENDING = f"{PREFIX}pending"
-DEAD = f"{PREFIX}dead"
-JOB_PREFIX = f"{PREFIX}job:"
-MIGRATIONS = f"{PREFIX}migrations"
 #: A counter written just before a durable-ack wait, on the waiting connection (infra.state.durable).
 DURABLE_ACK = f"{PREFIX}ack"
 
 
 def job(job_id: str) -> str:
-    """A job's record hash."""
-    return f"{JOB_PREFIX}{job_id}"
+    """A job's record hash, in its shard's slot."""
+    return f"{PREFIX}job:{{{shard(job_id)}}}:{job_id}"
 
 
 def batch(batch_id: str) -> str:
-    """A batch's own hash."""
-    return f"{PREFIX}batch:{batch_id}"
+    """A batch's own hash, in its shard's slot."""
+    return f"{PREFIX}batch:{{{shard(batch_id)}}}:{batch_id}"
 
 
 def batch_jobs(batch_id: str) -> str:
@@ -87,19 +112,35 @@ def batch_counts(batch_id: str) -> str:
     return f"{batch(batch_id)}:counts"
 
 
-def dead_of(tenant: str) -> str:
-    """A tenant's own dead-letter index (its failed job ids → when they failed)."""
-    return f"{DEAD}:{tenant}"
+def leases(s: str) -> str:
+    """Shard ``s`` of the running jobs' leases (job id → lease_until)."""
+    return f"{PREFIX}leases:{{{s}}}"
 
 
-def recent_batches(tenant: str) -> str:
-    """A tenant's newest batch ids."""
-    return f"{PREFIX}batches:{tenant}"
+def pending(s: str) -> str:
+    """Shard ``s`` of the published, still queued jobs (job id → when last (re)published)."""
+    return f"{PREFIX}pending:{{{s}}}"
+
+
+def dead(s: str) -> str:
+    """Shard ``s`` of the farm-wide dead-letter set (failed job id → when it failed)."""
+    return f"{PREFIX}dead:{{{s}}}"
+
+
+def dead_of(tenant: str, s: str) -> str:
+    """Shard ``s`` of a tenant's own dead-letter index."""
+    return f"{PREFIX}dead:{tenant}:{{{s}}}"
+
+
+def recent_batches(tenant: str, s: str) -> str:
+    """Shard ``s`` of a tenant's newest batch ids."""
+    return f"{PREFIX}batches:{tenant}:{{{s}}}"
 
 
 def idempotency(tenant: str, key: str) -> str:
-    """A tenant's idempotency key → the batch it created (``IDEM_CLAIM`` + batch id while in flight)."""
-    return f"{PREFIX}idem:{tenant}:{key}"
+    """A tenant's idempotency key → the batch it created (``IDEM_CLAIM`` + batch id while in flight),
+    in the slot of :func:`idempotency_shard` (the batch's own shard)."""
+    return f"{PREFIX}idem:{{{idempotency_shard(tenant, key)}}}:{tenant}:{key}"
 
 
 #: Value prefix of an idempotency key whose submission is still being written.
@@ -108,22 +149,31 @@ IDEM_CLAIM = "claim:"
 
 # ---- the dispatcher's wait lanes (infra.broker.dispatch) -----------------------------------
 WAIT_POOLS = f"{PREFIX}wait:pools"
-WAIT_PREFIX = f"{PREFIX}wait:"
 
 
 def lanes(pool: str) -> str:
     """The set of a pool's non-empty lanes (members ``{tenant}:{priority}``)."""
-    return f"{WAIT_PREFIX}lanes:{pool}"
+    return f"{PREFIX}wait:lanes:{{{pool}}}"
+
+
+def lane_prefix(pool: str) -> str:
+    """The common start of a pool's wait lanes' names (the pool is their hash tag)."""
+    return f"{PREFIX}wait:{{{pool}}}:"
 
 
 def lane(pool: str, member: str) -> str:
     """One wait lane of a pool; ``member`` is ``{tenant}:{priority}``."""
-    return f"{WAIT_PREFIX}{pool}:{member}"
+    return f"{lane_prefix(pool)}{member}"
+
+
+def popped(pool: str) -> str:
+    """Ids the dispatch script popped from a pool's lanes, not yet indexed in ``rf:pending``."""
+    return f"{PREFIX}wait:popped:{{{pool}}}"
 
 
 def wfq(pool: str) -> str:
     """A pool's fair-share state (tenant passes and virtual time)."""
-    return f"{PREFIX}wfq:{pool}"
+    return f"{PREFIX}wfq:{{{pool}}}"
 
 
 def dispatch_lock(pool: str) -> str:
@@ -133,32 +183,33 @@ def dispatch_lock(pool: str) -> str:
 
 REAPER_LOCK = f"{PREFIX}reaper:lock"
 
-# ---- workers (infra.state.registry) --------------------------------------------------------
-WORKERS = f"{PREFIX}workers"
+# ---- workers (infra.state.registry): one slot ----------------------------------------------
+WORKERS = f"{PREFIX}{{workers}}"
 
 
 def worker(name: str) -> str:
-    """A worker's self-description hash."""
-    return f"{PREFIX}worker:{name}"
+    """A worker's self-description hash (in the slot of :data:`WORKERS`)."""
+    return f"{WORKERS}:{name}"
 
 
-# ---- metrics (infra.state.metrics) ---------------------------------------------------------
-METRICS_POOLS = f"{PREFIX}metrics:pools"
+# ---- metrics (infra.state.metrics): one slot -----------------------------------------------
+_METRICS = f"{PREFIX}{{metrics}}"
+METRICS_POOLS = f"{_METRICS}:pools"
 
 
 def metrics(pool: str) -> str:
     """A pool's histogram buckets, sums and image counters."""
-    return f"{PREFIX}metrics:{pool}"
+    return f"{_METRICS}:{pool}"
 
 
 def pool_throughput(pool: str, minute: int) -> str:
     """Images a pool finished in one epoch minute."""
-    return f"{PREFIX}tput:{pool}:{minute}"
+    return f"{_METRICS}:tput:{pool}:{minute}"
 
 
 def worker_throughput(worker_name: str, minute: int) -> str:
     """Images a worker finished in one epoch minute."""
-    return f"{PREFIX}wtput:{worker_name}:{minute}"
+    return f"{_METRICS}:wtput:{worker_name}:{minute}"
 
 
 # ---- the catalog index (infra.state.catalog) -----------------------------------------------
@@ -167,18 +218,19 @@ def catalog(tenant: str) -> str:
     return f"{PREFIX}catalog:{tenant}"
 
 
-# ---- API keys and rate limits (infra.api.auth, infra.api.limits) ---------------------------
-API_KEYS = f"{PREFIX}apikeys"
+# ---- API keys and rate limits (infra.api.auth, infra.api.limits): keys in one slot ---------
+_AUTH = f"{PREFIX}{{auth}}"
+API_KEYS = f"{_AUTH}:apikeys"
 
 
 def api_key(digest: str) -> str:
     """One stored API key, by the SHA-256 of the key."""
-    return f"{PREFIX}apikey:{digest}"
+    return f"{_AUTH}:apikey:{digest}"
 
 
 def tenant_keys(tenant: str) -> str:
     """A tenant's API key ids."""
-    return f"{PREFIX}tenant:{tenant}:keys"
+    return f"{_AUTH}:tenant:{tenant}:keys"
 
 
 def webhook_secret(tenant: str) -> str:
@@ -187,8 +239,14 @@ def webhook_secret(tenant: str) -> str:
 
 
 def quota(tenant: str) -> str:
-    """A tenant's outstanding jobs and estimated GPU-seconds."""
+    """What a tenant reserved: jobs and estimated GPU-seconds (submission adds, a failed one takes back)."""
     return f"{PREFIX}quota:{tenant}"
+
+
+def quota_returned(tenant: str, s: str) -> str:
+    """What the tenant's jobs of shard ``s`` gave back when they ended (negative counts; a
+    dead-letter retry takes it again). Outstanding = :func:`quota` + Σ over the shards."""
+    return f"{PREFIX}quota:{tenant}:{{{s}}}"
 
 
 def rate_bucket(tenant: str, kind: str) -> str:

@@ -67,7 +67,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RENDERFARM_", extra="ignore", populate_by_name=True)
 
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Broker and job-state store.")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="The Celery broker, and the job-state store "
+                           "unless RENDERFARM_STATE_REDIS_URL names another.")
+    state_redis_url: str = Field("", description="The job-state store's Redis; empty: RENDERFARM_REDIS_URL. "
+                                 "redis+cluster:// (rediss+cluster://) and a seed node's host:port: Redis "
+                                 "Cluster (the broker then stays on a plain Redis at RENDERFARM_REDIS_URL).")
     s3_endpoint_url: str = Field("", description="S3 endpoint; empty means AWS.")
     s3_bucket: str = Field("renders", description="Bucket that receives rendered images.")
     s3_region: str = Field("us-east-1", description="Region used to sign S3 requests.")
@@ -180,6 +184,11 @@ class Settings(BaseSettings):
         path = env_file_path()
         file = () if path is None else (DotEnvSettingsSource(settings_cls, env_file=path),)
         return init_settings, env_settings, *file, file_secret_settings
+
+    @property
+    def state_url(self) -> str:
+        """The job-state store's Redis URL: ``state_redis_url``, else ``redis_url``."""
+        return self.state_redis_url or self.redis_url
 
     @property
     def admin_tenant_set(self) -> frozenset[str]:

@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 
-import redis
 from celery import signals
 from celery.utils.nodenames import default_nodename
 
@@ -38,6 +37,7 @@ from infra.broker.kombu_redis import flush_acks, install_cheap_acks, install_mal
 from infra.broker.publish import republish
 from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
+from infra.state.connect import state_client
 from infra.state.jobs import JobStore
 from infra.storage.s3 import Storage
 from pipeline.null import NULL_MODEL, NullRenderer
@@ -123,7 +123,7 @@ def run_worker(args: argparse.Namespace) -> int:
     log.info("worker %s: model %s ready in %.1fs, batch size %d, queue %s",
              name, args.model, time.perf_counter() - t0, batch_size, queue)
 
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = state_client(settings.state_url)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
     upload_threads = 8

@@ -50,12 +50,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.farm = farm = Farm(settings)
-        farm.store.backfill_dead_index()  # dead letters written before the per-tenant indexes
         reaper = Reaper(farm.store, farm.celery, interval_s=settings.reaper_interval_s,
-                        republish_after_s=settings.republish_after_s,
-                        heartbeat_ttl_s=settings.heartbeat_ttl_s).start() if settings.reaper_enabled else None
+                        republish_after_s=settings.republish_after_s, heartbeat_ttl_s=settings.heartbeat_ttl_s,
+                        broker=farm.broker_redis).start() if settings.reaper_enabled else None
         webhooks = WebhookDispatcher.from_settings(settings, farm.redis).start() if settings.webhooks_enabled else None
-        dispatcher = dispatch.from_settings(settings, farm.redis, farm.celery).start()
+        dispatcher = dispatch.from_settings(settings, farm.redis, farm.celery, broker=farm.broker_redis).start()
         farm.submitter.on_enqueued = dispatcher.kick
         yield
         dispatcher.stop()

@@ -16,9 +16,9 @@ listings, logs and ``keys revoke``; the secret is 32 random bytes. Only the key'
 stored (a 256-bit random secret needs no slow hash), so a Redis dump gives no usable key.
 
 Redis keys (:mod:`infra.keys`):
-    rf:apikey:{sha256}     hash: tenant, key_id, name, created_at (epoch seconds)
-    rf:apikeys             hash: key_id → sha256 (every key, for listing and revocation)
-    rf:tenant:{t}:keys     set of key ids
+    rf:{auth}:apikey:{sha256}     hash: tenant, key_id, name, created_at (epoch seconds)
+    rf:{auth}:apikeys             hash: key_id → sha256 (every key, for listing and revocation)
+    rf:{auth}:tenant:{t}:keys     set of key ids
 
 ``RENDERFARM_AUTH_REQUIRED`` (``auth_required``) on: every route but :data:`OPEN_PATHS` needs a
 valid key, else 401. Off (the local demo): a key is optional; a valid one selects its tenant,

@@ -24,6 +24,7 @@ from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry
 from infra.state.catalog import CatalogIndex
+from infra.state.connect import is_cluster_url, state_client
 from infra.state.durable import DurableAck, NotDurable
 from infra.state.jobs import JobStore
 from infra.state.quota import QuotaExceeded, Quotas
@@ -61,7 +62,13 @@ class Farm:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        if is_cluster_url(settings.state_url) and settings.durable_ack != "off":
+            raise ValueError("RENDERFARM_DURABLE_ACK must be off with a Redis Cluster state store: WAITAOF "
+                             "confirms one node, and a batch's writes reach several")
+        self.redis = state_client(settings.state_url)
+        #: The broker's Redis (queue depths); the state store's client when they are one Redis.
+        self.broker_redis = (redis.Redis.from_url(settings.redis_url, decode_responses=True)
+                             if settings.state_redis_url else self.redis)
         self.store = JobStore(self.redis, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                               max_attempts=settings.max_attempts)
         self.storage = Storage(settings, max_attempts=2)

@@ -13,14 +13,13 @@ import json
 import sys
 from datetime import datetime, timezone
 
-import redis
-
 from infra.api.auth import KeyInfo, KeyStore
 from infra.settings import get_settings
+from infra.state.connect import state_client
 
 
 def _store() -> KeyStore:
-    return KeyStore(redis.Redis.from_url(get_settings().redis_url, decode_responses=True))
+    return KeyStore(state_client(get_settings().state_url))
 
 
 def _row(info: KeyInfo) -> dict:

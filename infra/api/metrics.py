@@ -45,9 +45,10 @@ class FarmCollector:
     ``renderfarm_outstanding_jobs{pool}`` and ``renderfarm_live_workers{pool}`` (from
     :func:`infra.broker.depths.queue_depths`; a pool seen before reads 0 rather than vanishing)."""
 
-    def __init__(self, client: redis.Redis, heartbeat_ttl_s: float = 20.0):
+    def __init__(self, client: redis.Redis, heartbeat_ttl_s: float = 20.0, broker: redis.Redis | None = None):
         self.client = client
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.broker = broker
 
     def collect(self) -> Iterator[Metric]:
         pools = sorted(self.client.smembers(keys.METRICS_POOLS))
@@ -63,7 +64,8 @@ class FarmCollector:
             for state in IMAGE_STATES:
                 images.add_metric([pool, state], float(fields.get(f"images:{state}", 0)))
         yield images
-        rows = {r["pool"]: r for r in queue_depths(self.client, live_workers(self.client, self.heartbeat_ttl_s))}
+        rows = {r["pool"]: r for r in queue_depths(self.client, live_workers(self.client, self.heartbeat_ttl_s),
+                                                     broker=self.broker)}
         outstanding = GaugeMetricFamily("renderfarm_outstanding_jobs",
                                         "Queued + reserved (prefetched) + running jobs: the autoscaling signal",
                                         labels=["pool"])
@@ -76,10 +78,12 @@ class FarmCollector:
         yield workers
 
 
-def exposition(client: redis.Redis, heartbeat_ttl_s: float = 20.0) -> tuple[bytes, str]:
-    """``(body, content type)`` of ``GET /metrics``: every family of :class:`FarmCollector`."""
+def exposition(client: redis.Redis, heartbeat_ttl_s: float = 20.0,
+               broker: redis.Redis | None = None) -> tuple[bytes, str]:
+    """``(body, content type)`` of ``GET /metrics``: every family of :class:`FarmCollector`
+    (``broker``: the broker's Redis when it is not ``client``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FarmCollector(client, heartbeat_ttl_s))
+    registry.register(FarmCollector(client, heartbeat_ttl_s, broker))
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
@@ -93,7 +97,7 @@ def throughput(client: redis.Redis, minutes: int = 60) -> dict[str, Any]:
     pools = sorted(client.smembers(keys.METRICS_POOLS))
     pipe = client.pipeline(transaction=False)
     for pool in pools:
-        pipe.mget([keys.pool_throughput(pool, m) for m in range(first, current + 1)])
+        pipe.execute_command("MGET", *[keys.pool_throughput(pool, m) for m in range(first, current + 1)])
     series = {pool: [int(v or 0) for v in values] for pool, values in zip(pools, pipe.execute() if pools else [])}
     return {"start": first * 60, "minute_s": 60, "now": round(now, 3), "pools": series}
 
@@ -108,7 +112,7 @@ def with_rates(client: redis.Redis, workers: list[dict[str, Any]]) -> list[dict[
     minutes = range(current - RATE_WINDOW_MIN + 1, current + 1)
     pipe = client.pipeline(transaction=False)
     for w in workers:
-        pipe.mget([keys.worker_throughput(w["name"], m) for m in minutes])
+        pipe.execute_command("MGET", *[keys.worker_throughput(w["name"], m) for m in minutes])
     for w, values in zip(workers, pipe.execute()):
         since = max(minutes[0] * 60, float(w.get("started_at") or 0))
         elapsed = now - since

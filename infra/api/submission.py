@@ -43,9 +43,12 @@ class SubmissionInFlight(Exception):
         self.retry_after_s = retry_after_s
 
 
-def new_id() -> str:
-    """A fresh job or batch id: 32 lowercase hex characters (UUID4)."""
-    return uuid.uuid4().hex
+def new_id(shard: str | None = None) -> str:
+    """A fresh job or batch id: 32 lowercase hex characters (UUID4's), the first two replaced by
+    ``shard`` when given (:func:`infra.keys.shard`: a job gets its batch's shard, so on Redis
+    Cluster a batch's keys and its jobs' keys share a slot)."""
+    fresh = uuid.uuid4().hex
+    return fresh if shard is None else shard + fresh[2:]
 
 
 def resolve(request: RenderRequest, default_model: str) -> RenderRequest:
@@ -149,8 +152,8 @@ class Submitter:
         key = keys.idempotency(tenant, idempotency_key) if idempotency_key is not None else None
         if key is not None and (first := self.redis.get(key)):
             return self._existing(key, first)  # before any quota
-        batch_id = new_id()
-        jobs = [NewJob(new_id(), request, pool, cost_s=self.cost_s(request, pool))
+        batch_id = new_id(keys.idempotency_shard(tenant, idempotency_key) if idempotency_key is not None else None)
+        jobs = [NewJob(new_id(keys.shard(batch_id)), request, pool, cost_s=self.cost_s(request, pool))
                 for request, pool in zip(resolved, pools)]
         gpu_s = sum(j.cost_s or 0.0 for j in jobs)
         drain = self.drain_gpu_s_per_s() if self.drain_gpu_s_per_s is not None else 1.0
@@ -175,7 +178,7 @@ class Submitter:
         if webhook_url:
             webhooks.enroll(self.redis, batch_id)
         enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,
-                ttl_s=self.store.job_ttl_s)
+                ttl_s=self.store.job_ttl_s, costs=[j.cost_s for j in jobs])
         if self.durable is not None:
             self.durable.wait()  # the records, the idempotency key and the lane entries
         if self.on_enqueued is not None:

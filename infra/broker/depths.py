@@ -48,7 +48,7 @@ def idle_row(pool: str) -> dict[str, Any]:
 
 
 def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
-                 pools: Iterable[str] | None = None) -> list[dict[str, Any]]:
+                 pools: Iterable[str] | None = None, broker: redis.Redis | None = None) -> list[dict[str, Any]]:
     """Per pool: ``queued``, ``reserved``, ``running``, ``outstanding`` (jobs; see the module
     docstring), ``workers`` (live) and ``oldest_wait_s`` (seconds). Sorted by pool name.
 
@@ -56,6 +56,7 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
         client: Redis with ``decode_responses=True``.
         workers: the live workers (:func:`infra.state.registry.live_workers`).
         pools: pools listed even when idle; None = the declared pools of the settings.
+        broker: the broker's Redis (its queue lists and ``unacked``); None: ``client``.
 
     Raises:
         redis.RedisError: Redis is unreachable.
@@ -65,6 +66,7 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
 
         pools = [p.name for p in get_settings().pools]
     now = server_time(client)
+    broker = broker if broker is not None else client
     waiting_since: dict[str, float] = {}
 
     def waited(pool: str, since: float | None) -> None:
@@ -79,12 +81,12 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
         waited(pool, oldest)
 
     # broker lists: depth, and the oldest message of each (kombu pushes left, pops right)
-    names = [k for k in client.scan_iter(match=f"{keys.QUEUE_PREFIX}*", count=1000) if keys.pool_of_broker_list(k)]
-    pipe = client.pipeline(transaction=False)
+    names = [k for k in broker.scan_iter(match=f"{keys.QUEUE_PREFIX}*", count=1000) if keys.pool_of_broker_list(k)]
+    pipe = broker.pipeline(transaction=False)
     for key in names:
         pipe.type(key)
     lists = [k for k, kind in zip(names, pipe.execute() if names else []) if kind == "list"]
-    pipe = client.pipeline(transaction=False)
+    pipe = broker.pipeline(transaction=False)
     for key in lists:
         pipe.llen(key)
         pipe.lindex(key, -1)
@@ -99,7 +101,7 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
 
     # pulled by workers: prefetched or running
     unacked: Counter[str] = Counter()
-    for raw in client.hvals(keys.UNACKED):
+    for raw in broker.hvals(keys.UNACKED):
         entry = _loads(raw)
         if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], str):
             continue

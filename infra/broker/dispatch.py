@@ -38,12 +38,16 @@ Keys (named in :mod:`infra.keys`; a pool name holds no ``:``, a tenant neither):
 Safety: popping is one Lua script per pool (atomic), under a per-pool lock held until the
 messages are published, so several API replicas never overfill a queue nor dispatch a job
 twice. A job waiting in a lane is *not* in ``rf:pending`` (the reaper's index of published
-messages): it has no message yet. The script puts each job it pops back in ``rf:pending``, so
-if the process dies between the pop and the publish, the reaper republishes it after
-``republish_after_s``. Canceled or expired jobs are dropped once they reach the head of their
-lane, in a pool without workers too (until then they count as queued).
+messages): it has no message yet. The script moves each job it pops into the pool's popped set
+(``rf:wait:popped:{pool}``, same slot); the dispatcher then indexes the still-queued ones in
+``rf:pending`` and only after that empties the popped set, so if the process dies between the
+pop and the publish, the next pass (under the lock) indexes the leftovers and the reaper
+republishes them after ``republish_after_s``. Canceled or expired jobs are dropped once they
+reach the head of their lane, in a pool without workers too (until then they count as queued).
 
-Needs a single Redis (not Cluster): the script reads job hashes by name.
+Redis Cluster: a pool's lanes, lane set, fair-share hash and popped set share the pool's hash
+tag, and the script reads no job record (a job's cost travels in its lane entry; the job states
+are read by the caller), so it runs in one slot.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from infra.background import PeriodicLoop, RedisLock, server_time
 from infra.broker.app import broker_keys
 from infra.broker.publish import publish_jobs
 from infra.settings import Settings
-from infra.state import registry
+from infra.state import registry, shards
 
 log = logging.getLogger("renderfarm.dispatch")
 
@@ -76,35 +80,30 @@ LOCK_MS = 10_000
 MAX_PER_PASS = 5_000
 
 
-# KEYS[1] lanes set  KEYS[2] wfq hash  KEYS[3] rf:wait:pools  KEYS[4] rf:pending
-# ARGV: pool, want (0 = only drop dead heads), now (s), aging_s, weight high, normal, low,
-# max_skip, job key prefix, wait-lane prefix. Returns {skipped, job_id…}: the ids popped in dispatch order (still
-# queued), and how many popped ids were dropped (canceled, finished or expired).
+# KEYS[1] lanes set  KEYS[2] wfq hash  KEYS[3] popped zset: all three tagged with the pool, so
+# the script runs in one slot on Redis Cluster and reads no job record (costs travel in the lane
+# entries; states are checked by the caller). ARGV: want, now (s), aging_s, weight high, normal,
+# low, the pool's lane prefix. Returns {lanes left (0: the pool has none), job_id…}: the ids popped
+# in dispatch order, each also added to the popped set (the caller moves them to rf:pending).
 _DISPATCH = """
-local pool, want, now, aging = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local weight = {[0] = tonumber(ARGV[5]), [1] = tonumber(ARGV[6]), [2] = tonumber(ARGV[7])}
-local max_skip, job_prefix = tonumber(ARGV[8]), ARGV[9]
+local want, now, aging = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local weight = {[0] = tonumber(ARGV[4]), [1] = tonumber(ARGV[5]), [2] = tonumber(ARGV[6])}
 local levels = {high = 0, normal = 1, low = 2}
-local prefix = ARGV[10] .. pool .. ':'
+local prefix = ARGV[7]
 local function head(member)
   local key = prefix .. member
   local entry = redis.call('LINDEX', key, 0)
   if not entry then return nil end
-  local ms, id = string.match(entry, '^(%d+):(.+)$')
+  local ms, rest = string.match(entry, '^(%d+):(.+)$')
+  rest = rest or entry
+  local id, cost = string.match(rest, '^([^:]+):(.+)$')
   local tenant, priority = string.match(member, '^(.+):(%a+)$')
   return {member = member, key = key, tenant = tenant, base = levels[priority] or 1,
-          ts = tonumber(ms or '0') / 1000, id = id or entry}
+          ts = tonumber(ms or '0') / 1000, id = id or rest, cost = tonumber(cost or '1') or 1}
 end
 local lanes = {}
-local skipped = 0
 for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local h = head(member)
-  -- drop heads that no longer wait (canceled, finished, expired): they stop counting as queued
-  while h and skipped < max_skip and redis.call('HGET', job_prefix .. h.id, 'state') ~= 'queued' do
-    redis.call('LPOP', h.key)
-    skipped = skipped + 1
-    h = head(member)
-  end
   if h then lanes[member] = h else redis.call('SREM', KEYS[1], member) end
 end
 local vt = tonumber(redis.call('HGET', KEYS[2], '_vt') or '0')
@@ -130,51 +129,57 @@ while #out < want do
   local h = pick.h
   redis.call('LPOP', h.key)
   vt = pick_pass
-  local cost = tonumber(redis.call('HGET', job_prefix .. h.id, 'cost_s') or '1') or 1
-  pass[h.tenant] = pick_pass + cost / weight[pick.eff]
+  pass[h.tenant] = pick_pass + h.cost / weight[pick.eff]
   local nxt = head(h.member)
   lanes[h.member] = nxt
   if not nxt then redis.call('SREM', KEYS[1], h.member) end
-  if redis.call('HGET', job_prefix .. h.id, 'state') == 'queued' then
-    redis.call('ZADD', KEYS[4], stamp, h.id)
-    out[#out + 1] = h.id
-  else
-    skipped = skipped + 1
-    if skipped >= max_skip then break end
-  end
+  redis.call('ZADD', KEYS[3], stamp, h.id)
+  out[#out + 1] = h.id
 end
 for tenant, p in pairs(pass) do redis.call('HSET', KEYS[2], tenant, string.format('%.9f', p)) end
 redis.call('HSET', KEYS[2], '_vt', string.format('%.9f', vt))
-if redis.call('SCARD', KEYS[1]) == 0 then redis.call('SREM', KEYS[3], pool) end
-table.insert(out, 1, skipped)
+table.insert(out, 1, redis.call('SCARD', KEYS[1]))
 return out
 """
 
+# Drop a lane's head only while it is still the entry the caller checked. KEYS[1] lane, ARGV[1] entry.
+_DROP_HEAD = """
+if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1]) return 1 end
+return 0
+"""
+
+
 def enqueue(client: redis.Redis, jobs: Sequence[tuple[str, str]], *, tenant: str, priority: str,
-            ttl_s: int = 7 * 24 * 3600) -> None:
-    """Append recorded jobs (``(job_id, pool)``, in submission order) to their wait lanes, in one
-    MULTI/EXEC round trip, and take them out of ``rf:pending`` (they have no message yet).
+            ttl_s: int = 7 * 24 * 3600, costs: Sequence[float | None] | None = None) -> None:
+    """Append recorded jobs (``(job_id, pool)``, in submission order) to their wait lanes (one
+    MULTI/EXEC per pool: its keys share the pool's hash tag), take them out of ``rf:pending``
+    (they have no message yet), then list their pools in ``rf:wait:pools``. ``costs``: each job's
+    estimated GPU-seconds (:mod:`infra.state.quota`), carried in its lane entry for fair share
+    (None: 1).
 
     Raises:
-        ValueError: an unknown ``priority``.
+        ValueError: an unknown ``priority``, or ``costs`` of another length than ``jobs``.
     """
     if priority not in PRIORITY_LEVELS:
         raise ValueError(f"priority must be one of {', '.join(PRIORITY_LEVELS)}, got {priority!r}")
+    if costs is not None and len(costs) != len(jobs):
+        raise ValueError(f"{len(costs)} costs for {len(jobs)} jobs")
     if not jobs:
         return
     stamp = int(server_time(client) * 1000)
     by_pool: dict[str, list[str]] = defaultdict(list)
-    for job_id, pool in jobs:
-        by_pool[pool].append(f"{stamp}:{job_id}")
-    pipe = client.pipeline(transaction=True)
-    pipe.zrem(keys.PENDING, *[job_id for job_id, _ in jobs])
+    for i, (job_id, pool) in enumerate(jobs):
+        cost = costs[i] if costs is not None else None
+        by_pool[pool].append(f"{stamp}:{job_id}" if cost is None else f"{stamp}:{job_id}:{cost!r}")
+    member = f"{tenant}:{priority}"
     for pool, entries in by_pool.items():
-        key = keys.lane(pool, f"{tenant}:{priority}")
-        pipe.rpush(key, *entries)
-        pipe.expire(key, ttl_s)
-        pipe.sadd(keys.lanes(pool), f"{tenant}:{priority}")
-        pipe.sadd(keys.WAIT_POOLS, pool)
-    pipe.execute()
+        pipe = client.pipeline(transaction=True)
+        pipe.rpush(keys.lane(pool, member), *entries)
+        pipe.expire(keys.lane(pool, member), ttl_s)
+        pipe.sadd(keys.lanes(pool), member)
+        pipe.execute()
+    shards.remove(client, keys.pending, [job_id for job_id, _ in jobs])
+    client.sadd(keys.WAIT_POOLS, *by_pool)  # after the lanes: a dispatcher never forgets a non-empty pool
 
 
 def backlog(client: redis.Redis) -> dict[str, tuple[int, float | None]]:
@@ -211,6 +216,11 @@ def _entry_time(entry: str | bytes) -> float:
     return int(text.split(":", 1)[0]) / 1000
 
 
+def _entry_job(entry: str) -> str:
+    """The job id of a lane entry ``{enqueued ms}:{job id}[:{cost_s}]``."""
+    return entry.split(":", 2)[1]
+
+
 def broker_depth(client: redis.Redis, pool: str) -> int:
     """Messages waiting in the pool's Celery queue (every broker priority list); not those
     workers have already pulled."""
@@ -240,11 +250,15 @@ class Dispatcher:
         depth: a pool's Celery queue is filled up to ``ceil(depth × its live batch capacity)``.
         aging_s: seconds of waiting that raise a job one priority level; 0 = no aging.
         heartbeat_ttl_s: a worker not heard from for this long is gone (as in the registry).
+        broker: the broker's Redis, where the Celery queues are measured (default ``client``:
+            one Redis for both; on Redis Cluster the broker is a plain Redis of its own).
     """
 
     def __init__(self, client: redis.Redis, app: Celery, *, interval_s: float = 0.2, depth: float = 2.0,
-                 aging_s: float = 300.0, heartbeat_ttl_s: float = 20.0, max_skip: int = 5_000):
+                 aging_s: float = 300.0, heartbeat_ttl_s: float = 20.0, max_skip: int = 5_000,
+                 broker: redis.Redis | None = None):
         self.r = client
+        self.broker = broker if broker is not None else client
         self.app = app
         self.interval_s = interval_s
         self.depth = depth
@@ -252,34 +266,92 @@ class Dispatcher:
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.max_skip = max_skip
         self._script = client.register_script(_DISPATCH)
+        self._drop_head = client.register_script(_DROP_HEAD)
         self._locks = RedisLock(client)
         self.loop = PeriodicLoop("renderfarm-dispatcher", self.tick, interval_s, log)
 
     # ---- one pool ---------------------------------------------------------------------------
     def pop(self, pool: str, want: int, *, now: float | None = None) -> list[str]:
         """Take up to ``want`` jobs of ``pool`` out of their lanes in fair order, atomically, and
-        index them in ``rf:pending``; returns their ids in that order. Publishing is the
-        caller's (see :meth:`dispatch_pool`). ``now`` (epoch seconds, default the Redis clock)
-        is the instant the aging is measured at."""
+        index the still-queued ones in ``rf:pending``; returns their ids in that order.
+        Publishing is the caller's (see :meth:`dispatch_pool`). ``now`` (epoch seconds, default
+        the Redis clock) is the instant the aging is measured at."""
         if want <= 0:
             return []
         now = server_time(self.r) if now is None else now
+        self._settle(pool, self.r.zrange(keys.popped(pool), 0, -1))  # a dead dispatcher's leftovers
+        self._drop_dead_heads(pool)
         answer = self._run_script(pool, min(int(want), MAX_PER_PASS), now)
-        skipped, ids = int(answer[0]), list(answer[1:])
-        if skipped:
-            log.info("pool %s: dropped %d canceled or expired job(s) from its lanes", pool, skipped)
-        return ids
+        left, ids = int(answer[0]), list(answer[1:])
+        queued = self._settle(pool, ids)
+        if len(queued) < len(ids):
+            log.info("pool %s: dropped %d canceled or expired job(s) from its lanes", pool, len(ids) - len(queued))
+        if not left:
+            self._forget_pool(pool)
+        return queued
+
+    def _settle(self, pool: str, ids: Sequence[str]) -> list[str]:
+        """Index the popped ``ids`` still ``queued`` in ``rf:pending``, then take every one out of
+        the pool's popped set; returns the queued ones, order kept."""
+        if not ids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(keys.job(job_id), "state")
+        queued = [job_id for job_id, state in zip(ids, pipe.execute()) if state == "queued"]
+        if queued:
+            stamp = server_time(self.r)
+            pipe = self.r.pipeline(transaction=False)
+            for s, members in shards.by_shard(queued).items():
+                pipe.zadd(keys.pending(s), dict.fromkeys(members, stamp))
+            pipe.execute()
+        self.r.zrem(keys.popped(pool), *ids)
+        return queued
+
+    def _forget_pool(self, pool: str) -> None:
+        """Take a pool whose lanes are empty out of ``rf:wait:pools``, and put it back if a
+        submission filled a lane meanwhile (:func:`enqueue` adds the pool after its lanes)."""
+        self.r.srem(keys.WAIT_POOLS, pool)
+        if self.r.scard(keys.lanes(pool)):
+            self.r.sadd(keys.WAIT_POOLS, pool)
+
+    def _run_script(self, pool: str, want: int, now: float) -> list:
+        return self._script(keys=[keys.lanes(pool), keys.wfq(pool), keys.popped(pool)],
+                            args=[want, repr(now), repr(self.aging_s), *[repr(w) for w in PRIORITY_WEIGHTS],
+                                  keys.lane_prefix(pool)])
 
     def prune(self, pool: str) -> int:
         """Drop the jobs at the heads of the pool's lanes that no longer wait (canceled, finished,
-        expired), so that they stop counting as outstanding even while the pool has no worker.
-        Returns how many were dropped."""
-        return int(self._run_script(pool, 0, 0.0)[0])
+        expired), so that they stop counting as outstanding even while the pool has no worker;
+        forget the pool once its lanes are empty. Returns how many were dropped."""
+        dropped = self._drop_dead_heads(pool)
+        self._settle(pool, self.r.zrange(keys.popped(pool), 0, -1))
+        if not int(self._run_script(pool, 0, 0.0)[0]):  # want 0: only drops empty lanes from the set
+            self._forget_pool(pool)
+        return dropped
 
-    def _run_script(self, pool: str, want: int, now: float) -> list:
-        return self._script(keys=[keys.lanes(pool), keys.wfq(pool), keys.WAIT_POOLS, keys.PENDING],
-                            args=[pool, want, repr(now), repr(self.aging_s), *[repr(w) for w in PRIORITY_WEIGHTS],
-                                  self.max_skip, keys.JOB_PREFIX, keys.WAIT_PREFIX])
+    def _drop_dead_heads(self, pool: str) -> int:
+        """Drop lane heads whose job no longer waits, so they never take a turn in the fair
+        order; at most ``max_skip``. Returns how many were dropped."""
+        dropped = 0
+        members = sorted(self.r.smembers(keys.lanes(pool)))
+        while members and dropped < self.max_skip:
+            pipe = self.r.pipeline(transaction=False)
+            for member in members:
+                pipe.lindex(keys.lane(pool, member), 0)
+            heads = [(m, e) for m, e in zip(members, pipe.execute()) if e]
+            pipe = self.r.pipeline(transaction=False)
+            for _, entry in heads:
+                pipe.hget(keys.job(_entry_job(entry)), "state")
+            dead = [(m, e) for (m, e), state in zip(heads, pipe.execute() if heads else []) if state != "queued"]
+            if not dead:
+                break
+            for member, entry in dead:
+                dropped += int(self._drop_head(keys=[keys.lane(pool, member)], args=[entry]))
+            members = [m for m, _ in dead]
+        if dropped:
+            log.info("pool %s: dropped %d canceled or expired job(s) from its lanes", pool, dropped)
+        return dropped
 
     def dispatch_pool(self, pool: str, capacity: int) -> int:
         """Top the pool's Celery queue up to ``ceil(depth × capacity)`` messages, under the
@@ -296,7 +368,7 @@ class Dispatcher:
         with self._locks.hold(keys.dispatch_lock(pool), LOCK_MS) as held:
             if not held:
                 return 0
-            ids = self.pop(pool, target - broker_depth(self.r, pool))
+            ids = self.pop(pool, target - broker_depth(self.broker, pool))
             if ids:
                 publish_jobs(self.app, [(job_id, pool) for job_id in ids], priority=DISPATCH_PRIORITY)
             return len(ids)
@@ -332,8 +404,9 @@ class Dispatcher:
         self.loop.stop(timeout)
 
 
-def from_settings(settings: Settings, client: redis.Redis, app: Celery) -> Dispatcher:
-    """A dispatcher configured by :class:`infra.settings.Settings`."""
+def from_settings(settings: Settings, client: redis.Redis, app: Celery,
+                  broker: redis.Redis | None = None) -> Dispatcher:
+    """A dispatcher configured by :class:`infra.settings.Settings` (``broker``: see :class:`Dispatcher`)."""
     return Dispatcher(client, app, interval_s=settings.dispatch_interval_s, depth=settings.dispatch_depth,
-                      aging_s=settings.priority_aging_s, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+                      aging_s=settings.priority_aging_s, heartbeat_ttl_s=settings.heartbeat_ttl_s, broker=broker)
 

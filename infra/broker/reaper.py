@@ -1,6 +1,7 @@
 """The reaper: puts back to work the jobs a dead worker held, and the jobs whose message is lost.
 
-Data flow: job-state store (``rf:leases``, ``rf:pending``) → **reaper** → the pool queues (fresh
+Data flow: job-state store (``rf:leases``, ``rf:pending``, each in 256 shards read in one round
+trip, :mod:`infra.state.shards`) → **reaper** → the pool queues (fresh
 Celery messages). It runs as a background thread of the status API (started in its lifespan)
 and standalone as ``renderfarm reaper``; any number may run at once.
 
@@ -47,6 +48,7 @@ from infra.broker.kombu_redis import message_job_id
 from infra.broker.publish import republish
 from infra.settings import Settings
 from infra.state import registry
+from infra.state.connect import state_client
 from infra.state.jobs import JobStore
 
 log = logging.getLogger("renderfarm.reaper")
@@ -96,12 +98,14 @@ class Reaper:
         republish_after_s: a queued job whose message was last published longer ago than this,
             seconds, and is in no queue nor held by a live worker, is republished.
         heartbeat_ttl_s: a worker not heard from for this long is dead (as in the registry).
+        broker: the broker's Redis (its queue lists and ``unacked``); None: the store's.
     """
 
     def __init__(self, store: JobStore, app: Celery, *, interval_s: float = 5.0,
-                 republish_after_s: float = 30.0, heartbeat_ttl_s: float = 20.0):
+                 republish_after_s: float = 30.0, heartbeat_ttl_s: float = 20.0, broker: redis.Redis | None = None):
         self.store = store
         self.r = store.r
+        self.broker = broker if broker is not None else store.r
         self.app = app
         self.interval_s = interval_s
         self.republish_after_s = republish_after_s
@@ -153,7 +157,7 @@ class Reaper:
         for job_id in stale:
             if job_id not in routes:
                 self.store.forget(job_id)  # its record expired
-        seen = queued_job_ids(self.r) | self._held_by_live_workers()
+        seen = queued_job_ids(self.broker) | self._held_by_live_workers()
         lost = [j for j in stale if routes.get(j) == "queued" and j not in seen]
         self.store.mark_published([j for j in stale if j in seen])
         if lost:
@@ -162,11 +166,11 @@ class Reaper:
             log.warning("republished %d queued job(s) whose message was lost", len(lost))
 
     def _remove_orphans(self, report: SweepReport) -> None:
-        entries = self.r.hgetall(keys.UNACKED)
+        entries = self.broker.hgetall(keys.UNACKED)
         if not entries:
             return
         tags = list(entries)
-        delivered = dict(zip(tags, self.r.zmscore(keys.UNACKED_INDEX, tags)))
+        delivered = dict(zip(tags, self.broker.zmscore(keys.UNACKED_INDEX, tags)))
         job_of = {tag: message_job_id(raw) for tag, raw in entries.items()}
         states = {job_id: state for job_id, state, _, _ in self.store.routes([j for j in job_of.values() if j])}
         held = self._held_by_live_workers()
@@ -181,7 +185,7 @@ class Reaper:
             elif job_id not in held and (delivered.get(tag) or 0) < old:
                 orphans.append(tag)
         if orphans:
-            pipe = self.r.pipeline(transaction=True)
+            pipe = self.broker.pipeline(transaction=True)
             pipe.hdel(keys.UNACKED, *orphans)
             pipe.zrem(keys.UNACKED_INDEX, *orphans)
             pipe.execute()
@@ -203,16 +207,20 @@ class Reaper:
         self.loop.stop(timeout)
 
 
-def from_settings(settings: Settings, client: redis.Redis | None = None, app: Celery | None = None) -> Reaper:
-    """A reaper configured by :class:`infra.settings.Settings` (its own Redis client and Celery
-    app unless given)."""
+def from_settings(settings: Settings, client: redis.Redis | None = None, app: Celery | None = None,
+                  broker: redis.Redis | None = None) -> Reaper:
+    """A reaper configured by :class:`infra.settings.Settings` (its own state-store client,
+    broker client and Celery app unless given)."""
     from infra.broker.app import make_celery
 
-    client = client or redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = client or state_client(settings.state_url)
+    if broker is None:
+        broker = redis.Redis.from_url(settings.redis_url, decode_responses=True) if settings.state_redis_url else client
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
     return Reaper(store, app or make_celery(settings), interval_s=settings.reaper_interval_s,
-                  republish_after_s=settings.republish_after_s, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+                  republish_after_s=settings.republish_after_s, heartbeat_ttl_s=settings.heartbeat_ttl_s,
+                  broker=broker)
 
 
 def run_reaper(args: argparse.Namespace) -> int:

@@ -287,18 +287,18 @@ class WorkerProcess(ManagedProcess):
         return argv + self.extra_args
 
     def _redis_url(self) -> str:
-        if (url := self.env.get("RENDERFARM_REDIS_URL")) is not None:  # None: unset in the child
-            return url
+        for name in ("RENDERFARM_STATE_REDIS_URL", "RENDERFARM_REDIS_URL"):  # the registry is in the state store
+            if url := self.env.get(name):
+                return url
         from infra.settings import Settings
 
-        return Settings().redis_url
+        return Settings().state_url
 
     def is_ready(self) -> bool:
-        import redis
-
+        from infra.state.connect import state_client
         from infra.state.registry import live_workers
 
-        client = redis.Redis.from_url(self._redis_url(), socket_timeout=2, decode_responses=True)
+        client = state_client(self._redis_url(), socket_timeout=2)
         try:
             entries = live_workers(client)
         finally:

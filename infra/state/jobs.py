@@ -31,6 +31,10 @@ Keys (prefix ``rf:``; every key is named in :mod:`infra.keys`):
     dead:{tenant}     sorted set: the same for one tenant (its dead-letter pages are paged here,
                       so a page never holds other tenants' ids and never reveals their count)
     batches:{tenant}  sorted set: the tenant's newest batch ids → created_at (the dashboard's list)
+
+Redis Cluster: a job's and its batch's keys carry the shard of their ids as hash tag, and every
+index above is split into 256 shards (:mod:`infra.state.shards`); a job is listed in its own
+shard, so each script runs in one slot. Submission gives a batch's job ids the batch's shard.
 """
 
 from __future__ import annotations
@@ -39,13 +43,16 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
 
 from infra import keys
 from infra.background import server_time
 from infra.schemas import JOB_STATES, BatchStatus, JobError, JobResult, JobStatus, RenderRequest
-from infra.state import scripts
+from infra.state import scripts, shards
 
 #: Answers of :meth:`JobStore.progress_many` / :meth:`JobStore.renew_leases`, per job.
 STALE, HELD, CANCELED = 0, 1, 2
@@ -115,11 +122,24 @@ class JobStore:
         self._requeue = client.register_script(scripts.REQUEUE)
         self._release = client.register_script(scripts.RELEASE)
         self._retry = client.register_script(scripts.RETRY)
+        #: On Redis Cluster, a job gives its quota back to its shard's counter (its own slot);
+        #: on one Redis, to the tenant's counter itself, so a submission reads one key.
+        self._cluster = isinstance(client, RedisCluster)
 
     @classmethod
     def from_url(cls, url: str, **kwargs) -> "JobStore":
         """A store on the Redis at ``url`` (``redis://`` or ``rediss://``, password allowed)."""
         return cls(redis.Redis.from_url(url, decode_responses=True), **kwargs)
+
+    def _run(self, script: Script, names: list[str], args: list, pipe: Any) -> None:
+        """Queue one transition script on ``pipe``. redis-py's cluster pipeline refuses EVALSHA
+        (it cannot load a missing script on the right node mid-pipeline), so on Redis Cluster the
+        script goes as EVAL (its body each time; the server caches it by SHA1 all the same),
+        routed to the one slot of its keys."""
+        if self._cluster:
+            pipe.execute_command("EVAL", script.script, len(names), *names, *args)
+        else:
+            script(keys=names, args=args, client=pipe)
 
     def server_time(self) -> float:
         """The Redis server's clock, epoch seconds (the clock every lease is measured on)."""
@@ -138,7 +158,8 @@ class JobStore:
         transaction, so a retry never finds the key without the batch, nor the batch without it."""
         published = self.server_time()
         now = repr(time.time())
-        pipe = self.r.pipeline(transaction=True)
+        s = keys.shard(batch_id)
+        pipe = self.r.pipeline(transaction=True)  # one slot when the job ids carry the batch's shard
         bkey = keys.batch(batch_id)
         pipe.hset(bkey, mapping={"created_at": now, "total": len(jobs), "priority": priority, "tenant": tenant,
                                  **(extra or {})})
@@ -150,10 +171,12 @@ class JobStore:
                 "attempts": 0, "created_at": now, "request": job.request.model_dump_json(), "priority": priority,
                 "ttl_s": self.job_ttl_s, **({"cost_s": repr(job.cost_s)} if job.cost_s is not None else {}),
             })
-        pipe.zadd(keys.PENDING, {j.job_id: published for j in jobs})
-        pipe.zadd(keys.recent_batches(tenant), {batch_id: float(now)})
-        pipe.zremrangebyrank(keys.recent_batches(tenant), 0, -RECENT_BATCHES_MAX - 1)
-        pipe.expire(keys.recent_batches(tenant), self.job_ttl_s)
+        for js, ids in shards.by_shard(j.job_id for j in jobs).items():
+            pipe.zadd(keys.pending(js), dict.fromkeys(ids, published))
+        recent = keys.recent_batches(tenant, s)
+        pipe.zadd(recent, {batch_id: float(now)})
+        pipe.zremrangebyrank(recent, 0, -RECENT_BATCHES_MAX - 1)
+        pipe.expire(recent, self.job_ttl_s)
         if idempotency is not None:
             pipe.set(idempotency[0], batch_id, ex=idempotency[1])
         pipe.execute()
@@ -162,8 +185,10 @@ class JobStore:
     def _keys(self, job_id: str, batch_id: str | None = None, tenant: str | None = None) -> list[str]:
         if batch_id is None or tenant is None:
             batch_id, tenant = self._owners([job_id])[0]
-        return [keys.job(job_id), keys.batch_counts(batch_id), keys.LEASES, keys.PENDING, keys.DEAD,
-                keys.dead_of(tenant), keys.batch(batch_id), keys.batch_jobs(batch_id), keys.quota(tenant)]
+        s = keys.shard(job_id)
+        return [keys.job(job_id), keys.batch_counts(batch_id), keys.leases(s), keys.pending(s), keys.dead(s),
+                keys.dead_of(tenant, s), keys.batch(batch_id), keys.batch_jobs(batch_id),
+                keys.quota_returned(tenant, s) if self._cluster else keys.quota(tenant)]
 
     def _owners(self, job_ids: Sequence[str]) -> list[tuple[str, str]]:
         """``(batch_id, tenant)`` per job id, in one round trip (``"_"`` for an unknown job)."""
@@ -183,9 +208,8 @@ class JobStore:
         owners = self._owners(job_ids)
         pipe = self.r.pipeline(transaction=False)
         for job_id, (batch_id, tenant) in zip(job_ids, owners):
-            self._start(keys=self._keys(job_id, batch_id, tenant),
-                        args=[job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts],
-                        client=pipe)
+            self._run(self._start, self._keys(job_id, batch_id, tenant),
+                      [job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts], pipe)
         out: dict[str, StartedJob | str] = {}
         for job_id, (batch_id, tenant), (attempt, payload, *epoch) in zip(job_ids, owners, pipe.execute()):
             if int(attempt) == 0:
@@ -213,8 +237,8 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         ids = []
         for job, progress in updates:
-            self._progress(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                           args=[job.job_id, job.token, repr(self.lease_s), progress], client=pipe)
+            self._run(self._progress, self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
+                      [job.job_id, job.token, repr(self.lease_s), progress], pipe)
             ids.append(job.job_id)
         return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
 
@@ -230,9 +254,9 @@ class JobStore:
             return {}
         pipe = self.r.pipeline(transaction=False)
         for job, result in results:
-            self._finish(keys=self._keys(job.job_id, job.batch_id),
-                         args=[job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(), "0",
-                               self.max_attempts], client=pipe)
+            self._run(self._finish, self._keys(job.job_id, job.batch_id),
+                      [job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(), "0",
+                       self.max_attempts], pipe)
         return {job.job_id: bool(int(code)) for (job, _), code in zip(results, pipe.execute())}
 
     def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
@@ -264,14 +288,14 @@ class JobStore:
         jobs = list(jobs)
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
-            self._release(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                          args=[job.job_id, job.token], client=pipe)
+            self._run(self._release, self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
+                      [job.job_id, job.token], pipe)
         return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
 
     # ---- recovery (the reaper) ------------------------------------------------------------
     def expired_leases(self, limit: int = 1000) -> list[str]:
         """Ids of running jobs whose lease ran out by the Redis server's clock (oldest first)."""
-        return self.r.zrangebyscore(keys.LEASES, "-inf", repr(self.server_time()), start=0, num=limit)
+        return shards.oldest(self.r, keys.leases, self.server_time(), limit)
 
     def requeue_expired(self, job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """For each job, atomically: if it is still running with an expired lease, move it back
@@ -284,7 +308,7 @@ class JobStore:
         owners = self._owners(job_ids)
         pipe = self.r.pipeline(transaction=False)
         for job_id, (batch_id, tenant) in zip(job_ids, owners):
-            self._requeue(keys=self._keys(job_id, batch_id, tenant), args=[job_id, self.max_attempts], client=pipe)
+            self._run(self._requeue, self._keys(job_id, batch_id, tenant), [job_id, self.max_attempts], pipe)
         out = {}
         for job_id, (code, pool) in zip(job_ids, pipe.execute() if job_ids else []):
             if int(code) == 1:
@@ -296,13 +320,17 @@ class JobStore:
     def stale_pending(self, older_than_s: float, limit: int = 1000) -> list[str]:
         """Ids of ``queued`` jobs last (re)published more than ``older_than_s`` seconds ago."""
         cutoff = self.server_time() - older_than_s
-        return self.r.zrangebyscore(keys.PENDING, "-inf", repr(cutoff), start=0, num=limit)
+        return shards.oldest(self.r, keys.pending, cutoff, limit)
 
     def mark_published(self, job_ids: Sequence[str]) -> None:
         """Note that the messages of these still-``queued`` jobs were (re)published, or seen in a
         queue, just now (jobs no longer pending are left alone)."""
         if job_ids:
-            self.r.zadd(keys.PENDING, dict.fromkeys(job_ids, self.server_time()), xx=True)
+            now = self.server_time()
+            pipe = self.r.pipeline(transaction=False)
+            for s, ids in shards.by_shard(job_ids).items():
+                pipe.zadd(keys.pending(s), dict.fromkeys(ids, now), xx=True)
+            pipe.execute()
 
     def routes(self, job_ids: Sequence[str]) -> list[tuple[str, str, str, str]]:
         """``(job_id, state, pool, priority)`` per known job, to republish its message."""
@@ -315,8 +343,9 @@ class JobStore:
     def forget(self, job_id: str, tenant: str | None = None) -> None:
         """Drop a job id from every index (its record has expired); with ``tenant``, from that
         tenant's dead-letter index too."""
+        s = keys.shard(job_id)
         pipe = self.r.pipeline(transaction=False)
-        for key in (keys.LEASES, keys.PENDING, keys.DEAD, *((keys.dead_of(tenant),) if tenant else ())):
+        for key in (keys.leases(s), keys.pending(s), keys.dead(s), *((keys.dead_of(tenant, s),) if tenant else ())):
             pipe.zrem(key, job_id)
         pipe.execute()
 
@@ -326,9 +355,10 @@ class JobStore:
         """One page of the dead-letter set (failed jobs, newest first): ``(more pages follow,
         statuses)``. With ``tenant``, the page is taken from that tenant's own index
         (``rf:dead:{tenant}``), so it holds only its jobs and ``offset`` counts only them.
-        Expired ids are dropped from the indexes."""
-        index = keys.DEAD if tenant is None else keys.dead_of(tenant)
-        ids = self.r.zrevrange(index, offset, offset + limit)
+        Expired ids are dropped from the indexes. The shards are merged by failure time: a page
+        reads up to ``offset + limit + 1`` entries of each shard."""
+        ids = shards.newest(self.r, keys.dead if tenant is None else lambda s: keys.dead_of(tenant, s),
+                            offset, limit + 1)
         more, ids = len(ids) > limit, ids[:limit]
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
@@ -347,27 +377,6 @@ class JobStore:
         is unknown or not failed."""
         code, pool = self._retry(keys=self._keys(job_id), args=[job_id])
         return pool if int(code) else None
-
-    def backfill_dead_index(self, chunk: int = 1000) -> int:
-        """One-time migration: copy each id of the farm-wide dead-letter set written before the
-        per-tenant indexes into its tenant's index (same score). Idempotent; done once per Redis
-        (``rf:migrations`` field ``dead_by_tenant``). Returns how many ids were copied."""
-        if self.r.hexists(keys.MIGRATIONS, "dead_by_tenant"):
-            return 0
-        copied, cursor = 0, 0
-        while True:
-            cursor, entries = self.r.zscan(keys.DEAD, cursor, count=chunk)
-            ids = [job_id for job_id, _ in entries]
-            pipe = self.r.pipeline(transaction=False)
-            for (job_id, score), (_, tenant) in zip(entries, self._owners(ids) if ids else []):
-                if tenant != "_":
-                    pipe.zadd(keys.dead_of(tenant), {job_id: score})
-                    copied += 1
-            pipe.execute()
-            if cursor == 0:
-                break
-        self.r.hset(keys.MIGRATIONS, "dead_by_tenant", repr(time.time()))
-        return copied
 
     # ---- reads ----------------------------------------------------------------------------
     def get_job(self, job_id: str, tenant: str | None = None) -> JobStatus | None:
@@ -443,10 +452,10 @@ class JobStore:
         """The tenant's newest batches first (at most ``limit``), as :meth:`get_batch` answers
         without jobs; ids whose records expired are dropped from the index."""
         out = []
-        for batch_id in self.r.zrevrange(keys.recent_batches(tenant), 0, limit - 1):
+        for batch_id in shards.newest(self.r, lambda s: keys.recent_batches(tenant, s), 0, limit):
             status = self.get_batch(batch_id, limit=0, tenant=tenant)
             if status is None:
-                self.r.zrem(keys.recent_batches(tenant), batch_id)
+                self.r.zrem(keys.recent_batches(tenant, keys.shard(batch_id)), batch_id)
             else:
                 out.append(status)
         return out

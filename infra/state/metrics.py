@@ -19,7 +19,8 @@ Where each count is made: rendered images and their failures by the worker here;
 by the API's cancel routes (:func:`count_images`). Failures decided by the reaper (a job's last
 attempt lost with its worker) are not counted yet.
 
-Keys (prefix ``rf:``; named in :mod:`infra.keys`):
+Keys (prefix ``rf:{metrics}:``, one Redis Cluster slot for the batch's MULTI/EXEC; named in
+:mod:`infra.keys`):
     metrics:pools             set of the pool names that have recorded anything
     metrics:{pool}            hash: ``{histogram}:{i}`` observations in bucket ``i`` (not
                               cumulative; ``i == len(bounds)`` is ``+Inf``), ``{histogram}:sum``,
@@ -121,7 +122,7 @@ def record_batch(client: redis.Redis, job_ids: Sequence[str], *, worker: str,
 def _record_batch(client: redis.Redis, job_ids: Sequence[str], worker: str, renders: list[tuple[int, float]],
                   succeeded: int, failed: int, batch_seconds: float | None) -> None:
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    pipe.execute_command("TIME")  # redis-py's cluster pipeline blocks its .time(), not the command
     for job_id in job_ids:
         pipe.hmget(keys.job(job_id), "pool", "created_at", "started_at")
     (seconds, _micros), *rows = pipe.execute()

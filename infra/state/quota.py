@@ -11,7 +11,12 @@ megapixel-step (``PoolSpec.s_per_mpx_step``, or ``RENDERFARM_DEFAULT_S_PER_MPX_S
 height / 10⁶ × steps. The dispatcher (:mod:`infra.broker.dispatch`) shares pools between
 tenants by the same cost, so one 150-step 1024² job weighs as much as ~75 512² 8-step ones.
 
-Keys: ``rf:quota:{tenant}`` hash ``jobs``, ``gpu_s`` (:mod:`infra.keys`).
+Keys: ``rf:quota:{tenant}`` hash ``jobs``, ``gpu_s``. On one Redis the transitions give back to
+this hash itself. On Redis Cluster each transition script must stay in its job's slot, so a job
+gives back to its shard's hash ``rf:quota:{tenant}:{s}`` (negative counts, :mod:`infra.keys`) and
+the outstanding work is the tenant's hash plus every shard's: with a limit set, a submission
+reads the 256 shards first (one pipelined round trip) and passes their sum to the reservation
+script; a dead-letter retry racing that read is counted at the next submission.
 """
 
 from __future__ import annotations
@@ -19,14 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+from redis.cluster import RedisCluster
 
 from infra import keys
 
-# KEYS[1] quota hash. ARGV: jobs, gpu_s, max_jobs (0 = none), max_gpu_s (0 = none).
-# Returns {1, jobs, gpu_s} reserved, or {0, jobs, gpu_s} (nothing changed): the usage before.
+# KEYS[1] quota hash. ARGV: jobs, gpu_s, max_jobs (0 = none), max_gpu_s (0 = none), then the
+# shards' returned jobs and gpu_s (≤ 0). Returns {1, jobs, gpu_s} reserved, or {0, jobs, gpu_s}
+# (nothing changed): the outstanding usage before.
 _RESERVE = """
-local jobs = tonumber(redis.call('HGET', KEYS[1], 'jobs') or '0') or 0
-local gpu = tonumber(redis.call('HGET', KEYS[1], 'gpu_s') or '0') or 0
+local jobs = (tonumber(redis.call('HGET', KEYS[1], 'jobs') or '0') or 0) + tonumber(ARGV[5])
+local gpu = (tonumber(redis.call('HGET', KEYS[1], 'gpu_s') or '0') or 0) + tonumber(ARGV[6])
 local add_jobs, add_gpu = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max_jobs, max_gpu = tonumber(ARGV[3]), tonumber(ARGV[4])
 if (max_jobs > 0 and jobs + add_jobs > max_jobs) or (max_gpu > 0 and gpu + add_gpu > max_gpu) then
@@ -63,10 +70,14 @@ class Quotas:
         client: Redis with ``decode_responses=True``.
         max_jobs: outstanding jobs per tenant (0: no limit).
         max_gpu_s: outstanding estimated GPU-seconds per tenant (0: no limit).
+        sharded: whether jobs give their share back to per-shard hashes (default: whether the
+            client is a RedisCluster, the same choice as :class:`infra.state.jobs.JobStore`'s).
     """
 
-    def __init__(self, client: redis.Redis, max_jobs: int = 0, max_gpu_s: float = 0.0):
+    def __init__(self, client: redis.Redis, max_jobs: int = 0, max_gpu_s: float = 0.0,
+                 sharded: bool | None = None):
         self.r = client
+        self.sharded = isinstance(client, RedisCluster) if sharded is None else sharded
         self.max_jobs = max_jobs
         self.max_gpu_s = max_gpu_s
         self._reserve = client.register_script(_RESERVE)
@@ -74,7 +85,19 @@ class Quotas:
     def usage(self, tenant: str) -> tuple[int, float]:
         """``(outstanding jobs, outstanding GPU-seconds)`` of ``tenant``."""
         jobs, gpu = self.r.hmget(keys.quota(tenant), "jobs", "gpu_s")
-        return int(jobs or 0), float(gpu or 0)
+        back_jobs, back_gpu = self._returned(tenant)
+        return int(jobs or 0) + back_jobs, float(gpu or 0) + back_gpu
+
+    def _returned(self, tenant: str) -> tuple[int, float]:
+        """What the tenant's ended jobs gave back, summed over the shards (≤ 0); (0, 0) on one
+        Redis, where they gave it back to the tenant's hash itself."""
+        if not self.sharded:
+            return 0, 0.0
+        pipe = self.r.pipeline(transaction=False)
+        for s in keys.SHARDS:
+            pipe.hmget(keys.quota_returned(tenant, s), "jobs", "gpu_s")
+        answers = pipe.execute()
+        return sum(int(j or 0) for j, _ in answers), sum(float(g or 0) for _, g in answers)
 
     def reserve(self, tenant: str, jobs: int, gpu_s: float, *, drain_gpu_s_per_s: float = 1.0) -> None:
         """Count ``jobs`` and ``gpu_s`` against ``tenant``'s quota, atomically, or refuse.
@@ -90,8 +113,10 @@ class Quotas:
             if limit and size > limit:
                 raise QuotaExceeded(413, f"this request's {size:g} {what} exceed the tenant's quota of {limit:g} "
                                          f"outstanding {what}; split it")
+        back_jobs, back_gpu = self._returned(tenant) if self.max_jobs or self.max_gpu_s else (0, 0.0)
         ok, used_jobs, used_gpu = self._reserve(keys=[keys.quota(tenant)],
-                                                args=[jobs, repr(gpu_s), self.max_jobs, repr(self.max_gpu_s)])
+                                                args=[jobs, repr(gpu_s), self.max_jobs, repr(self.max_gpu_s),
+                                                      back_jobs, repr(back_gpu)])
         if int(ok):
             return
         excess = max(float(used_gpu) + gpu_s - self.max_gpu_s, 0.0) if self.max_gpu_s else 0.0

@@ -4,8 +4,9 @@ Data flow: workers write here every ``heartbeat_interval_s``; the status API (``
 /v1/workers``, the dashboard) and the local stack read it. A worker not heard from for
 ``heartbeat_ttl_s`` is gone: its hash expires and it drops out of :func:`live_workers`.
 
-Keys (:mod:`infra.keys`): ``rf:workers`` (sorted set, name → last heartbeat epoch seconds) and
-``rf:worker:{name}`` (hash of JSON-encoded fields).
+Keys (:mod:`infra.keys`): ``rf:{workers}`` (sorted set, name → last heartbeat epoch seconds) and
+``rf:{workers}:{name}`` (hash of JSON-encoded fields); the braces are a hash tag, so the
+heartbeat script's two keys share a Redis Cluster slot.
 
 Every time here is the Redis server's clock (``TIME``): the heartbeat is stamped inside a Lua
 script and liveness is judged against :func:`infra.background.server_time`, so a worker whose
@@ -22,7 +23,8 @@ import redis
 from infra import keys
 from infra.background import server_time
 
-# KEYS[1] rf:worker:{name}, KEYS[2] rf:workers; ARGV[1] name, ARGV[2] ttl (s), ARGV[3…] field, JSON value.
+# KEYS[1] rf:{workers}:{name}, KEYS[2] rf:{workers} (one slot); ARGV[1] name, ARGV[2] ttl (s),
+# ARGV[3…] field, JSON value.
 # The heartbeat's time is the server's, taken inside the script.
 _HEARTBEAT = """
 local t = redis.call('TIME')

@@ -6,13 +6,16 @@ Each script is atomic over every key it touches and re-checks its condition, so 
 happens at most once whatever runs it concurrently (several workers, reapers or API replicas).
 """
 
-# Every transition script gets the same keys, so each one is atomic over everything it touches:
+# Every transition script gets the same keys, so each one is atomic over everything it touches;
+# every key is in the job's shard s (hash tag {s}), so on Redis Cluster the script runs in one slot:
 #   KEYS[1] job hash   KEYS[2] its batch's counts hash
-#   KEYS[3] rf:leases  KEYS[4] rf:pending  KEYS[5] rf:dead      ARGV[1] the job id
-#   KEYS[6] rf:dead:{tenant}, the job's tenant's own dead-letter index (finish, requeue, retry)
+#   KEYS[3] rf:leases:{s}  KEYS[4] rf:pending:{s}  KEYS[5] rf:dead:{s}      ARGV[1] the job id
+#   KEYS[6] rf:dead:{tenant}:{s}, the job's tenant's own dead-letter index (finish, requeue, retry)
 #   KEYS[7] its batch's hash   KEYS[8] its batch's job list
-#   KEYS[9] rf:quota:{tenant}: a job with ``cost_s`` gives its job and GPU-seconds back when it
-#           ends and takes them again on a dead-letter retry (infra.state.quota)
+#   KEYS[9] rf:quota:{tenant}:{s} (Redis Cluster; on one Redis rf:quota:{tenant} itself): a job
+#           with ``cost_s`` gives its job and GPU-seconds back when it ends and takes them again
+#           on a dead-letter retry (infra.state.quota)
+# Only INFO and TIME are read besides these keys; no key is named inside a script.
 # Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running (keep); each
 # move to a terminal state sets its TTL afresh, and its batch's keys get theirs once no job of
 # the batch is queued or running (expire_ended). Records without ``ttl_s`` keep their creation TTL.

@@ -122,7 +122,7 @@ class FaultFarm:
         """``(state, worker, progress)`` per job, read cheaply (for polling loops)."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
-            pipe.hmget(f"rf:job:{job_id}", "state", "worker", "progress")
+            pipe.hmget(keys.job(job_id), "state", "worker", "progress")
         return [(state, worker, float(progress or 0)) for state, worker, progress in pipe.execute()]
 
     def wait(self, job_ids: Sequence[str], timeout: float = 120.0) -> list[JobStatus | None]:

@@ -25,8 +25,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra import keys
 from infra.localstack import ManagedProcess, free_port
 from infra.localstack.services import cli_command
+from infra.state import shards
 from infra.state.durable import DurableAck
 from worker.faults import OOM_ENV, POISON_ENV
 
@@ -171,7 +173,7 @@ def test_f_sigterm_during_a_batch(fault_farm):
     assert all(s.attempts == 1 for s in farm.statuses(job_ids))  # nothing was retried, nothing ran twice
     assert all(s.worker == other.worker_name for s in farm.statuses(prefetched))  # given back, run elsewhere
     assert farm.registry_entry(victim.worker_name) == {}
-    assert farm.redis.zcard("rf:leases") == 0  # no lease left behind
+    assert shards.card(farm.redis, keys.leases) == 0  # no lease left behind
     assert "stopped" in victim.log_tail(20)
 
 

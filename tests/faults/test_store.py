@@ -19,6 +19,7 @@ from infra.broker.publish import publish_jobs
 from infra.broker.reaper import Reaper, queued_job_ids
 from infra.schemas import JOB_STATES, JobError, JobResult
 from infra.settings import Settings
+from infra.state import shards
 from infra.state.jobs import CANCELED, HELD, STALE, JobStore, NewJob, StartedJob
 
 from .farm import request
@@ -56,7 +57,7 @@ def _batch(store: JobStore, n: int, batch_id: str = "b1") -> list[str]:
 
 
 def _counts_add_up(store: JobStore, batch_id: str = "b1") -> None:
-    counts = store.r.hgetall(f"rf:batch:{batch_id}:counts")
+    counts = store.r.hgetall(keys.batch_counts(batch_id))
     total = int(store.batch_meta(batch_id)["total"])
     states = [s.state for s in store.get_jobs(store.batch_job_ids(batch_id))]
     assert {s: int(counts.get(s, 0)) for s in JOB_STATES} == {s: states.count(s) for s in JOB_STATES}
@@ -68,8 +69,8 @@ def _counts_add_up(store: JobStore, batch_id: str = "b1") -> None:
 
 def _expire(store: JobStore, job_id: str) -> None:
     """Make a running job's lease run out now (as if its worker died long ago)."""
-    store.r.hset(f"rf:job:{job_id}", "lease_until", "1")
-    store.r.zadd(keys.LEASES, {job_id: 1})
+    store.r.hset(keys.job(job_id), "lease_until", "1")
+    store.r.zadd(keys.leases(keys.shard(job_id)), {job_id: 1})
 
 
 def test_fencing_and_monotonic_terminal_states(r):
@@ -87,7 +88,7 @@ def test_fencing_and_monotonic_terminal_states(r):
     assert not store.cancel(a) and not store.succeed(second, RESULT) and store.fail(second, ERROR) is None
     assert store.start_many([a], "w3")[a] == "succeeded"
     assert store.get_job(a).state == "succeeded" and store.get_job(a).worker == "w2"
-    assert r.zscore(keys.LEASES, a) is None and r.zscore(keys.PENDING, a) is None
+    assert r.zscore(keys.leases(keys.shard(a)), a) is None and r.zscore(keys.pending(keys.shard(a)), a) is None
     _counts_add_up(store)
 
 
@@ -150,9 +151,9 @@ def test_counters_stay_consistent_under_random_transitions(r):
                 store.release([job])
         _counts_add_up(store)
     states = {j: store.get_job(j).state for j in ids}
-    assert set(r.zrange(keys.LEASES, 0, -1)) == {j for j, s in states.items() if s == "running"}
-    assert set(r.zrange(keys.PENDING, 0, -1)) == {j for j, s in states.items() if s == "queued"}
-    assert set(r.zrange(keys.DEAD, 0, -1)) == {j for j, s in states.items() if s == "failed"}
+    assert shards.members(r, keys.leases) == {j for j, s in states.items() if s == "running"}
+    assert shards.members(r, keys.pending) == {j for j, s in states.items() if s == "queued"}
+    assert shards.members(r, keys.dead) == {j for j, s in states.items() if s == "failed"}
 
 
 def test_attempt_budget_dead_letter_and_retry(r):
@@ -171,7 +172,7 @@ def test_attempt_budget_dead_letter_and_retry(r):
     assert store.dead_letters(tenant="someone-else")[1] == []
     assert store.retry(a) == "null" and store.retry(a) is None
     status = store.get_job(a)
-    assert status.state == "queued" and status.error is None and r.zscore(keys.DEAD, a) is None
+    assert status.state == "queued" and status.error is None and r.zscore(keys.dead(keys.shard(a)), a) is None
     job = store.start_many([a], "w4")[a]
     assert job.attempt == 4  # the fencing counter keeps counting; the budget starts again
     assert store.fail(job, ERROR, retry=True) == "queued"  # a transient error spends an attempt only
@@ -266,10 +267,9 @@ def message_job_id_of(message) -> str:
     return message.headers["id"]
 
 
-def test_dead_letters_are_paged_per_tenant_and_backfilled(r):
+def test_dead_letters_are_paged_per_tenant(r):
     """A tenant's dead-letter page holds only its own failures, however many other tenants'
-    failures are newer, and ``more`` follows its own count; ids of the farm-wide set written
-    before the per-tenant indexes are copied into them once."""
+    failures are newer, and ``more`` follows its own count (the index's shards merged)."""
     store = _store(r)
     mine = [f"m{i}" for i in range(3)]
     theirs = [f"t{i}" for i in range(50)]
@@ -283,13 +283,11 @@ def test_dead_letters_are_paged_per_tenant_and_backfilled(r):
     assert more and len(page) == 2
     more, page = store.dead_letters(offset=2, limit=2, tenant="alice")
     assert not more and len(page) == 1
-    assert r.zcard(keys.dead_of("bob")) == 50 and r.zcard(keys.DEAD) == 53
+    assert shards.card(r, lambda s: keys.dead_of("bob", s)) == 50 and shards.card(r, keys.dead) == 53
     # a retry takes the id out of both indexes
-    assert store.retry(mine[0]) == "null" and r.zscore(keys.dead_of("alice"), mine[0]) is None
-    # the migration: an index lost (or never written) is rebuilt from the farm-wide set, once
-    r.delete(keys.dead_of("alice"), keys.dead_of("bob"))
-    assert store.backfill_dead_index(chunk=7) == 52 and store.backfill_dead_index() == 0
-    assert r.zcard(keys.dead_of("alice")) == 2 and r.zcard(keys.dead_of("bob")) == 50
+    assert store.retry(mine[0]) == "null"
+    assert r.zscore(keys.dead_of("alice", keys.shard(mine[0])), mine[0]) is None
+    assert mine[0] not in shards.members(r, keys.dead)
 
 
 def test_records_never_expire_while_queued_or_running_and_ttl_restarts_at_each_end(r):
@@ -327,13 +325,13 @@ def test_epoch_fences_a_stale_attempt_after_a_redis_rollback(fault_redis, r):
     the stale worker's success with the same attempt number is refused by its epoch."""
     store = _store(r)
     (job_id,) = _batch(store, 1)
-    before = {k: r.dump(k) for k in (f"rf:job:{job_id}", "rf:batch:b1:counts")}
+    before = {k: r.dump(k) for k in (keys.job(job_id), keys.batch_counts("b1"))}
     stale = store.start_many([job_id], "w-stale")[job_id]
     assert isinstance(stale, StartedJob) and stale.attempt == 1 and len(stale.epoch) == 40
     _restart_hard(fault_redis)
     for key, dumped in before.items():  # what the lost writes leave: the job still queued, attempt 0
         r.restore(key, 0, dumped, replace=True)
-    r.zrem(keys.LEASES, job_id)
+    r.zrem(keys.leases(keys.shard(job_id)), job_id)
     fresh = store.start_many([job_id], "w-fresh")[job_id]
     assert fresh.attempt == stale.attempt == 1 and fresh.epoch != stale.epoch
     assert store.succeed(stale, RESULT) is False

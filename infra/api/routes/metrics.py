@@ -40,7 +40,8 @@ def _exposition(request: Request, farm: Farm) -> Cached:
     cached = getattr(request.app.state, "metrics_exposition", None)
     if cached is None:
         cached = request.app.state.metrics_exposition = Cached(
-            lambda: metrics.exposition(farm.redis, farm.settings.heartbeat_ttl_s), farm.settings.metrics_cache_s)
+            lambda: metrics.exposition(farm.redis, farm.settings.heartbeat_ttl_s, farm.broker_redis),
+            farm.settings.metrics_cache_s)
     return cached
 
 

@@ -19,7 +19,8 @@ router = APIRouter(prefix="/v1/queues", tags=["farm"], dependencies=[Depends(cur
 
 
 def _rows(farm: Farm) -> list[dict]:
-    return queue_depths(farm.redis, farm.live_workers(), pools=[p.name for p in farm.settings.pools])
+    return queue_depths(farm.redis, farm.live_workers(), pools=[p.name for p in farm.settings.pools],
+                        broker=farm.broker_redis)
 
 
 @router.get("", response_model=list[QueueDepth])

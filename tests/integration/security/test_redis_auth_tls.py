@@ -19,6 +19,7 @@ import httpx
 import pytest
 import redis
 
+from infra import keys
 from infra.broker.app import make_celery
 from infra.broker.publish import publish_jobs
 from infra.localstack import LOCALHOST, ApiServer, ProcessExited, RedisServer, free_port, redis_answers
@@ -75,7 +76,7 @@ def test_api_works_with_a_password_redis(password_redis, farm_env, run_dir):
         accepted = httpx.post(api.url + "/v1/jobs", json={"prompt": "a locked door"})
         assert accepted.status_code == 202
         assert httpx.get(f"{api.url}/v1/jobs/{accepted.json()['job_id']}").json()["state"] == "queued"
-        assert password_redis.client().hget(f"rf:job:{accepted.json()['job_id']}", "state") == "queued"
+        assert password_redis.client().hget(keys.job(accepted.json()['job_id']), "state") == "queued"
         assert password_redis.password not in repr(password_redis)
         assert password_redis.password not in api.log_path.read_text()
 

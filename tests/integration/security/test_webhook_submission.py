@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from infra import keys
+
 
 @pytest.mark.integration
 @pytest.mark.parametrize("url,needle", [("http://127.0.0.1:6379/", "loopback"),
@@ -28,4 +30,4 @@ def test_submission_with_a_public_webhook_is_accepted(secure_api, make_tenant, j
     tenant = make_tenant("hooks", secure_api.url)
     r = tenant.http.post("/v1/batches", json={"jobs": [job_body], "webhook_url": "https://93.184.216.34/hook"})
     assert r.status_code == 202
-    assert redis_server.client().hget(f"rf:batch:{r.json()['batch_id']}", "webhook_url") == "https://93.184.216.34/hook"
+    assert redis_server.client().hget(keys.batch(r.json()['batch_id']), "webhook_url") == "https://93.184.216.34/hook"

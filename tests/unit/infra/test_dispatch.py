@@ -110,13 +110,13 @@ def test_low_jobs_age_past_a_persistent_high_load(r, app):
 
 def test_popped_jobs_are_indexed_for_the_reaper_and_canceled_ones_dropped(r, app):
     ids = _submit(r, "t", "normal", 6)
-    assert r.zmscore(keys.PENDING, ids) == [None] * 6    # waiting in a lane: no message, nothing to republish
+    assert [r.zscore(keys.pending(keys.shard(j)), j) for j in ids] == [None] * 6  # in a lane: no message yet
     store = JobStore(r)
     store.cancel(ids[0])
     store.cancel(ids[3])
     popped = Dispatcher(r, app).pop(POOL, 10)
     assert popped == [ids[1], ids[2], ids[4], ids[5]]
-    assert all(score is not None for score in r.zmscore(keys.PENDING, popped))
+    assert all(r.zscore(keys.pending(keys.shard(j)), j) is not None for j in popped)
     assert not r.sismember(keys.WAIT_POOLS, POOL)        # lanes empty: the pool leaves the index
 
 
@@ -130,7 +130,7 @@ def test_a_canceled_backlog_stops_counting_even_without_workers(r, app):
     assert queue_depths(r, [], pools=[])[0]["outstanding"] == 503
     assert Dispatcher(r, app).tick() == {}              # no worker: nothing published, dead heads dropped
     assert queue_depths(r, [], pools=[])[0]["outstanding"] == 3
-    assert broker_depth(r, POOL) == 0 and r.llen(f"rf:wait:{POOL}:t:normal") == len(kept)
+    assert broker_depth(r, POOL) == 0 and r.llen(keys.lane(POOL, "t:normal")) == len(kept)
 
 
 def test_two_replicas_never_dispatch_a_job_twice_nor_overfill(r, app):
@@ -209,7 +209,7 @@ def test_tenants_share_by_gpu_seconds_not_job_count(r, app):
         jobs = [NewJob(new_id(), RenderRequest(prompt="p", seed=1, model="null"), POOL, cost_s=cost)
                 for _ in range(300)]
         store.create_batch(new_id(), jobs, tenant=tenant)
-        enqueue(r, [(j.job_id, POOL) for j in jobs], tenant=tenant, priority="normal")
+        enqueue(r, [(j.job_id, POOL) for j in jobs], tenant=tenant, priority="normal", costs=[j.cost_s for j in jobs])
         ids[tenant] = {j.job_id for j in jobs}
     order = Dispatcher(r, app, aging_s=0).pop(POOL, 220)
     heavy = sum(j in ids["heavy"] for j in order)

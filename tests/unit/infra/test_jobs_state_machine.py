@@ -205,7 +205,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def counters_add_up(self):
-        counts = self.client.hgetall(f"rf:batch:{self.batch_id}:counts")
+        counts = self.client.hgetall(keys.batch_counts(self.batch_id))
         states = [self.client.hget(keys.job(j), "state") for j in self.ids]
         for state in JOB_STATES:
             assert int(counts.get(state, 0)) == states.count(state), (state, counts, states)
@@ -218,9 +218,9 @@ class StoreMachine(RuleBasedStateMachine):
     def indexes_follow_states(self):
         for job_id in self.ids:
             state = self.model[job_id].state
-            assert (self.client.zscore(keys.LEASES, job_id) is not None) == (state == "running")
-            assert (self.client.zscore(keys.PENDING, job_id) is not None) == (state == "queued")
-            assert (self.client.zscore(keys.DEAD, job_id) is not None) == (state == "failed")
+            assert (self.client.zscore(keys.leases(keys.shard(job_id)), job_id) is not None) == (state == "running")
+            assert (self.client.zscore(keys.pending(keys.shard(job_id)), job_id) is not None) == (state == "queued")
+            assert (self.client.zscore(keys.dead(keys.shard(job_id)), job_id) is not None) == (state == "failed")
 
 
 def test_store_state_machine(redis_server):

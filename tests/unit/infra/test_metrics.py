@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from infra import keys
 from infra.api import metrics as read_side
 from infra.api.submission import new_id
 from infra.schemas import RenderRequest
@@ -45,8 +46,8 @@ def _started_batch(r, n: int, pool: str = "p1", wait_s: float = 0.0) -> list[str
     store.create_batch(new_id(), jobs)
     if wait_s:  # pretend the jobs were submitted wait_s earlier
         for job in jobs:
-            created = float(r.hget(f"rf:job:{job.job_id}", "created_at"))
-            r.hset(f"rf:job:{job.job_id}", "created_at", repr(created - wait_s))
+            created = float(r.hget(keys.job(job.job_id), "created_at"))
+            r.hset(keys.job(job.job_id), "created_at", repr(created - wait_s))
     started = store.start_many([j.job_id for j in jobs], "w1")
     return [job_id for job_id, s in started.items() if not isinstance(s, str)]
 
