@@ -43,7 +43,7 @@ S3_AUTH_CODES = frozenset({
 _DEVICE_PATTERNS = re.compile(
     r"CUDA error|CUDA driver|cudaError|CUBLAS_STATUS_(?:NOT_INITIALIZED|EXECUTION_FAILED|INTERNAL_ERROR)|"
     r"CUDNN_STATUS_(?:NOT_INITIALIZED|EXECUTION_FAILED|INTERNAL_ERROR)|device-side assert|"
-    r"device (?:is )?lost|no CUDA-capable device|NVML|Xid|illegal memory access|"
+    r"device (?:is )?lost|no CUDA-capable device|NVML|illegal memory access|"
     r"unspecified launch failure|ECC error", re.IGNORECASE)
 
 REQUEST, TRANSIENT, CREDENTIALS, DEVICE = "request", "transient", "credentials", "device"
