@@ -78,6 +78,7 @@ class CircuitBreaker:
         """Let the next batch through; its failure trips the breaker again at once."""
         with self._lock:
             self.tripped_at = None
+            self.reason = ""
             self.consecutive_failures = max(0, self.threshold - 1)
         log.warning("circuit breaker half-open: trying one batch")
 
