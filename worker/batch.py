@@ -69,17 +69,16 @@ def render_groups(jobs: list[StartedJob]) -> list[list[StartedJob]]:
     with while they rendered in a group of ``suspect_n`` (bisection across attempts,
     :mod:`infra.state.scripts`) — which render apart from the unsuspected jobs, in groups of at
     most half the smallest ``suspect_n`` among them (at least 1), so that each loss halves the
-    group a worker-killing request is in, until it renders alone."""
+    group a worker-killing request is in, until it renders alone. Unsuspected groups come
+    first, so that they are done before a suspect can crash the worker."""
     groups: dict[tuple, list[StartedJob]] = defaultdict(list)
     for job in jobs:
         groups[(compat_key(job.request), job.suspect_n > 0)].append(job)
-    out: list[list[StartedJob]] = []
+    out = [group for (_, suspect), group in groups.items() if not suspect]  # first: done before any crash
     for (_, suspect), group in groups.items():
-        if not suspect:
-            out.append(group)
-            continue
-        cap = max(1, min(j.suspect_n for j in group) // 2)
-        out.extend(group[i:i + cap] for i in range(0, len(group), cap))
+        if suspect:
+            cap = max(1, min(j.suspect_n for j in group) // 2)
+            out.extend(group[i:i + cap] for i in range(0, len(group), cap))
     return out
 
 

@@ -6,7 +6,11 @@ an exception raised while a job was rendered, encoded, uploaded or recorded:
 - **request** (a bad prompt, a poison input, a job that alone still times out): the job fails
   for good, as before; its batch mates are unharmed (bisection).
 - **transient** (storage or Redis briefly unreachable, S3 5xx, out of memory): the attempt
-  fails and the job goes back to the queue until its attempts are spent.
+  fails and the job goes back to the queue until its attempts are spent. Redis unreachable is
+  not this worker's fault to isolate: Redis is also the broker, so a worker that cannot reach
+  it takes no work anyway; its job-state writes retry for ``redis_retry_s``, and should it stay
+  away, the leases expire and the reaper requeues the jobs (a lost worker, see
+  :mod:`infra.state.scripts`).
 - **infrastructure** — this worker cannot do any job right, whatever the request:
 
   * *credentials* (S3 403 ``InvalidAccessKeyId`` / ``SignatureDoesNotMatch`` /

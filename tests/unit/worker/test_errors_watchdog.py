@@ -53,7 +53,7 @@ def _job(i: int, suspect_n: int = 0, width: int = 64) -> StartedJob:
 def test_suspects_render_apart_from_the_unsuspected_in_halves_of_their_smallest_group():
     jobs = [_job(0), _job(1, 8), _job(2, 8), _job(3), _job(4, 8), _job(5, 4), _job(6, 8), _job(7, width=128)]
     groups = [[j.job_id for j in g] for g in render_groups(jobs)]
-    assert groups == [["j0", "j3"], ["j1", "j2"], ["j4", "j5"], ["j6"], ["j7"]]  # suspects: cap 4 // 2 = 2
+    assert groups == [["j0", "j3"], ["j7"], ["j1", "j2"], ["j4", "j5"], ["j6"]]  # unsuspected first; cap 4 // 2 = 2
     assert [[j.job_id for j in g] for g in render_groups([_job(0, 1), _job(1, 1)])] == [["j0"], ["j1"]]
     assert [len(g) for g in render_groups([_job(i, 8) for i in range(8)])] == [4, 4]
 
