@@ -37,7 +37,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -138,7 +137,8 @@ class BatchRunner:
         self._render_q: queue.Queue[BatchWork] = queue.Queue(maxsize=1)
         self._render_thread: threading.Thread | None = None
         self._done: list[BatchOutcome] = []
-        self.watchdog = watchdog
+        self.watchdog = watchdog or RenderWatchdog(0)  # 0: never fires (and is never started)
+        self._rendered: list[StartedJob] = []  # the last group rendered (its render is over once the next starts)
 
     def run(self, messages: Sequence[Any]) -> BatchOutcome:
         """Handle one pulled batch of celery-batches requests, start to finish, in this thread.
@@ -270,7 +270,7 @@ class BatchRunner:
 
     def _store_group(self, work: BatchWork, jobs: list[StartedJob], images: list[Image.Image]) -> None:
         """Who is still ours, just before upload (cancellation and takeover), then store them."""
-        held = self._redis(self.store.renew_leases, jobs)
+        held = self._redis(self.store.renew_leases, jobs, rendered=True)
         kept = []
         for job, image in zip(jobs, images, strict=True):
             if held.get(job.job_id) != HELD:
@@ -306,14 +306,16 @@ class BatchRunner:
             for i in range(0, len(jobs), cap):
                 self._render_group(jobs[i:i + cap], work, post)
             return
+        if jobs[0].suspect_n and self._post_thread is not None:  # it may crash the worker: store the
+            self._post.join()  # groups rendered before it first, or the crash would lose their work
         deadline = time.monotonic() + self.job_timeout_s
         t0 = time.perf_counter()
         try:  # the group's size on its jobs, should this worker be lost (bisection across attempts)
-            self.store.mark_rendering(jobs)
+            self.store.mark_rendering(jobs, rendered=self._rendered)
         except redis.RedisError as exc:  # Redis away: render anyway, the heartbeat renews the leases
             log.warning("group size not recorded: %s", exc)
         try:
-            with self._watched(jobs):
+            with self.watchdog.rendering(f"a group of {len(jobs)} ({jobs[0].job_id}…)"):
                 images = self.renderer.render([j.request for j in jobs], on_step=self._step_callback(jobs, deadline))
         except GroupAbandoned as exc:
             log.info("stopped a group of %d: %s", len(jobs), exc)
@@ -344,6 +346,7 @@ class BatchRunner:
             self._render_group(jobs[mid:], work, post)
             return
         self.limits.succeeded(key, len(jobs))
+        self._rendered = jobs
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self._redis(self.on_rendered, [j.job_id for j in jobs])
         post(PostItem(work, jobs, images))
@@ -388,18 +391,11 @@ class BatchRunner:
             else:
                 self._stale_result(job, result, outcome)
 
-    def _watched(self, jobs: list[StartedJob]):
-        """The watchdog's context for rendering ``jobs`` (a no-op without a watchdog)."""
-        if self.watchdog is None:
-            return contextlib.nullcontext()
-        return self.watchdog.rendering(f"a group of {len(jobs)} ({jobs[0].job_id}…)")
-
     def _step_callback(self, jobs: list[StartedJob], deadline: float) -> Callable[[int, int], None]:
         last = [0.0]
 
         def on_step(step: int, total: int) -> None:
-            if self.watchdog is not None:
-                self.watchdog.progress()
+            self.watchdog.progress()
             now = time.monotonic()
             if now > deadline:
                 raise TimeoutError(f"render exceeded the job timeout of {self.job_timeout_s:g}s "
@@ -445,9 +441,8 @@ class BatchRunner:
 
     def _fail(self, job: StartedJob, exc: BaseException, outcome: BatchOutcome, *, retry: bool | None = None) -> None:
         kind = classify(exc)
-        if kind in (CREDENTIALS, DEVICE) and not outcome.infrastructure:
+        if kind in (CREDENTIALS, DEVICE) and not outcome.infrastructure:  # logged by the breaker as it opens
             outcome.infrastructure = f"{type(exc).__name__}: {exc}"[:500]
-            log.error("infrastructure error (%s), not the request's: %s", kind, outcome.infrastructure)
         if kind == CREDENTIALS and retry is None:  # nothing of the request was at fault: no attempt spent
             self._release_jobs([job], outcome)
             return
@@ -473,8 +468,7 @@ class BatchRunner:
         except Exception as exc:  # Redis away: their leases expire and the reaper requeues them
             log.warning("could not release %d job(s): %s", len(jobs), exc)
             return
-        outcome.requeued.extend(job_id for job_id, _ in released)
-        outcome.dropped += len(jobs) - len(released)
+        outcome.requeued.extend(job_id for job_id, _ in released)  # the others were taken over or canceled
         log.warning("released %d job(s) unharmed to other workers", len(released))
 
     def _republish(self, job_ids: list[str]) -> None:

@@ -213,23 +213,27 @@ class JobStore:
         (canceled meanwhile: stop working on it) or :data:`STALE` (another attempt or a
         terminal state owns it: discard this attempt's work).
         """
-        return self._touch((job, repr(progress)) for job, progress in updates)
+        return self._touch((job, repr(progress), "") for job, progress in updates)
 
-    def renew_leases(self, jobs: Iterable[StartedJob]) -> dict[str, int]:
+    def renew_leases(self, jobs: Iterable[StartedJob], *, rendered: bool = False) -> dict[str, int]:
         """Extend the leases of running jobs by ``lease_s`` from now, in one round trip; answers
-        as :meth:`progress_many` does, so it also tells whether each job is still held."""
-        return self._touch((job, "") for job in jobs)
+        as :meth:`progress_many` does, so it also tells whether each job is still held. With
+        ``rendered``, also record that their render is over (see :meth:`mark_rendering`)."""
+        return self._touch((job, "", "0" if rendered else "") for job in jobs)
 
-    def mark_rendering(self, jobs: Sequence[StartedJob]) -> dict[str, int]:
+    def mark_rendering(self, jobs: Sequence[StartedJob], rendered: Sequence[StartedJob] = ()) -> dict[str, int]:
         """Record that this attempt now renders ``jobs`` as one group (their ``group_n``, read by
         the reaper should the worker be lost: bisection across attempts, :mod:`infra.state.scripts`)
-        and renew their leases; one round trip, answers as :meth:`renew_leases`."""
-        return self._touch(((job, "") for job in jobs), group=str(len(jobs)))
+        and that the render of ``rendered`` (the group before, still being stored) is over, so
+        that a crash from here on is not laid on them; renews all their leases, in one round
+        trip, and answers as :meth:`renew_leases`."""
+        group = str(len(jobs))
+        return self._touch([*((job, "", "0") for job in rendered), *((job, "", group) for job in jobs)])
 
-    def _touch(self, updates: Iterable[tuple[StartedJob, str]], group: str = "") -> dict[str, int]:
+    def _touch(self, updates: Iterable[tuple[StartedJob, str, str]]) -> dict[str, int]:
         pipe = self.r.pipeline(transaction=False)
         ids = []
-        for job, progress in updates:
+        for job, progress, group in updates:
             self._progress(keys=self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
                            args=[job.job_id, job.token, repr(self.lease_s), progress, group], client=pipe)
             ids.append(job.job_id)

@@ -107,7 +107,6 @@ def _until_terminal(farm, job_ids, timeout: float) -> int:
     raise TimeoutError(f"jobs not terminal within {timeout}s: {farm.states(job_ids)}")
 
 
-@pytest.mark.farm_settings(RENDERFARM_WORKER_OVERLAP="0")
 def test_m_a_request_that_kills_its_worker_in_a_batch_of_8(fault_farm):
     """One request of 8 ends its worker's process (``os._exit(137)``, ``RENDERFARM_TEST_KILL_PROMPT``)
     whenever it is rendered, on any worker. Two workers, restarted when they die. Bisection across
@@ -115,15 +114,14 @@ def test_m_a_request_that_kills_its_worker_in_a_batch_of_8(fault_farm):
     rendered in halves (4, then 2), then the killer alone, which spends its 3 attempts and is
     dead-lettered; the 7 others succeed. A dead-letter retry is accepted once, then refused.
 
-    The workers run serially (``RENDERFARM_WORKER_OVERLAP=0``): an overlapped worker would still
-    be storing the group rendered before the killer's when it dies, and that group would render
-    again (counted as run twice)."""
+    The workers are overlapped (the default): before a suspect group renders, the groups rendered
+    before it are stored, so that its crash costs them nothing (no job renders twice)."""
     farm = fault_farm
     requests = [request(i) for i in range(8)]
     requests[5] = request(5, prompt="KILLER request")
-    job_ids = farm.submit(requests)  # queued before the workers start: one pulls all 8 as one batch
+    farm.add_workers(2, batch_size=8, step_delay_s=0.05, **{KILL_ENV: "KILLER"})  # ready before they can die
+    job_ids = farm.submit(requests)
     killer = job_ids[5]
-    farm.add_workers(2, batch_size=8, step_delay_s=0.05, **{KILL_ENV: "KILLER"})
     first_crash = farm.wait_for(lambda: time.monotonic() if any(not w.running for w in farm.workers) else None,
                                 timeout=60, interval=0.05)
     restarts = _until_terminal(farm, job_ids, timeout=300)

@@ -139,15 +139,16 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             assert code == STALE
 
-    @rule(handle=handles, expire=st.booleans())
-    def renew(self, handle, expire):
+    @rule(handle=handles, expire=st.booleans(), rendered=st.booleans())
+    def renew(self, handle, expire, rendered):
         m = self.model[handle.job_id]
-        code = (self.expiring if expire else self.store).renew_leases([handle])[handle.job_id]
+        code = (self.expiring if expire else self.store).renew_leases([handle], rendered=rendered)[handle.job_id]
         if m.state == "canceled":
             assert code == CANCELED
         elif self._current(handle):
             assert code == HELD
             m.lease_expired = expire
+            m.group = 0 if rendered else m.group
         else:
             assert code == STALE
 
