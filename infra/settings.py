@@ -122,6 +122,9 @@ class Settings(BaseSettings):
         "worker this long after its last publish is republished, seconds.")
     job_timeout_s: float = Field(600.0, gt=0, description="Longest render of one job (its group), seconds; "
                                                           "checked between denoising steps.")
+    render_stall_s: float = Field(300.0, ge=0, description="A render without a denoising step for this long, "
+                                  "seconds, is wedged: the worker gives its jobs up and exits 70 for its supervisor "
+                                  "to restart it (worker/watchdog.py); 0 = never.")
     upload_retry_s: float = Field(60.0, ge=0, description="How long an upload rides out a storage outage, seconds.")
     breaker_failures: int = Field(5, ge=1, description="Consecutive failed batches after which a worker stops "
                                                        "consuming and reports itself unhealthy.")

@@ -7,11 +7,18 @@ record, in the post-processing thread).
 
 from __future__ import annotations
 
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from PIL import Image
 
 from infra.state.jobs import StartedJob
+from pipeline.render import compat_key
+
+log = logging.getLogger("renderfarm.worker")
 
 
 @dataclass
@@ -23,6 +30,7 @@ class BatchOutcome:
     failed: int = 0
     dropped: int = 0  # canceled or taken over while this attempt ran: result discarded
     requeued: list[str] = field(default_factory=list)  # transient failure: back to queued
+    infrastructure: str = ""  # this worker's infrastructure failed (worker.errors): its breaker opens at once
     renders: list[tuple[int, float]] = field(default_factory=list)  # (images, seconds) per pipeline call
     job_ids: list[str] = field(default_factory=list)  # the pulled batch's job ids (set when it is recorded)
 
@@ -53,3 +61,37 @@ class PostItem:
     work: BatchWork
     jobs: list[StartedJob] | None = None
     images: list[Image.Image] | None = None
+
+
+def render_groups(jobs: list[StartedJob]) -> list[list[StartedJob]]:
+    """The render groups of a started batch, in order: jobs of one compatibility group
+    (``pipeline.render.compat_key``) render together, except *suspects* — jobs a worker was lost
+    with while they rendered in a group of ``suspect_n`` (bisection across attempts,
+    :mod:`infra.state.scripts`) — which render apart from the unsuspected jobs, in groups of at
+    most half the smallest ``suspect_n`` among them (at least 1), so that each loss halves the
+    group a worker-killing request is in, until it renders alone. Unsuspected groups come
+    first, so that they are done before a suspect can crash the worker."""
+    groups: dict[tuple, list[StartedJob]] = defaultdict(list)
+    for job in jobs:
+        groups[(compat_key(job.request), job.suspect_n > 0)].append(job)
+    out = [group for (_, suspect), group in groups.items() if not suspect]  # first: done before any crash
+    for (_, suspect), group in groups.items():
+        if suspect:
+            cap = max(1, min(j.suspect_n for j in group) // 2)
+            out.extend(group[i:i + cap] for i in range(0, len(group), cap))
+    return out
+
+
+def job_ids_from_messages(messages: Sequence[Any], *, log_rejects: bool = True) -> list[str]:
+    """The job ids carried by celery-batches requests; malformed messages are dropped (and
+    logged, unless ``log_rejects`` is false)."""
+    ids = []
+    for message in messages:
+        kwargs = getattr(message, "kwargs", None)
+        job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
+        if isinstance(job_id, str) and 0 < len(job_id) <= 64 and job_id.isascii() and job_id.isalnum():
+            ids.append(job_id)
+        elif log_rejects:
+            log.error("rejected malformed message %s: kwargs=%.200r args=%.200r", getattr(message, "id", "?"),
+                      kwargs, getattr(message, "args", None))
+    return ids

@@ -11,6 +11,12 @@ recovery paths (bisection, out-of-memory split, timeouts, cancellation) in real 
 ``RENDERFARM_TEST_STEP_DELAY_S=<seconds>``
     each denoising step takes this long; the null renderer is given
     ``num_inference_steps`` steps, so a batch is slow enough to be interrupted.
+``RENDERFARM_TEST_HANG_PROMPT=<marker>``
+    a group whose prompts contain ``<marker>`` hangs at its first step, forever, without
+    reporting progress (a render wedged in a driver call: the render watchdog's case).
+``RENDERFARM_TEST_KILL_PROMPT=<marker>``
+    a group whose prompts contain ``<marker>`` ends the worker process with ``os._exit(137)``
+    after its first step (a request that crashes its worker: bisection across attempts).
 ``RENDERFARM_TEST_COUNTERS=1``
     count, per job, completed renders (``rf:test:renders``) and object writes that really
     wrote (``rf:test:writes``) in Redis hashes, so a test can prove nothing ran twice.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,16 +44,20 @@ POISON_ENV = "RENDERFARM_TEST_POISON_PROMPT"
 OOM_ENV = "RENDERFARM_TEST_OOM_ABOVE"
 DELAY_ENV = "RENDERFARM_TEST_STEP_DELAY_S"
 COUNTERS_ENV = "RENDERFARM_TEST_COUNTERS"
+HANG_ENV = "RENDERFARM_TEST_HANG_PROMPT"
+KILL_ENV = "RENDERFARM_TEST_KILL_PROMPT"
 
 
 class FaultyRenderer:
     """Wraps a renderer; raises or slows down as the ``RENDERFARM_TEST_*`` variables say."""
 
-    def __init__(self, inner, *, poison: str = "", oom_above: int = 0, step_delay_s: float = 0.0):
+    def __init__(self, inner, *, poison: str = "", oom_above: int = 0, step_delay_s: float = 0.0, hang: str = "",
+                 kill: str = ""):
         self.inner = inner
         self.model = inner.model
         self.recipe = getattr(inner, "recipe", None)
         self.poison, self.oom_above, self.step_delay_s = poison, oom_above, step_delay_s
+        self.hang, self.kill = hang, kill
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -62,6 +73,16 @@ class FaultyRenderer:
 
             raise torch.OutOfMemoryError(f"injected: out of memory on a group of {len(requests)} "
                                          f"(limit {self.oom_above})")
+        if self.hang and any(self.hang in r.prompt for r in requests):
+            log.warning("FAULT INJECTION: render of %d hangs forever", len(requests))
+            threading.Event().wait()
+        if self.kill and any(self.kill in r.prompt for r in requests):
+            if on_step is not None:
+                on_step(1, max(r.num_inference_steps for r in requests))
+            log.warning("FAULT INJECTION: render of %d kills the worker", len(requests))
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(137)
         if not self.step_delay_s:
             return self.inner.render(requests, on_step=on_step)
         if getattr(self.inner, "model", None) == "null":
@@ -85,10 +106,12 @@ def wrap_renderer(renderer, env: Mapping[str, str] = os.environ):
     poison = env.get(POISON_ENV, "")
     oom_above = int(env.get(OOM_ENV, "0") or 0)
     delay = float(env.get(DELAY_ENV, "0") or 0)
-    if not (poison or oom_above or delay):
+    hang, kill = env.get(HANG_ENV, ""), env.get(KILL_ENV, "")
+    if not (poison or oom_above or delay or hang or kill):
         return renderer
-    log.warning("FAULT INJECTION ON: poison=%r oom_above=%d step_delay_s=%g", poison, oom_above, delay)
-    return FaultyRenderer(renderer, poison=poison, oom_above=oom_above, step_delay_s=delay)
+    log.warning("FAULT INJECTION ON: poison=%r oom_above=%d step_delay_s=%g hang=%r kill=%r", poison, oom_above,
+                delay, hang, kill)
+    return FaultyRenderer(renderer, poison=poison, oom_above=oom_above, step_delay_s=delay, hang=hang, kill=kill)
 
 
 def counters(client: redis.Redis, env: Mapping[str, str] = os.environ) -> tuple[Callable, Callable] | None:

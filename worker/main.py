@@ -11,7 +11,11 @@ exits 0. Should a batch still be held at exit (a second signal: cold shutdown), 
 released to ``queued`` and republished instead of waiting for their leases to expire.
 
 Health: a circuit breaker (``worker.breaker``) stops consumption after
-``breaker_failures`` consecutive failed batches and reports ``healthy: false`` in the registry.
+``breaker_failures`` consecutive failed batches, or at once on an error of this worker's
+infrastructure (``worker.errors``; S3 credentials are also checked at start and before each
+re-try), and reports ``healthy: false`` in the registry. A render watchdog
+(``worker.watchdog``) ends the process (exit 70) when a render stops making progress for
+``render_stall_s`` seconds, so that its jobs' leases expire and other workers take them.
 
 Celery's own tools see it (:mod:`worker.observe`): it answers remote control between batches
 (``celery inspect``), and sends worker heartbeats and, when task events are on, a task event
@@ -43,11 +47,13 @@ from infra.storage.s3 import Storage
 from pipeline.null import NULL_MODEL, NullRenderer
 from worker import faults
 from worker.breaker import CircuitBreaker
+from worker.errors import credentials_problem
 from worker.faults import wrap_renderer
 from worker.heartbeat import Heartbeat
 from worker.observe import CeleryHeartbeat, CeleryVisibility
 from worker.runner import BatchRunner, job_ids_from_messages
 from worker.tasks import install_render_task
+from worker.watchdog import RenderWatchdog
 
 log = logging.getLogger("renderfarm.worker")
 DEFAULT_NULL_BATCH = 64
@@ -134,6 +140,9 @@ def run_worker(args: argparse.Namespace) -> int:
     reserved = ReservedJobs()
 
     def reopen() -> None:
+        if credentials_problem(storage):  # still refused: stay open, look again after the cool-down
+            consumer["c"].timer.call_after(settings.breaker_cooldown_s, reopen)
+            return
         breaker.half_open()
         if "c" in consumer:
             consumer["c"].add_task_queue(queue)
@@ -148,11 +157,12 @@ def run_worker(args: argparse.Namespace) -> int:
 
     breaker = CircuitBreaker(settings.breaker_failures, on_trip=on_trip)
     test_counters = faults.counters(client)
+    watchdog = RenderWatchdog(settings.render_stall_s, on_stall=lambda reason: heartbeat.stop())
     runner = BatchRunner(store, storage, renderer, name, job_timeout_s=settings.job_timeout_s,
                          upload_retry_s=settings.upload_retry_s, upload_threads=upload_threads,
                          on_requeued=lambda ids: republish(store, app, ids),
                          on_rendered=test_counters[0] if test_counters else None,
-                         on_written=test_counters[1] if test_counters else None)
+                         on_written=test_counters[1] if test_counters else None, watchdog=watchdog)
 
     visibility = CeleryVisibility()
 
@@ -189,7 +199,7 @@ def run_worker(args: argparse.Namespace) -> int:
     def record_outcomes(outcomes) -> None:
         """Runs in Celery's consumer thread (the batch task, or the consumer's timer)."""
         for outcome in outcomes:
-            breaker.record(outcome.failed_batch)
+            breaker.record(outcome.failed_batch, outcome.infrastructure)
             done = [awaiting.pop(j) for j in outcome.job_ids if j in awaiting]
             if done:
                 visibility.finished(done, store.get_jobs)
@@ -203,6 +213,8 @@ def run_worker(args: argparse.Namespace) -> int:
     def on_ready(sender=None, **_kw) -> None:
         consumer.update(c=sender)
         visibility.bind(sender)
+        if breaker.open:  # opened before the consumer ran (the credentials check)
+            on_trip()
         if settings.worker_overlap:  # a batch's outcome reaches the breaker when it is recorded,
             # not only when the next batch arrives (which a tripping worker may never get); the
             # timer runs in the consumer's event loop, where on_trip may cancel the queue
@@ -223,8 +235,11 @@ def run_worker(args: argparse.Namespace) -> int:
 
     heartbeat = Heartbeat(client, name, describe, interval_s=settings.heartbeat_interval_s,
                           ttl_s=settings.heartbeat_ttl_s, on_beat=lambda: store.renew_leases(runner.current_jobs()))
+    if problem := credentials_problem(storage):
+        breaker.trip(problem)
     heartbeat.beat()
     heartbeat.start()
+    watchdog.start()
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
     celery_heartbeat.start()
     install_malformed_message_guard()

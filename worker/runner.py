@@ -21,11 +21,18 @@ Guarantees:
   stopping it would cost them their work) and the canceled jobs' images are dropped: their
   state stays ``canceled`` and no object is written.
 - A render taking longer than ``job_timeout_s`` stops at its next step with ``TimeoutError``;
-  every job of the group fails with it, without bisection (halves of a group that is too slow
-  would only spend the time again).
+  the group is split in halves, each with a fresh deadline (a slow request among fast ones
+  leaves them their time), and a job that alone still times out fails with the timeout.
 - Transient errors (storage or Redis away, out of memory on a single job) fail the attempt,
   not the job: it goes back to the queue until its attempts are spent. Job-state writes ride
   out a Redis restart by retrying for ``redis_retry_s`` seconds.
+- Errors of this worker's infrastructure (:mod:`worker.errors`: S3 credentials, a broken
+  device) never fail a job for good: credential errors release it without spending an attempt,
+  device errors spend one; the batch's outcome says so (``infrastructure``), the worker opens
+  its breaker at once, and its groups not yet rendered are released unrendered.
+- Bisection across attempts: each group's size is recorded on its jobs as it starts rendering;
+  jobs a lost worker held come back as suspects and render in halves (``worker.batch``). A
+  render watchdog (``worker.watchdog``), when given, sees each render start, step and end.
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -46,10 +52,12 @@ from infra.schemas import JobError, RenderRequest
 from infra.state import metrics
 from infra.state.jobs import HELD, JobStore, StartedJob
 from infra.storage.results import StoredImage, store_image
-from infra.storage.s3 import Storage, is_transient
+from infra.storage.s3 import Storage
 from pipeline.memory import BatchLimits, is_oom_error
 from pipeline.render import compat_key
-from worker.batch import BatchOutcome, BatchWork, PostItem
+from worker.batch import BatchOutcome, BatchWork, PostItem, job_ids_from_messages, render_groups
+from worker.errors import CREDENTIALS, DEVICE, REQUEST, TRANSIENT, classify
+from worker.watchdog import RenderWatchdog
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -69,27 +77,6 @@ class GroupAbandoned(Exception):
     (all canceled, or taken over): the render stops between two denoising steps."""
 
 
-def job_ids_from_messages(messages: Sequence[Any], *, log_rejects: bool = True) -> list[str]:
-    """The job ids carried by celery-batches requests; malformed messages are dropped (and
-    logged, unless ``log_rejects`` is false)."""
-    ids = []
-    for message in messages:
-        kwargs = getattr(message, "kwargs", None)
-        job_id = kwargs.get("job_id") if isinstance(kwargs, dict) else None
-        if isinstance(job_id, str) and 0 < len(job_id) <= 64 and job_id.isascii() and job_id.isalnum():
-            ids.append(job_id)
-        elif log_rejects:
-            log.error("rejected malformed message %s: kwargs=%.200r args=%.200r", getattr(message, "id", "?"),
-                      kwargs, getattr(message, "args", None))
-    return ids
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Whether a job's error is the infrastructure's, not the request's: storage or Redis
-    unreachable, or out of memory. Such an error spends an attempt, not the job."""
-    return is_oom_error(exc) or is_transient(exc) or isinstance(exc, redis.ConnectionError)
-
-
 class BatchRunner:
     """Renders pulled batches for one worker.
 
@@ -106,6 +93,7 @@ class BatchRunner:
         upload_threads: jobs of a group encoded, uploaded and recorded at once (1 = in turn).
         pending_groups: rendered groups that may wait for post-processing in
             :meth:`run_overlapped` before the renderer blocks (the bound on held images).
+        watchdog: told of each render's start, steps and end (:mod:`worker.watchdog`), or None.
 
     Two ways to run a batch: :meth:`run` does it all in the calling thread; :meth:`run_overlapped`
     starts the jobs in the calling thread, renders in a render thread and leaves encoding, upload
@@ -124,7 +112,7 @@ class BatchRunner:
                  on_requeued: Callable[[list[str]], object] | None = None,
                  on_rendered: Callable[[list[str]], None] | None = None,
                  on_written: Callable[[str], None] | None = None, upload_threads: int = 8,
-                 pending_groups: int = 2):
+                 pending_groups: int = 2, watchdog: RenderWatchdog | None = None):
         self.store = store
         self.storage = storage
         self.renderer = renderer
@@ -149,6 +137,8 @@ class BatchRunner:
         self._render_q: queue.Queue[BatchWork] = queue.Queue(maxsize=1)
         self._render_thread: threading.Thread | None = None
         self._done: list[BatchOutcome] = []
+        self.watchdog = watchdog or RenderWatchdog(0)  # 0: never fires (and is never started)
+        self._rendered: list[StartedJob] = []  # the last group rendered (its render is over once the next starts)
 
     def run(self, messages: Sequence[Any]) -> BatchOutcome:
         """Handle one pulled batch of celery-batches requests, start to finish, in this thread.
@@ -214,11 +204,11 @@ class BatchRunner:
     def _render_batch(self, work: BatchWork, post: Callable[[PostItem], None]) -> None:
         """Render the batch's groups, handing each rendered group, then the batch's end, to
         ``post`` (inline, or the post-processing thread's queue)."""
-        groups: dict[tuple, list[StartedJob]] = defaultdict(list)
-        for job in work.jobs:
-            groups[compat_key(job.request)].append(job)
         try:
-            for group in groups.values():
+            for group in render_groups(work.jobs):
+                if work.rendering.infrastructure or work.outcome.infrastructure:  # this worker is broken:
+                    self._release_jobs(group, work.rendering)  # hand the rest over unrendered
+                    continue
                 t0 = time.perf_counter()
                 self._render_group(group, work, post)
                 log.info("rendered %d job(s) %s in %.2fs", len(group), compat_key(group[0].request)[1:4],
@@ -261,6 +251,7 @@ class BatchRunner:
         with self._lock:
             for job in work.jobs:
                 self.current.pop(job.job_id, None)
+        outcome.infrastructure = outcome.infrastructure or rendering.infrastructure
         if outcome.requeued:
             self._republish(outcome.requeued)
         batch_s = time.perf_counter() - work.started
@@ -279,7 +270,7 @@ class BatchRunner:
 
     def _store_group(self, work: BatchWork, jobs: list[StartedJob], images: list[Image.Image]) -> None:
         """Who is still ours, just before upload (cancellation and takeover), then store them."""
-        held = self._redis(self.store.renew_leases, jobs)
+        held = self._redis(self.store.renew_leases, jobs, rendered=True)
         kept = []
         for job, image in zip(jobs, images, strict=True):
             if held.get(job.job_id) != HELD:
@@ -315,19 +306,30 @@ class BatchRunner:
             for i in range(0, len(jobs), cap):
                 self._render_group(jobs[i:i + cap], work, post)
             return
+        if jobs[0].suspect_n and self._post_thread is not None:  # it may crash the worker: store the
+            self._post.join()  # groups rendered before it first, or the crash would lose their work
         deadline = time.monotonic() + self.job_timeout_s
         t0 = time.perf_counter()
+        try:  # the group's size on its jobs, should this worker be lost (bisection across attempts)
+            self.store.mark_rendering(jobs, rendered=self._rendered)
+        except redis.RedisError as exc:  # Redis away: render anyway, the heartbeat renews the leases
+            log.warning("group size not recorded: %s", exc)
         try:
-            images = self.renderer.render([j.request for j in jobs], on_step=self._step_callback(jobs, deadline))
+            with self.watchdog.rendering(f"a group of {len(jobs)} ({jobs[0].job_id}…)"):
+                images = self.renderer.render([j.request for j in jobs], on_step=self._step_callback(jobs, deadline))
         except GroupAbandoned as exc:
             log.info("stopped a group of %d: %s", len(jobs), exc)
             outcome.dropped += len(jobs)
             return
-        except TimeoutError as exc:
-            for job in jobs:
-                self._fail(job, exc, outcome, retry=False)
-            return
         except Exception as exc:  # bisect: only the job that fails may fail
+            if isinstance(exc, TimeoutError) and len(jobs) == 1:
+                self._fail(jobs[0], TimeoutError(f"{exc}; it ran alone, so the job itself is too slow"),
+                           outcome, retry=False)
+                return
+            if classify(exc) not in (REQUEST, TRANSIENT) or (len(jobs) == 1 and not is_oom_error(exc)):
+                for job in jobs:  # this worker's infrastructure, or the job alone: no bisection
+                    self._fail(job, exc, outcome)
+                return
             if is_oom_error(exc):
                 cap = self.limits.lowered(key, len(jobs))
                 log.warning("out of memory on a group of %d; this shape now renders at most %d at once", len(jobs), cap)
@@ -344,6 +346,7 @@ class BatchRunner:
             self._render_group(jobs[mid:], work, post)
             return
         self.limits.succeeded(key, len(jobs))
+        self._rendered = jobs
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self._redis(self.on_rendered, [j.job_id for j in jobs])
         post(PostItem(work, jobs, images))
@@ -392,6 +395,7 @@ class BatchRunner:
         last = [0.0]
 
         def on_step(step: int, total: int) -> None:
+            self.watchdog.progress()
             now = time.monotonic()
             if now > deadline:
                 raise TimeoutError(f"render exceeded the job timeout of {self.job_timeout_s:g}s "
@@ -436,7 +440,13 @@ class BatchRunner:
         return name_of(requested) if name_of is not None else requested
 
     def _fail(self, job: StartedJob, exc: BaseException, outcome: BatchOutcome, *, retry: bool | None = None) -> None:
-        retry = is_retryable(exc) if retry is None else retry
+        kind = classify(exc)
+        if kind in (CREDENTIALS, DEVICE) and not outcome.infrastructure:  # logged by the breaker as it opens
+            outcome.infrastructure = f"{type(exc).__name__}: {exc}"[:500]
+        if kind == CREDENTIALS and retry is None:  # nothing of the request was at fault: no attempt spent
+            self._release_jobs([job], outcome)
+            return
+        retry = kind != REQUEST if retry is None else retry
         error = JobError(type=type(exc).__name__, message=str(exc)[:2000])
         state = self._redis(self.store.fail, job, error, retry=retry)
         if state == "queued":
@@ -450,6 +460,16 @@ class BatchRunner:
         else:
             log.warning("job %s attempt %d is stale; its failure was not recorded", job.job_id, job.attempt)
             outcome.dropped += 1
+
+    def _release_jobs(self, jobs: list[StartedJob], outcome: BatchOutcome) -> None:
+        """Give ``jobs`` back to ``queued`` without spending an attempt (republished at the batch's end)."""
+        try:
+            released = self._redis(self.store.release, jobs)
+        except Exception as exc:  # Redis away: their leases expire and the reaper requeues them
+            log.warning("could not release %d job(s): %s", len(jobs), exc)
+            return
+        outcome.requeued.extend(job_id for job_id, _ in released)  # the others were taken over or canceled
+        log.warning("released %d job(s) unharmed to other workers", len(released))
 
     def _republish(self, job_ids: list[str]) -> None:
         try:

@@ -60,6 +60,16 @@ STALE, HELD, CANCELED = 0, 1, 2
 PUBLIC_TENANT = "public"
 #: Batch ids kept per tenant in its recent-batches index (the dashboard's list).
 RECENT_BATCHES_MAX = 1000
+#: Workers a job may be lost with (killed, or stopped by the render watchdog) before it fails,
+#: whatever its charged attempts: ends any loop of refunded losses (bisection across attempts
+#: refunds the attempts of jobs lost in a group; a group of 256 isolates its killer in 8 losses).
+MAX_LOSSES = 12
+#: Dead-letter retries of a job that killed its worker while rendering alone.
+MAX_KILL_RETRIES = 1
+
+
+class RetryRefused(Exception):
+    """A dead-letter retry refused for a reason the caller should show (the job killed workers)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class StartedJob:
     request: RenderRequest
     tenant: str | None = None  # None: looked up when a transition needs it
     epoch: str = ""  # "": fenced by the attempt number alone
+    suspect_n: int = 0  # >0: a worker was lost while it rendered in a group of this size (bisection)
 
     @property
     def token(self) -> str:
@@ -209,14 +220,15 @@ class JobStore:
         pipe = self.r.pipeline(transaction=False)
         for job_id, (batch_id, tenant) in zip(job_ids, owners):
             self._run(self._start, self._keys(job_id, batch_id, tenant),
-                      [job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts], pipe)
+                      [job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts, MAX_LOSSES],
+                      pipe)
         out: dict[str, StartedJob | str] = {}
-        for job_id, (batch_id, tenant), (attempt, payload, *epoch) in zip(job_ids, owners, pipe.execute()):
+        for job_id, (batch_id, tenant), (attempt, payload, *rest) in zip(job_ids, owners, pipe.execute()):
             if int(attempt) == 0:
                 out[job_id] = payload
             else:
                 out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload),
-                                         tenant, epoch[0] if epoch else "")
+                                         tenant, rest[0] if rest else "", int(rest[1]) if len(rest) > 1 else 0)
         return out
 
     def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> dict[str, int]:
@@ -226,19 +238,29 @@ class JobStore:
         (canceled meanwhile: stop working on it) or :data:`STALE` (another attempt or a
         terminal state owns it: discard this attempt's work).
         """
-        return self._touch((job, repr(progress)) for job, progress in updates)
+        return self._touch((job, repr(progress), "") for job, progress in updates)
 
-    def renew_leases(self, jobs: Iterable[StartedJob]) -> dict[str, int]:
+    def renew_leases(self, jobs: Iterable[StartedJob], *, rendered: bool = False) -> dict[str, int]:
         """Extend the leases of running jobs by ``lease_s`` from now, in one round trip; answers
-        as :meth:`progress_many` does, so it also tells whether each job is still held."""
-        return self._touch((job, "") for job in jobs)
+        as :meth:`progress_many` does, so it also tells whether each job is still held. With
+        ``rendered``, also record that their render is over (see :meth:`mark_rendering`)."""
+        return self._touch((job, "", "0" if rendered else "") for job in jobs)
 
-    def _touch(self, updates: Iterable[tuple[StartedJob, str]]) -> dict[str, int]:
+    def mark_rendering(self, jobs: Sequence[StartedJob], rendered: Sequence[StartedJob] = ()) -> dict[str, int]:
+        """Record that this attempt now renders ``jobs`` as one group (their ``group_n``, read by
+        the reaper should the worker be lost: bisection across attempts, :mod:`infra.state.scripts`)
+        and that the render of ``rendered`` (the group before, still being stored) is over, so
+        that a crash from here on is not laid on them; renews all their leases, in one round
+        trip, and answers as :meth:`renew_leases`."""
+        group = str(len(jobs))
+        return self._touch([*((job, "", "0") for job in rendered), *((job, "", group) for job in jobs)])
+
+    def _touch(self, updates: Iterable[tuple[StartedJob, str, str]]) -> dict[str, int]:
         pipe = self.r.pipeline(transaction=False)
         ids = []
-        for job, progress in updates:
+        for job, progress, group in updates:
             self._run(self._progress, self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                      [job.job_id, job.token, repr(self.lease_s), progress], pipe)
+                      [job.job_id, job.token, repr(self.lease_s), progress, group], pipe)
             ids.append(job.job_id)
         return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
 
@@ -299,8 +321,10 @@ class JobStore:
 
     def requeue_expired(self, job_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """For each job, atomically: if it is still running with an expired lease, move it back
-        to ``queued`` (attempt kept) or, with its attempt budget spent, to ``failed`` with a
-        ``WorkerLost`` error and into the dead-letter set.
+        to ``queued`` (attempt kept) or, with its attempt budget (or :data:`MAX_LOSSES`) spent, to
+        ``failed`` with a ``WorkerLost`` error and into the dead-letter set. The attempt is charged
+        only when the job was rendering alone; lost in a larger group, it becomes a suspect that
+        its next attempts render in halves of that group (bisection across attempts).
 
         Returns, per job that moved, ``("queued", pool)`` (to republish) or ``("failed", "")``.
         Safe with several reapers at once: a job moves at most once per expiry.
@@ -308,7 +332,8 @@ class JobStore:
         owners = self._owners(job_ids)
         pipe = self.r.pipeline(transaction=False)
         for job_id, (batch_id, tenant) in zip(job_ids, owners):
-            self._run(self._requeue, self._keys(job_id, batch_id, tenant), [job_id, self.max_attempts], pipe)
+            self._run(self._requeue, self._keys(job_id, batch_id, tenant), [job_id, self.max_attempts, MAX_LOSSES],
+                      pipe)
         out = {}
         for job_id, (code, pool) in zip(job_ids, pipe.execute() if job_ids else []):
             if int(code) == 1:
@@ -374,8 +399,15 @@ class JobStore:
     def retry(self, job_id: str) -> str | None:
         """A failed job → ``queued`` with a fresh attempt budget (the attempt counter, which
         fences, keeps counting). Returns its pool, to republish its message; None when the job
-        is unknown or not failed."""
-        code, pool = self._retry(keys=self._keys(job_id), args=[job_id])
+        is unknown or not failed.
+
+        Raises:
+            RetryRefused: the job killed its worker while rendering alone and has had its
+                :data:`MAX_KILL_RETRIES` retries: running it again would kill workers again."""
+        code, pool, *kills = self._retry(keys=self._keys(job_id), args=[job_id, MAX_KILL_RETRIES])
+        if not int(code) and pool == "killer":
+            raise RetryRefused(f"job {job_id!r} killed its worker {kills[0]} time(s) while rendering alone and was "
+                               f"retried {MAX_KILL_RETRIES} time(s) already; it is not retried again")
         return pool if int(code) else None
 
     # ---- reads ----------------------------------------------------------------------------

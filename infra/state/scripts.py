@@ -78,6 +78,29 @@ local function requeue(state, t, err)
   redis.call('ZADD', KEYS[4], t, id)
   keep()
 end
+-- a worker holding this attempt was lost (its lease expired: killed, or stopped by its render
+-- watchdog). Bisection across attempts (module docstring): the attempt is charged only when the
+-- job was rendering alone (group_n = 1); in a larger group it is refunded and the job becomes a
+-- suspect (suspect_n = that group's size, so its next attempts render in halves of it); not
+-- rendering at all (waiting in the worker), refunded. Every loss counts in 'losses', whose cap
+-- ends any loop. Returns the WorkerLost error (JSON) and whether the job must fail now.
+local function lost(max_attempts, max_losses)
+  local g = num('group_n')
+  local losses = redis.call('HINCRBY', KEYS[1], 'losses', 1)
+  if g == 1 then
+    redis.call('HINCRBY', KEYS[1], 'kills', 1)
+  else
+    redis.call('HINCRBY', KEYS[1], 'attempt_base', 1)
+  end
+  if g > 1 then redis.call('HSET', KEYS[1], 'suspect_n', g) end
+  redis.call('HDEL', KEYS[1], 'group_n')
+  local how = g == 1 and 'while rendering it alone' or (g > 1 and ('while rendering it in a group of ' .. g) or
+    'before rendering it (attempt not charged)')
+  local err = cjson.encode({type = 'WorkerLost', message = 'lease expired: worker ' ..
+    (redis.call('HGET', KEYS[1], 'worker') or '?') .. ' stopped renewing attempt ' .. num('attempts') ..
+    ' ' .. how .. ' (' .. used() .. ' of ' .. max_attempts .. ' attempts used, ' .. losses .. ' workers lost)'})
+  return err, used() >= tonumber(max_attempts) or losses >= tonumber(max_losses)
+end
 local function finish(state, new, t, field, payload)
   local old = num('progress')
   move(state, new)
@@ -96,10 +119,11 @@ local function finish(state, new, t, field, payload)
 end
 """
 
-# start: queued|running → running, attempts += 1. ARGV: id, worker, lease_s, force, max_attempts.
-# Returns {attempt, request, epoch} or {0, reason}; the attempt's epoch (the server's run_id) is
-# stored with it. A running job is taken over only when its lease has
-# expired and its attempt budget is not spent (else the reaper fails it), or when forced.
+# start: queued|running → running, attempts += 1. ARGV: id, worker, lease_s, force, max_attempts,
+# max_losses. Returns {attempt, request, epoch, suspect_n} or {0, reason}; the attempt's epoch (the
+# server's run_id) is stored with it. A running job is taken over only when its lease has
+# expired, or when forced; an expired attempt is accounted first as the reaper would (lost()),
+# and the job fails instead when that spends its budget.
 START = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
@@ -110,7 +134,13 @@ end
 if terminal(state) then return {0, state} end
 local t = now()
 if state == 'running' and ARGV[4] ~= '1' then
-  if num('lease_until') > t or used() >= tonumber(ARGV[5]) then return {0, 'running'} end
+  if num('lease_until') > t then return {0, 'running'} end
+  local err, spent = lost(ARGV[5], ARGV[6])
+  if spent then
+    finish(state, 'failed', t, 'error', err)
+    redis.call('HSET', KEYS[1], 'last_error', err)
+    return {0, 'failed'}
+  end
 end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local old = num('progress')
@@ -120,20 +150,24 @@ local lease = t + tonumber(ARGV[3])
 local ep = epoch()
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', fmt(t), 'progress', '0',
            'lease_until', fmt(lease), 'epoch', ep)
+redis.call('HDEL', KEYS[1], 'group_n')
 redis.call('ZADD', KEYS[3], lease, id)
 redis.call('ZREM', KEYS[4], id)
 keep()
-return {attempt, redis.call('HGET', KEYS[1], 'request'), ep}
+return {attempt, redis.call('HGET', KEYS[1], 'request'), ep, num('suspect_n')}
 """
 
 # progress / renew: only for the current attempt of a running job; both extend its lease.
-# ARGV: id, token (attempt[:epoch]), lease_s, progress ('' = leave it). Returns 1 (ours), 0 (stale), 2 (canceled).
+# ARGV: id, token (attempt[:epoch]), lease_s, progress ('' = leave it), group ('' = leave it: the
+# size of the group this attempt starts rendering the job in, read by lost()).
+# Returns 1 (ours), 0 (stale), 2 (canceled).
 PROGRESS = _PRELUDE + """
 if redis.call('HGET', KEYS[1], 'state') == 'canceled' then return 2 end
 if not ours(ARGV[2]) then return 0 end
 local lease = now() + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'lease_until', fmt(lease))
 redis.call('ZADD', KEYS[3], lease, id)
+if ARGV[5] and ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'group_n', ARGV[5]) end
 if ARGV[4] ~= '' then
   local new, old = tonumber(ARGV[4]), num('progress')
   if new > old then
@@ -162,8 +196,9 @@ return 1
 """
 
 # requeue (the reaper): running with an expired lease → queued, or → failed (dead letter) when
-# the attempt budget is spent. ARGV: id, max_attempts. Returns {1, pool} requeued,
-# {2, ''} failed, {0, ''} nothing to do (the index entry is repaired).
+# the attempt budget (or the cap on lost workers) is spent; the loss is accounted by lost().
+# ARGV: id, max_attempts, max_losses. Returns {1, pool} requeued, {2, ''} failed, {0, ''}
+# nothing to do (the index entry is repaired).
 REQUEUE = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'running' then
@@ -177,10 +212,8 @@ if lease > t then
   redis.call('ZADD', KEYS[3], lease, id)
   return {0, ''}
 end
-local err = cjson.encode({type = 'WorkerLost', message = 'lease expired: worker ' ..
-  (redis.call('HGET', KEYS[1], 'worker') or '?') .. ' stopped renewing attempt ' .. num('attempts') ..
-  ' (' .. used() .. ' of ' .. ARGV[2] .. ' attempts used)'})
-if used() >= tonumber(ARGV[2]) then
+local err, spent = lost(ARGV[2], ARGV[3])
+if spent then
   finish(state, 'failed', t, 'error', err)
   redis.call('HSET', KEYS[1], 'last_error', err)
   return {2, ''}
@@ -198,8 +231,9 @@ requeue('running', now(), '')
 return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 """
 
-# retry (dead letter): failed → queued with a fresh attempt budget. ARGV: id.
-# Returns {1, pool} or {0, state}.
+# retry (dead letter): failed → queued with a fresh attempt budget (and a fresh cap on lost
+# workers). A job that killed its worker while rendering alone ('kills') may be retried at most
+# ARGV[2] times. ARGV: id, max_kill_retries. Returns {1, pool}, {0, state}, or {0, 'killer', kills}.
 RETRY = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'failed' then
@@ -209,7 +243,11 @@ if state ~= 'failed' then
   end
   return {0, state or 'missing'}
 end
-redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'))
+if num('kills') > 0 then
+  if num('kill_retries') >= tonumber(ARGV[2]) then return {0, 'killer', num('kills')} end
+  redis.call('HINCRBY', KEYS[1], 'kill_retries', 1)
+end
+redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'), 'losses', '0')
 requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
 quota(1)
 redis.call('HDEL', KEYS[1], 'error', 'finished_at')

@@ -10,7 +10,8 @@ once: counted by the workers in Redis, see ``worker/faults.py``), and recovery s
 - f: from SIGTERM until the worker had exited;
 - d, e, g: no outage to recover from (–);
 - h: from redis-server being back (after its ``kill -9``) until the farm completed a job again;
-- n: from the ``kill -9`` of the worker under ``renderfarm up`` until its restart was announced.
+- n: from the ``kill -9`` of the worker under ``renderfarm up`` until its restart was announced;
+- j, k, m (the worker's own faults): see ``test_worker_scenarios.py``.
 """
 
 from __future__ import annotations

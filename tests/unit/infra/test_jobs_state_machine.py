@@ -1,7 +1,9 @@
 """The job-state store as a state machine (hypothesis ``RuleBasedStateMachine``) against a real
 redis-server: random interleavings of start (plain and forced), progress, lease renewal,
-succeed, fail (final or retryable), cancel, release, lease expiry with the reaper's requeue, and
-dead-letter retry — including writes from stale attempts that must be discarded.
+succeed, fail (final or retryable), cancel, release, the start of a group's render (its size),
+lease expiry with the reaper's requeue (bisection across attempts: charged only when the job
+rendered alone), and dead-letter retry (refused after one for a job that killed its worker) —
+including writes from stale attempts that must be discarded.
 
 After every step the store must agree with a plain-Python model, and:
 - a terminal state never changes (only a dead-letter retry takes ``failed`` back to ``queued``);
@@ -25,7 +27,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multip
 
 from infra import keys
 from infra.schemas import JOB_STATES, TERMINAL_STATES, JobError, JobResult, RenderRequest
-from infra.state.jobs import CANCELED, HELD, STALE, JobStore, NewJob
+from infra.state.jobs import CANCELED, HELD, MAX_KILL_RETRIES, MAX_LOSSES, STALE, JobStore, NewJob, RetryRefused
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +43,25 @@ class Model:
     attempt_base: int = 0
     progress: float = 0.0
     lease_expired: bool = False
+    group: int = 0  # size of the group this attempt renders the job in (0: not rendering)
+    losses: int = 0
+    kills: int = 0
+    kill_retries: int = 0
 
     @property
     def used(self) -> int:
         return self.attempts - self.attempt_base
+
+    def lost(self) -> bool:
+        """The worker of this attempt was lost: charged only when it rendered the job alone.
+        Returns whether the job must fail now."""
+        self.losses += 1
+        if self.group == 1:
+            self.kills += 1
+        else:
+            self.attempt_base += 1
+        self.group = 0
+        return self.used >= MAX_ATTEMPTS or self.losses >= MAX_LOSSES
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -82,12 +99,16 @@ class StoreMachine(RuleBasedStateMachine):
         m = self.model[job_id]
         before = self._snapshot(job_id)
         out = self.store.start_many([job_id], f"w{i}", force=force)[job_id]
-        takes_over = m.state == "running" and (force or (m.lease_expired and m.used < MAX_ATTEMPTS))
+        takes_over = m.state == "running" and (force or m.lease_expired)
+        if takes_over and not force and m.lost():
+            assert out == "failed"
+            m.state = "failed"
+            return multiple()
         if m.state == "queued" or takes_over:
             assert not isinstance(out, str), out
             m.attempts += 1
             assert out.attempt == m.attempts
-            m.state, m.progress, m.lease_expired = "running", 0.0, False
+            m.state, m.progress, m.lease_expired, m.group = "running", 0.0, False, 0
             return out
         assert out == (m.state if m.state in TERMINAL_STATES else "running")
         assert self._snapshot(job_id) == before
@@ -106,15 +127,28 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             assert code == STALE and self._snapshot(handle.job_id) == before
 
-    @rule(handle=handles, expire=st.booleans())
-    def renew(self, handle, expire):
+    @rule(handle=handles, size=st.sampled_from([1, 2, 4]))
+    def render(self, handle, size):
         m = self.model[handle.job_id]
-        code = (self.expiring if expire else self.store).renew_leases([handle])[handle.job_id]
+        code = self.store.mark_rendering([handle] * size)[handle.job_id]
+        if m.state == "canceled":
+            assert code == CANCELED
+        elif self._current(handle):
+            assert code == HELD
+            m.group, m.lease_expired = size, False
+        else:
+            assert code == STALE
+
+    @rule(handle=handles, expire=st.booleans(), rendered=st.booleans())
+    def renew(self, handle, expire, rendered):
+        m = self.model[handle.job_id]
+        code = (self.expiring if expire else self.store).renew_leases([handle], rendered=rendered)[handle.job_id]
         if m.state == "canceled":
             assert code == CANCELED
         elif self._current(handle):
             assert code == HELD
             m.lease_expired = expire
+            m.group = 0 if rendered else m.group
         else:
             assert code == STALE
 
@@ -171,7 +205,7 @@ class StoreMachine(RuleBasedStateMachine):
         m = self.model[job_id]
         moved = self.store.requeue_expired([job_id])
         if m.state == "running" and m.lease_expired:
-            if m.used >= MAX_ATTEMPTS:
+            if m.lost():
                 assert moved == {job_id: ("failed", "")}
                 m.state = "failed"
             else:
@@ -184,10 +218,15 @@ class StoreMachine(RuleBasedStateMachine):
     def retry_dead_letter(self, i):
         job_id = self.ids[i]
         m = self.model[job_id]
+        if m.state == "failed" and m.kills and m.kill_retries >= MAX_KILL_RETRIES:
+            with pytest.raises(RetryRefused, match="killed its worker"):
+                self.store.retry(job_id)
+            return
         pool = self.store.retry(job_id)
         if m.state == "failed":
             assert pool == "sm-pool"
-            m.state, m.progress, m.attempt_base = "queued", 0.0, m.attempts
+            m.state, m.progress, m.attempt_base, m.losses = "queued", 0.0, m.attempts, 0
+            m.kill_retries += 1 if m.kills else 0
         else:
             assert pool is None
 
@@ -199,6 +238,7 @@ class StoreMachine(RuleBasedStateMachine):
             m = self.model[job_id]
             assert h["state"] == m.state
             assert int(h["attempts"]) == m.attempts
+            assert int(h.get("attempt_base", 0)) == m.attempt_base and int(h.get("kills", 0)) == m.kills
             if m.state != "failed":  # a failed job keeps the progress it had
                 assert float(h["progress"]) == pytest.approx(m.progress)
             assert (h.get("result") is not None) == (m.state == "succeeded")

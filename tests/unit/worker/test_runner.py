@@ -1,5 +1,5 @@
 """BatchRunner, one pulled batch at a time: grouping, bisection, OOM splits, timeouts,
-cancellation, fencing and storage outages.
+cancellation, fencing, storage outages, infrastructure errors and suspects of a lost worker.
 
 The runner's collaborators are real: the job-state store on the session's redis-server (its own
 database) and the bucket on the session's SeaweedFS. Only the renderer is scripted (a test
@@ -24,6 +24,7 @@ from infra.state.jobs import JobStore, NewJob
 from infra.storage.images import read_parameters
 from infra.storage.s3 import Storage
 from pipeline.render import compat_key
+from worker.errors import credentials_problem
 from worker.runner import BatchRunner
 
 DB = 6  # the session farm uses database 0
@@ -41,8 +42,10 @@ class ScriptedRenderer:
     model = "scripted"
 
     def __init__(self, *, fail_on: str = "", oom_above: int = 0, step_s: float = 0.0,
-                 at_step: Callable[[int, Sequence[RenderRequest]], None] | None = None):
+                 at_step: Callable[[int, Sequence[RenderRequest]], None] | None = None, slow_on: str = "",
+                 raise_exc: BaseException | None = None):
         self.fail_on, self.oom_above, self.step_s, self.at_step = fail_on, oom_above, step_s, at_step
+        self.slow_on, self.raise_exc = slow_on, raise_exc
         self.calls: list[list[str]] = []
         self.steps_run: list[int] = []
 
@@ -52,9 +55,12 @@ class ScriptedRenderer:
             raise RuntimeError(f"poison request: prompt contains {self.fail_on!r}")
         if self.oom_above and len(requests) > self.oom_above:
             raise MemoryError(f"out of memory on a group of {len(requests)}")
+        if self.raise_exc is not None:
+            raise self.raise_exc
         total = requests[0].num_inference_steps
+        slow = not self.slow_on or any(self.slow_on in r.prompt for r in requests)
         for step in range(1, total + 1):
-            time.sleep(self.step_s)
+            time.sleep(self.step_s if slow else 0.0)
             if self.at_step is not None:
                 self.at_step(step, requests)
             self.steps_run.append(step)
@@ -139,15 +145,15 @@ def test_out_of_memory_splits_the_group_and_caps_that_shape_only(store, storage)
     assert [len(c) for c in renderer.calls] == [2, 2]  # the capped shape renders in chunks that fit
 
 
-def test_a_render_over_the_timeout_fails_its_group_without_bisection(store, storage):
-    ids = submit(store, ["slow 1", "slow 2"], num_inference_steps=20)
-    renderer = ScriptedRenderer(step_s=0.05)
+def test_a_group_over_the_timeout_splits_and_only_the_slow_job_fails(store, storage):
+    ids = submit(store, ["fast 1", "fast 2", "SLOW one", "fast 3"], num_inference_steps=20)
+    renderer = ScriptedRenderer(step_s=0.05, slow_on="SLOW")
     outcome = runner(store, storage, renderer, job_timeout_s=0.3).run(messages(ids))
-    assert (outcome.succeeded, outcome.failed) == (0, 2)
-    assert len(renderer.calls) == 1 and len(renderer.steps_run) < 20  # stopped between steps, not retried
-    for job_id in ids:
-        error = store.get_job(job_id).error
-        assert error.type == "TimeoutError" and "job timeout" in error.message
+    assert (outcome.succeeded, outcome.failed, outcome.requeued) == (3, 1, [])
+    assert [len(c) for c in renderer.calls if any("SLOW" in p for p in c)] == [4, 2, 1]  # halves, then alone
+    slow = store.get_job(ids[2])
+    assert slow.state == "failed" and slow.error.type == "TimeoutError" and "ran alone" in slow.error.message
+    assert all(store.get_job(j).state == "succeeded" and store.get_job(j).attempts == 1 for j in ids if j != ids[2])
 
 
 def test_a_job_canceled_mid_render_loses_its_image_and_the_others_keep_theirs(store, storage):
@@ -235,3 +241,54 @@ def test_overlapped_batches_render_while_others_are_stored_and_all_are_recorded(
     assert sum(o.succeeded for o in outcomes) == 6 and sum(o.started for o in outcomes) == 7
     assert [store.get_job(j).state for j in first + second] == ["succeeded"] * 4 + ["canceled"] + ["succeeded"] * 2
     assert store.get_job(second[0]).result is None
+
+
+def test_wrong_s3_credentials_release_the_jobs_unspent_and_name_the_infrastructure(store, storage, s3_server):
+    ids = submit(store, [f"a gate {i}" for i in range(3)])
+    refused = Storage(Settings(), max_attempts=1)
+    refused.client = s3_server.client(secret_key="not-the-secret")
+    requeued: list[list[str]] = []
+    outcome = runner(store, refused, ScriptedRenderer(), on_requeued=requeued.append).run(messages(ids))
+    assert (outcome.succeeded, outcome.failed) == (0, 0) and sorted(outcome.requeued) == sorted(ids)
+    assert "SignatureDoesNotMatch" in outcome.infrastructure or "403" in outcome.infrastructure, outcome
+    assert requeued == [outcome.requeued]
+    for job_id in ids:
+        status = store.get_job(job_id)
+        assert status.state == "queued" and status.error is None
+    assert all(int(store.r.hget(f"rf:job:{j}", "attempt_base")) == 1 for j in ids)  # the attempt was refunded
+    assert credentials_problem(refused) and not credentials_problem(storage)
+
+
+def test_a_device_error_spends_an_attempt_and_leaves_the_other_groups_unrendered(store, storage):
+    ids = submit(store, ["a broken device"]) + submit(store, ["a wide one"], width=128)
+    renderer = ScriptedRenderer(raise_exc=RuntimeError("CUDA error: an illegal memory access was encountered"))
+    outcome = runner(store, storage, renderer).run(messages(ids))
+    assert outcome.infrastructure.startswith("RuntimeError: CUDA error") and outcome.failed == 0
+    assert sorted(outcome.requeued) == sorted(ids) and len(renderer.calls) == 1  # no bisection, second group skipped
+    first, second = store.get_jobs(ids)
+    assert first.state == second.state == "queued"
+    assert store.r.hget(f"rf:job:{ids[0]}", "attempt_base") is None  # spent (a request can break a device)
+    assert store.r.hget(f"rf:job:{ids[1]}", "attempt_base") == "1"  # released unrendered
+
+
+def test_suspects_of_a_lost_worker_render_apart_in_halves_and_a_lone_loss_is_charged(store, storage):
+    suspects = submit(store, [f"a suspect {i}" for i in range(4)])
+    clean = submit(store, [f"a bystander {i}" for i in range(2)])
+    held = list(store.start_many(suspects, "lost-worker").values())
+    store.mark_rendering(held)  # rendering as a group of 4 when its worker died
+    expire = JobStore(store.r, lease_s=0.0, max_attempts=3)
+    expire.renew_leases(held)
+    assert sorted(store.requeue_expired(suspects)) == sorted(suspects)
+    assert all(int(store.r.hget(f"rf:job:{j}", "suspect_n")) == 4 for j in suspects)
+    renderer = ScriptedRenderer()
+    outcome = runner(store, storage, renderer).run(messages(suspects + clean))
+    assert outcome.succeeded == 6
+    assert sorted(len(c) for c in renderer.calls) == [2, 2, 2]  # bystanders together; suspects in halves of 4
+    assert all(s.attempts == 2 and s.state == "succeeded" for s in store.get_jobs(suspects))
+    (alone,) = submit(store, ["alone"])
+    job = store.start_many([alone], "lost-worker")[alone]
+    store.mark_rendering([job])
+    expire.renew_leases([job])
+    store.requeue_expired([alone])
+    assert store.r.hget(f"rf:job:{alone}", "kills") == "1"  # lost while rendering alone: charged
+    assert store.r.hget(f"rf:job:{alone}", "attempt_base") is None
