@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from infra import keys
 from worker.faults import HANG_ENV, KILL_ENV
 from worker.watchdog import EXIT_STALLED
 
@@ -32,7 +33,7 @@ def _running_on(farm, worker_name: str, job_ids) -> list[str]:
 
 def _used(farm, job_id: str) -> int:
     """Attempts charged to the job (``attempts - attempt_base``)."""
-    attempts, base = farm.redis.hmget(f"rf:job:{job_id}", "attempts", "attempt_base")
+    attempts, base = farm.redis.hmget(keys.job(job_id), "attempts", "attempt_base")
     return int(attempts or 0) - int(base or 0)
 
 
@@ -132,7 +133,7 @@ def test_m_a_request_that_kills_its_worker_in_a_batch_of_8(fault_farm):
     status = farm.store.get_job(killer)
     assert status.state == "failed" and status.error.type == "WorkerLost", status
     assert "while rendering it alone" in status.error.message, status.error
-    assert farm.redis.hget(f"rf:job:{killer}", "kills") == "3" and _used(farm, killer) == 3
+    assert farm.redis.hget(keys.job(killer), "kills") == "3" and _used(farm, killer) == 3
     assert all(_used(farm, j) == 1 for j in job_ids if j != killer)  # no innocent lost an attempt
     assert restarts >= 3  # lost with the 8 (and with smaller groups, as they fall), then alone three times
     retry = httpx.post(f"{farm.api.url}/v1/dead-letter/{killer}/retry", timeout=30)

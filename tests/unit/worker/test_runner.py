@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 
+from infra import keys
 from infra.api.submission import new_id
 from infra.schemas import RenderRequest
 from infra.settings import Settings
@@ -255,7 +256,7 @@ def test_wrong_s3_credentials_release_the_jobs_unspent_and_name_the_infrastructu
     for job_id in ids:
         status = store.get_job(job_id)
         assert status.state == "queued" and status.error is None
-    assert all(int(store.r.hget(f"rf:job:{j}", "attempt_base")) == 1 for j in ids)  # the attempt was refunded
+    assert all(int(store.r.hget(keys.job(j), "attempt_base")) == 1 for j in ids)  # the attempt was refunded
     assert credentials_problem(refused) and not credentials_problem(storage)
 
 
@@ -267,8 +268,8 @@ def test_a_device_error_spends_an_attempt_and_leaves_the_other_groups_unrendered
     assert sorted(outcome.requeued) == sorted(ids) and len(renderer.calls) == 1  # no bisection, second group skipped
     first, second = store.get_jobs(ids)
     assert first.state == second.state == "queued"
-    assert store.r.hget(f"rf:job:{ids[0]}", "attempt_base") is None  # spent (a request can break a device)
-    assert store.r.hget(f"rf:job:{ids[1]}", "attempt_base") == "1"  # released unrendered
+    assert store.r.hget(keys.job(ids[0]), "attempt_base") is None  # spent (a request can break a device)
+    assert store.r.hget(keys.job(ids[1]), "attempt_base") == "1"  # released unrendered
 
 
 def test_suspects_of_a_lost_worker_render_apart_in_halves_and_a_lone_loss_is_charged(store, storage):
@@ -279,7 +280,7 @@ def test_suspects_of_a_lost_worker_render_apart_in_halves_and_a_lone_loss_is_cha
     expire = JobStore(store.r, lease_s=0.0, max_attempts=3)
     expire.renew_leases(held)
     assert sorted(store.requeue_expired(suspects)) == sorted(suspects)
-    assert all(int(store.r.hget(f"rf:job:{j}", "suspect_n")) == 4 for j in suspects)
+    assert all(int(store.r.hget(keys.job(j), "suspect_n")) == 4 for j in suspects)
     renderer = ScriptedRenderer()
     outcome = runner(store, storage, renderer).run(messages(suspects + clean))
     assert outcome.succeeded == 6
@@ -290,5 +291,5 @@ def test_suspects_of_a_lost_worker_render_apart_in_halves_and_a_lone_loss_is_cha
     store.mark_rendering([job])
     expire.renew_leases([job])
     store.requeue_expired([alone])
-    assert store.r.hget(f"rf:job:{alone}", "kills") == "1"  # lost while rendering alone: charged
-    assert store.r.hget(f"rf:job:{alone}", "attempt_base") is None
+    assert store.r.hget(keys.job(alone), "kills") == "1"  # lost while rendering alone: charged
+    assert store.r.hget(keys.job(alone), "attempt_base") is None
