@@ -203,14 +203,22 @@ def run_worker(args: argparse.Namespace) -> int:
     def on_ready(sender=None, **_kw) -> None:
         consumer.update(c=sender)
         visibility.bind(sender)
+
+    outcome_timer: list = []
+
+    def on_consumer_start(c) -> None:
+        """Every start of the consumer (a lost broker connection clears its event loop's timers)."""
         if settings.worker_overlap:  # a batch's outcome reaches the breaker when it is recorded,
             # not only when the next batch arrives (which a tripping worker may never get); the
             # timer runs in the consumer's event loop, where on_trip may cancel the queue
-            sender.timer.call_repeatedly(0.5, lambda: record_outcomes(runner.take_done()))
+            for entry in outcome_timer:
+                entry.cancel()
+            outcome_timer[:] = [c.timer.call_repeatedly(0.5, lambda: record_outcomes(runner.take_done()))]
 
     signals.task_received.connect(on_received, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
-    install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s)
+    install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s,
+                        on_consumer_start=on_consumer_start)
     started_at = time.time()
 
     def describe() -> dict:
