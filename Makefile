@@ -42,12 +42,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 # apt-get update runs only when a package is missing. fonts-noto-cjk: the dashboard shows Chinese
-# and Japanese prompts (Chromium has no CJK glyphs without it).
+# and Japanese prompts (Chromium has no CJK glyphs without it). faketime (libfaketime): the fault
+# scenario of a worker whose clock is behind runs it under a skewed clock.
 system-packages:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	[ -d /usr/share/fonts/opentype/noto ] || missing="$$missing fonts-noto-cjk"; \
+	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install:$$missing"; \
 		$(SUDO) apt-get update -q && \

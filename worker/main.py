@@ -139,9 +139,19 @@ def run_worker(args: argparse.Namespace) -> int:
     consumer: dict = {}
     reserved = ReservedJobs()
 
+    reopen_timer: list = []
+
+    def arm_reopen(c) -> None:
+        """One pending half-open try per cool-down (re-armed at each consumer start: a lost
+        broker connection clears the event loop's timers, which would leave the breaker open)."""
+        for entry in reopen_timer:
+            entry.cancel()
+        reopen_timer[:] = [c.timer.call_after(settings.breaker_cooldown_s, reopen)] \
+            if settings.breaker_cooldown_s > 0 else []
+
     def reopen() -> None:
         if credentials_problem(storage):  # still refused: stay open, look again after the cool-down
-            consumer["c"].timer.call_after(settings.breaker_cooldown_s, reopen)
+            arm_reopen(consumer["c"])
             return
         breaker.half_open()
         if "c" in consumer:
@@ -151,8 +161,7 @@ def run_worker(args: argparse.Namespace) -> int:
     def on_trip() -> None:
         if "c" in consumer:  # we run inside the consumer's event loop (solo pool): safe to call
             consumer["c"].cancel_task_queue(queue)
-            if settings.breaker_cooldown_s > 0:
-                consumer["c"].timer.call_after(settings.breaker_cooldown_s, reopen)
+            arm_reopen(consumer["c"])
         heartbeat.beat_quietly()
 
     breaker = CircuitBreaker(settings.breaker_failures, on_trip=on_trip)
@@ -215,14 +224,24 @@ def run_worker(args: argparse.Namespace) -> int:
         visibility.bind(sender)
         if breaker.open:  # opened before the consumer ran (the credentials check)
             on_trip()
+
+    outcome_timer: list = []
+
+    def on_consumer_start(c) -> None:
+        """Every start of the consumer (a lost broker connection clears its event loop's timers)."""
+        if breaker.open and "c" in consumer:
+            arm_reopen(c)
         if settings.worker_overlap:  # a batch's outcome reaches the breaker when it is recorded,
             # not only when the next batch arrives (which a tripping worker may never get); the
             # timer runs in the consumer's event loop, where on_trip may cancel the queue
-            sender.timer.call_repeatedly(0.5, lambda: record_outcomes(runner.take_done()))
+            for entry in outcome_timer:
+                entry.cancel()
+            outcome_timer[:] = [c.timer.call_repeatedly(0.5, lambda: record_outcomes(runner.take_done()))]
 
     signals.task_received.connect(on_received, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
-    install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s)
+    install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s,
+                        on_consumer_start=on_consumer_start)
     started_at = time.time()
 
     def describe() -> dict:
