@@ -243,6 +243,16 @@ def quota(tenant: str) -> str:
     return f"{PREFIX}quota:{tenant}"
 
 
+def quota_holds(tenant: str) -> str:
+    """Reservations waiting for their batch to be recorded (zset: ``batch|jobs|gpu_s`` → deadline,
+    Redis seconds), tagged with the whole :func:`quota` key so both share its slot."""
+    return f"{{{quota(tenant)}}}:holds"
+
+
+#: Tenants that may have holds (set), swept by the reaper.
+QUOTA_HOLDERS = f"{PREFIX}quota-holders"
+
+
 def quota_returned(tenant: str, s: str) -> str:
     """What the tenant's jobs of shard ``s`` gave back when they ended (negative counts; a
     dead-letter retry takes it again). Outstanding = :func:`quota` + Σ over the shards."""

@@ -161,7 +161,7 @@ class Submitter:
         if key is not None and not self.redis.set(key, claim, nx=True, ex=self.claim_s):
             return self._existing(key, self.redis.get(key))
         try:
-            self.quotas.reserve(tenant, len(jobs), gpu_s, drain_gpu_s_per_s=drain)
+            self.quotas.reserve(tenant, len(jobs), gpu_s, batch_id=batch_id, drain_gpu_s_per_s=drain)
         except BaseException:
             self._unclaim(key, claim)
             raise
@@ -173,8 +173,9 @@ class Submitter:
         except BaseException:
             self._unclaim(key, claim)
             if not self.store.batch_meta(batch_id):
-                self.quotas.release(tenant, len(jobs), gpu_s)
+                self.quotas.release(tenant, len(jobs), gpu_s, batch_id=batch_id)
             raise
+        self.quotas.recorded(tenant, len(jobs), gpu_s, batch_id=batch_id)
         if webhook_url:
             webhooks.enroll(self.redis, batch_id)
         enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,

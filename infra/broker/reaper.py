@@ -50,6 +50,7 @@ from infra.settings import Settings
 from infra.state import registry
 from infra.state.connect import state_client
 from infra.state.jobs import JobStore
+from infra.state.quota import Quotas
 
 log = logging.getLogger("renderfarm.reaper")
 
@@ -78,18 +79,20 @@ def queued_job_ids(client: redis.Redis, chunk: int = 1000) -> set[str]:
 @dataclass
 class SweepReport:
     """What one sweep did: job ids requeued, failed (attempts spent), republished (lost
-    messages), and the number of orphaned unacked messages deleted. ``skipped`` when another
-    reaper held the lock."""
+    messages), the number of orphaned unacked messages deleted, and of quota reservations given
+    back (their batch never recorded). ``skipped`` when another reaper held the lock."""
 
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     republished: list[str] = field(default_factory=list)
     orphans_removed: int = 0
+    quota_given_back: int = 0
     skipped: bool = False
 
 
 class Reaper:
-    """Recovers jobs of dead workers and jobs with lost messages.
+    """Recovers jobs of dead workers and jobs with lost messages, and gives back the quota
+    reservations of submissions that died before their batch was recorded.
 
     Args:
         store: the job-state store (its ``lease_s`` and ``max_attempts`` apply).
@@ -111,6 +114,7 @@ class Reaper:
         self.republish_after_s = republish_after_s
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self._locks = RedisLock(self.r)
+        self._quotas = Quotas(self.r)
         self.loop = PeriodicLoop("renderfarm-reaper", self.sweep, interval_s, log)
 
     # ---- one sweep --------------------------------------------------------------------------
@@ -127,6 +131,9 @@ class Reaper:
             self._requeue_expired(report)
             self._republish_lost(report)
             self._remove_orphans(report)
+            report.quota_given_back = self._quotas.reclaim_abandoned(lambda b: bool(self.store.batch_meta(b)))
+            if report.quota_given_back:
+                log.warning("gave back %d quota reservation(s) of batches never recorded", report.quota_given_back)
             return report
 
     def _requeue_expired(self, report: SweepReport) -> None:

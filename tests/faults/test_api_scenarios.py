@@ -67,8 +67,8 @@ def _assert_clean(row: dict, **expected) -> None:
 
 def _batches(farm) -> list[str]:
     """The batch records in the farm's Redis (not their ``:jobs`` and ``:counts`` keys)."""
-    prefix = keys.batch("")
-    return [k for k in farm.redis.scan_iter(match=keys.batch("*"), count=1000) if ":" not in k[len(prefix):]]
+    return [k for k in farm.redis.scan_iter(match=f"{keys.PREFIX}batch:*", count=1000)
+            if ":" not in k.split("}:", 1)[-1]]
 
 
 # ---- i. kill -9 of the API mid-submission ------------------------------------------------------
@@ -124,6 +124,8 @@ def test_i_kill_9_the_api_mid_submission_then_retry(fault_farm):
     assert len(_batches(farm)) == 2  # and no other batch was ever written
 
     farm.wait(job_ids + ids_a, timeout=900)
+    # the killed submission's reservation (held 60 s) is given back by the reaper
+    farm.wait_for(lambda: Quotas(farm.redis).usage(PUBLIC_TENANT)[0] == 0, timeout=120)
     quota_left = Quotas(farm.redis).usage(PUBLIC_TENANT)[0]
     row = farm.account("i. kill -9 the API mid-submission (10,000 jobs), retry; two identical POSTs 50 ms apart",
                        job_ids + ids_a, recovery, killed_in=killed_in, batches_at_kill=batches_at_kill,

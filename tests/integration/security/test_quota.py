@@ -4,8 +4,11 @@ the quota back; another tenant is not affected."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from infra import keys
 from infra.schemas import JobError
 from infra.state.quota import Quotas
 
@@ -59,3 +62,27 @@ def test_gpu_seconds_quota_counts_pixels_and_steps(quota_api, make_tenant, store
     assert Quotas(redis_server.client()).usage("quota-c")[0] == 2
     assert c.http.post(f"/v1/dead-letter/{job_id}/retry").status_code == 202
     assert Quotas(redis_server.client()).usage("quota-c")[0] == 3
+
+
+def test_a_reservation_whose_batch_never_came_is_given_back(redis_server, store):
+    """The API killed between the reservation and the batch's MULTI/EXEC (fault scenario i):
+    the hold outlives its lifetime, and the reaper's pass gives it back; a hold whose batch was
+    recorded is only dropped."""
+    quotas = Quotas(redis_server.client(), max_jobs=100, hold_s=1)
+    quotas.reserve("quota-held", 7, 1.5, batch_id="0a" + "1" * 30)  # its batch never written
+    quotas.reserve("quota-held", 3, 0.5, batch_id="0b" + "2" * 30)  # "written" below
+    exists = lambda batch_id: batch_id.startswith("0b")  # noqa: E731
+    assert quotas.usage("quota-held") == (10, 2.0)
+    assert quotas.reclaim_abandoned(exists) == 0  # not expired yet: a submission may be in flight
+    assert quotas.usage("quota-held") == (10, 2.0)
+    time.sleep(2.1)  # the hold's deadline is in whole Redis seconds
+    assert quotas.reclaim_abandoned(exists) == 1
+    assert quotas.usage("quota-held") == (3, 0.5)
+    assert quotas.reclaim_abandoned(exists) == 0  # each hold is given back once
+    assert not redis_server.client().sismember(keys.QUOTA_HOLDERS, "quota-held")  # no holds left to sweep
+    # a recorded batch drops its hold at once, and a failed write gives its reservation back
+    quotas.reserve("quota-held", 4, 1.0, batch_id="0c" + "3" * 30)
+    quotas.recorded("quota-held", 4, 1.0, batch_id="0c" + "3" * 30)
+    quotas.release("quota-held", 3, 0.5, batch_id="0b" + "2" * 30)  # its hold is gone: nothing given twice
+    assert quotas.usage("quota-held") == (7, 1.5)
+    assert not redis_server.client().zcard(keys.quota_holds("quota-held"))
