@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 
 # 0.05 s per megapixel-step (the default rate): a 512² 150-step job is ~1.97 GPU-seconds.
 BIG = {"prompt": "p", "model": UNSERVED_MODEL, "width": 512, "height": 512, "num_inference_steps": 150, "seed": 1}
+HOLDS_DB = 12  # no API or reaper runs on it
 SMALL = {"prompt": "p", "model": UNSERVED_MODEL, "width": 64, "height": 64, "num_inference_steps": 2, "seed": 1}
 
 
@@ -64,11 +65,15 @@ def test_gpu_seconds_quota_counts_pixels_and_steps(quota_api, make_tenant, store
     assert Quotas(redis_server.client()).usage("quota-c")[0] == 3
 
 
-def test_a_reservation_whose_batch_never_came_is_given_back(redis_server, store):
+def test_a_reservation_whose_batch_never_came_is_given_back(redis_db):
     """The API killed between the reservation and the batch's MULTI/EXEC (fault scenario i):
     the hold outlives its lifetime, and the reaper's pass gives it back; a hold whose batch was
-    recorded is only dropped."""
-    quotas = Quotas(redis_server.client(), max_jobs=100, hold_s=1)
+    recorded is only dropped.
+
+    On a database of its own: the session farm's API reaper sweeps database 0's holds too, and
+    would give the abandoned hold back before this test's own sweep could count it."""
+    r = redis_db(HOLDS_DB)
+    quotas = Quotas(r, max_jobs=100, hold_s=1)
     quotas.reserve("quota-held", 7, 1.5, batch_id="0a" + "1" * 30)  # its batch never written
     quotas.reserve("quota-held", 3, 0.5, batch_id="0b" + "2" * 30)  # "written" below
     exists = lambda batch_id: batch_id.startswith("0b")  # noqa: E731
@@ -79,10 +84,10 @@ def test_a_reservation_whose_batch_never_came_is_given_back(redis_server, store)
     assert quotas.reclaim_abandoned(exists) == 1
     assert quotas.usage("quota-held") == (3, 0.5)
     assert quotas.reclaim_abandoned(exists) == 0  # each hold is given back once
-    assert not redis_server.client().sismember(keys.QUOTA_HOLDERS, "quota-held")  # no holds left to sweep
+    assert not r.sismember(keys.QUOTA_HOLDERS, "quota-held")  # no holds left to sweep
     # a recorded batch drops its hold at once, and a failed write gives its reservation back
     quotas.reserve("quota-held", 4, 1.0, batch_id="0c" + "3" * 30)
     quotas.recorded("quota-held", 4, 1.0, batch_id="0c" + "3" * 30)
     quotas.release("quota-held", 3, 0.5, batch_id="0b" + "2" * 30)  # its hold is gone: nothing given twice
     assert quotas.usage("quota-held") == (7, 1.5)
-    assert not redis_server.client().zcard(keys.quota_holds("quota-held"))
+    assert not r.zcard(keys.quota_holds("quota-held"))
