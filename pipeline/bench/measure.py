@@ -27,8 +27,14 @@ from pipeline.memory import current_bytes, peak_bytes, reset_peak
 
 MIB = 2**20
 #: GEMM sizes (M = N = K) of the machine's matmul rate: a large one fills an H100 (METHOD: "use a
-#: size that fills the chip"); the CPU keeps the 2048³ of the earlier CPU tables.
+#: size that fills the chip"); on the CPU 2048³ (the earlier CPU tables) is the largest size, see
+#: :func:`gemm_size`.
 GEMM_SIZES = {"cuda": 8192, "cpu": 2048}
+#: On the CPU the probe's size doubles from 256 until one call takes this long (seconds) or
+#: reaches 2048: a CPU without native bfloat16 (AVX2 only, no AVX512_BF16 or AMX) runs a bf16
+#: GEMM at ~1 GFLOP/s (measured on a 2-core AMD EPYC with AVX2: 0.87–1.29 GFLOP/s from 256³ to
+#: 1024³), where one 2048³ call would take ~20 s and a probe of six calls two minutes.
+CPU_GEMM_CALL_S = 0.1
 
 
 def device_kind(device: str) -> str:
@@ -124,15 +130,39 @@ class MemoryWindow:
         return max(0, self.peak_allocated - self.before)
 
 
+def gemm_size(dtype: torch.dtype, device: str = "cpu") -> int:
+    """The GEMM size (M = N = K) of the rate probe in ``dtype`` on ``device``.
+
+    On an accelerator, :data:`GEMM_SIZES` (8192 on CUDA, as the device notes measure the
+    H100/H200 bf16 rate). On the CPU, the smallest power of two from 256 whose one call takes
+    at least :data:`CPU_GEMM_CALL_S` seconds, capped at 2048 (so the probe stays seconds long
+    where a dtype has no fast kernels, and fills the cores where it has).
+    """
+    kind = device_kind(device)
+    cap = GEMM_SIZES.get(kind, GEMM_SIZES["cpu"])
+    if kind != "cpu":
+        return cap
+    n = 256
+    while n < cap:
+        a = torch.randn(n, n).to(dtype)
+        torch.mm(a, a)  # the first call of a size pays for packing and thread start-up
+        start = time.perf_counter()
+        torch.mm(a, a)
+        if time.perf_counter() - start >= CPU_GEMM_CALL_S:
+            break
+        n *= 2
+    return n
+
+
 def matmul_flops_per_s(dtype: torch.dtype, device: str = "cpu", n: int | None = None, reps: int = 5,
                        warmup: int = 1) -> float:
     """Median FLOP/s of ``torch.mm`` on two random n×n matrices (2·n³ FLOPs per call) in ``dtype``.
 
-    ``n`` defaults to :data:`GEMM_SIZES` for the device (8192 on CUDA, as the device notes measure
-    the H100/H200 bf16 rate; 2048 on the CPU, every core). Random data, never zeros (zeros run
-    faster on some GPUs). Each call is timed alone (events on CUDA).
+    ``n`` defaults to :func:`gemm_size` (8192 on CUDA; at most 2048 on the CPU, every core).
+    Random data, never zeros (zeros run faster on some GPUs). Each call is timed alone (events on
+    CUDA).
     """
-    n = n or GEMM_SIZES.get(device_kind(device), GEMM_SIZES["cpu"])
+    n = n or gemm_size(dtype, device)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     for _ in range(warmup):
@@ -146,11 +176,21 @@ def matmul_flops_per_s(dtype: torch.dtype, device: str = "cpu", n: int | None = 
     return 2 * n**3 / statistics.median(times)
 
 
-def gemm_rates(device: str) -> dict[str, float]:
-    """FLOP/s of dense ``float32`` and ``bfloat16`` GEMMs on ``device`` (see :func:`matmul_flops_per_s`)."""
+GEMM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def gemm_sizes(device: str) -> dict[str, int]:
+    """:func:`gemm_size` of each dtype of :func:`gemm_rates`, by dtype name."""
+    return {name: gemm_size(dtype, device) for name, dtype in GEMM_DTYPES.items()}
+
+
+def gemm_rates(device: str, sizes: dict[str, int] | None = None) -> dict[str, float]:
+    """FLOP/s of dense ``float32`` and ``bfloat16`` GEMMs on ``device`` (see :func:`matmul_flops_per_s`),
+    at ``sizes`` by dtype name (default: :func:`gemm_sizes`)."""
+    sizes = sizes or gemm_sizes(device)
     reps, warmup = (10, 3) if device_kind(device) == "cuda" else (5, 1)
-    return {name: matmul_flops_per_s(dtype, device, reps=reps, warmup=warmup)
-            for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    return {name: matmul_flops_per_s(dtype, device, n=sizes[name], reps=reps, warmup=warmup)
+            for name, dtype in GEMM_DTYPES.items()}
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

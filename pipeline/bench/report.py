@@ -57,12 +57,13 @@ def _table(title: str, columns, rows: list[dict], caption: str):
 
 
 def _machine_caption(m: dict) -> str:
-    rates = m.get("gemm_flops_per_s") or {}
-    gemm = ", ".join(f"{k} {v / 1e12:.3g} TFLOP/s" for k, v in rates.items())
+    rates, sizes = m.get("gemm_flops_per_s") or {}, m.get("gemm_sizes") or {}
+    gemm = ", ".join(f"{k} {v / 1e12:.3g} TFLOP/s" + (f" at {sizes[k]}³" if k in sizes else "")
+                     for k, v in rates.items())
     device = m["device"].get("name") or m["device"]["kind"]
     text = f"{device}; torch {m['torch']}"
     if gemm:
-        text += f"; GEMM {m['gemm_size']}³ {gemm} (medians)"
+        text += f"; GEMM {gemm} (medians)"
     if m["device"]["kind"] == "cpu":
         before, after = m.get("load_average_before"), m.get("load_average_after")
         if before and after:

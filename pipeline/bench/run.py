@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from pipeline.bench import adapter
-from pipeline.bench.measure import GEMM_SIZES, Summary, device_kind, gemm_rates, load_average, mib, psnr
+from pipeline.bench.measure import Summary, device_kind, gemm_rates, gemm_sizes, load_average, mib, psnr
 from pipeline.bench.probes import RenderCount, architecture, count_render, denoiser_class
 from pipeline.bench.specs import parse_specs
 from pipeline.bench.subjects import FarmSubject, Subject, Workload, load_subject, timed_render
@@ -136,6 +136,7 @@ class _Run:
         self.peaks: dict[tuple[str, int], list[int]] = {}
         self.reserved: dict[tuple[str, int], int] = {}
         self.gemm: dict[str, list[float]] = {"float32": [], "bfloat16": []}
+        self.gemm_sizes: dict[str, int] = {}
         self.counts: dict[tuple, RenderCount] = {}
         #: denoiser class → FLOPs per call, from an eager count (a denoiser compiled to another
         #: runtime, OpenVINO, does the same arithmetic but is invisible to the FLOP counter)
@@ -193,7 +194,8 @@ class _Run:
                  + (f"  (load {load_average()[0]})" if device_kind(self.device) == "cpu" else ""))
 
     def measure_gemm(self) -> None:
-        for name, rate in gemm_rates(self.device).items():
+        self.gemm_sizes = self.gemm_sizes or gemm_sizes(self.device)  # one size per dtype for every round
+        for name, rate in gemm_rates(self.device, self.gemm_sizes).items():
             self.gemm[name].append(rate)
 
     def count(self, s: Subject) -> None:
@@ -304,8 +306,10 @@ def _finish(run: _Run) -> None:
                 setattr(row, attr, round(other.hot_median_s_per_img / cast(float, row.hot_median_s_per_img), 3))
 
 
-def machine_facts(profile, gemm: dict[str, list[float]] | None = None) -> dict:
-    """The machine and software a result came from, for its JSON (GEMM rates in FLOP/s)."""
+def machine_facts(profile, gemm: dict[str, list[float]] | None = None,
+                  sizes: dict[str, int] | None = None) -> dict:
+    """The machine and software a result came from, for its JSON (GEMM rates in FLOP/s, measured
+    at ``sizes``: M = N = K by dtype name; ``gemm_size`` is the largest)."""
     import importlib.metadata as md
 
     versions: dict[str, str | None] = {}
@@ -319,10 +323,11 @@ def machine_facts(profile, gemm: dict[str, list[float]] | None = None) -> dict:
         "torch": torch.__version__, "cuda": torch.version.cuda, "packages": versions,
         "threads": torch.get_num_threads(), "nproc": os.cpu_count(), "load_average": load_average(),
         "alloc_conf": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")},
-        "gemm_size": GEMM_SIZES.get(profile.kind, GEMM_SIZES["cpu"]),
     }
     if profile.kind == "cuda":
         facts["cudnn"] = torch.backends.cudnn.version()
+    if sizes:
+        facts["gemm_sizes"], facts["gemm_size"] = sizes, max(sizes.values())
     if gemm:
         facts["gemm_flops_per_s"] = {k: round(statistics.median(v)) for k, v in gemm.items() if v}
         facts["gemm_flops_per_s_rounds"] = {k: [round(x) for x in v] for k, v in gemm.items()}
@@ -346,7 +351,7 @@ def run_pipeline_bench(config: PipelineBenchConfig, log=print) -> dict:
     started, load_before = time.time(), load_average()
     (_run_sequential if config.sequential else _run_resident)(run)
     _finish(run)
-    machine = machine_facts(run.profile, run.gemm)
+    machine = machine_facts(run.profile, run.gemm, run.gemm_sizes)
     machine["load_average_before"], machine["load_average_after"] = load_before, load_average()
     return {
         "benchmark": "pipeline",

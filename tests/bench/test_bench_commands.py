@@ -65,7 +65,9 @@ def test_bench_pipeline_on_tiny_writes_its_json(tmp_path, bench_cache, capsys):
     assert result["reports"]["exact"]["recipe"]["scheduler_precompute"] is True
     machine = result["machine"]
     assert machine["gemm_flops_per_s"]["float32"] > 0 and machine["gemm_flops_per_s"]["bfloat16"] > 0
-    assert machine["gemm_size"] == 2048 and len(machine["load_average_before"]) == 3
+    assert set(machine["gemm_sizes"]) == {"float32", "bfloat16"} and len(machine["load_average_before"]) == 3
+    assert machine["gemm_size"] == max(machine["gemm_sizes"].values())
+    assert set(machine["gemm_sizes"].values()) <= {256, 512, 1024, 2048}
     assert {"CLIPTextModel", "UNet2DConditionModel", "Decoder"} <= set(result["flops_by_module"]["reference"])
 
 
