@@ -30,14 +30,15 @@ $(BIN)/python:
 # torch first, so the [worker] extra's torch range is already satisfied by the CPU build;
 # the project with its [test] extra (the client, [api], [worker] and the test tools) and [cpu]
 # (openvino, the cpu-avx512-bf16 recipe's UNet backend, which needs no torch); open-clip-torch and
-# sdnq without their deps, which would replace that torch. A stale egg-info in the tree would hide
+# sdnq without their deps, which would replace that torch; diffusers and transformers at the versions
+# of deploy/constraints.txt. A stale egg-info in the tree would hide
 # the entry points of the fresh install, so it goes first.
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml deploy/constraints.txt | $(BIN)/python
 	rm -rf renderfarm.egg-info
 	@$(BIN)/pip install torch==$(TORCH) || { echo "make setup: torch==$(TORCH) cannot be installed for" \
 		"$$($(BIN)/python --version 2>&1); remove $(VENV) and run make setup PYTHON=python3.X with a Python" \
 		"that has a torch $(TORCH) wheel (see deploy/find-python.sh)" >&2; exit 1; }
-	$(BIN)/pip install -e ".[test,cpu]"
+	$(BIN)/pip install -c deploy/constraints.txt -e ".[test,cpu]"
 	$(BIN)/pip install --no-deps open-clip-torch "sdnq==0.2.8"
 	touch $@
 

@@ -39,7 +39,8 @@ COPY infra ./infra
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY worker ./worker
-RUN pip install "./[worker]" \
+COPY deploy/constraints.txt ./constraints.txt
+RUN pip install -c constraints.txt "./[worker]" \
     && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}" \
     && renderfarm --help >/dev/null
 

@@ -49,8 +49,9 @@ COPY infra ./infra
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY worker ./worker
+COPY deploy/constraints.txt ./constraints.txt
 # the [gpu] extra: the worker's stack with torchao and sdnq (flash-attn above, built against this torch)
-RUN pip install "./[gpu]" && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}"
+RUN pip install -c constraints.txt "./[gpu]" && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}"
 
 # --- stage 2: the runtime image ---
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-${UBUNTU}
