@@ -131,9 +131,13 @@ def test_api_entrypoint_runs_without_the_ml_stack():
 @pytest.mark.parametrize("name, extra", [("api.Dockerfile", "api"), ("worker-cpu.Dockerfile", "worker"),
                                          ("worker-cuda.Dockerfile", "gpu")])
 def test_images_install_the_projects_extras(name, extra):
-    """Dependencies come from pyproject.toml's extras, not from parsing it."""
+    """Dependencies come from pyproject.toml's extras, not from parsing it; the worker images hold
+    the model stack at deploy/constraints.txt's versions, as make setup does."""
     runs = " ".join(a for k, a in instructions(name) if k == "RUN")
-    assert f'pip install "./[{extra}]"' in runs and "tomllib" not in runs
+    constrained = extra != "api"
+    assert f'pip install {"-c constraints.txt " if constrained else ""}"./[{extra}]"' in runs and "tomllib" not in runs
+    if constrained:
+        assert any(k == "COPY" and a == "deploy/constraints.txt ./constraints.txt" for k, a in instructions(name))
 
 
 @pytest.mark.parametrize("name", FILES)
