@@ -271,13 +271,15 @@ class JobStore:
 
     def succeed_many(self, results: Sequence[tuple[StartedJob, JobResult]]) -> dict[str, bool]:
         """:meth:`succeed` for a group's jobs in one pipelined round trip (one FINISH script per
-        job, each atomic and fenced on its own). Returns, per job id, False for a stale attempt."""
+        job, each atomic and fenced on its own by the attempt's ``attempt:epoch`` token; jobs
+        started by :meth:`start_many` carry their tenant, so no lookup precedes it). Returns, per
+        job id, False for a stale attempt."""
         if not results:
             return {}
         pipe = self.r.pipeline(transaction=False)
         for job, result in results:
-            self._run(self._finish, self._keys(job.job_id, job.batch_id),
-                      [job.job_id, str(job.attempt), "succeeded", "result", result.model_dump_json(), "0",
+            self._run(self._finish, self._keys(job.job_id, job.batch_id, job.tenant),
+                      [job.job_id, job.token, "succeeded", "result", result.model_dump_json(), "0",
                        self.max_attempts], pipe)
         return {job.job_id: bool(int(code)) for (job, _), code in zip(results, pipe.execute())}
 
@@ -310,7 +312,7 @@ class JobStore:
         jobs = list(jobs)
         pipe = self.r.pipeline(transaction=False)
         for job in jobs:
-            self._run(self._release, self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
+            self._run(self._release, self._keys(job.job_id, job.batch_id, job.tenant),
                       [job.job_id, job.token], pipe)
         return [(job.job_id, pool) for job, (code, pool) in zip(jobs, pipe.execute() if jobs else []) if int(code)]
 

@@ -337,8 +337,9 @@ def test_epoch_fences_a_stale_attempt_after_a_redis_rollback(fault_redis, r):
     fresh = store.start_many([job_id], "w-fresh")[job_id]
     assert fresh.attempt == stale.attempt == 1 and fresh.epoch != stale.epoch
     assert store.succeed(stale, RESULT) is False
+    assert store.succeed_many([(stale, RESULT)]) == {job_id: False}  # the worker's group write, too
     assert store.progress_many([(stale, 0.5)]) == {job_id: STALE}
-    assert store.succeed(fresh, RESULT) is True
+    assert store.succeed_many([(fresh, RESULT)]) == {job_id: True}
     assert store.get_job(job_id).worker == "w-fresh"
     _counts_add_up(store)
 
