@@ -139,6 +139,8 @@ class Settings(BaseSettings):
                                      "(Authorization: Bearer …); an admin tenant's key works too. Empty and auth off: "
                                      "/metrics is open.")
     metrics_cache_s: float = Field(5.0, ge=0, description="Seconds one /metrics answer is reused by every scrape.")
+    health_cache_s: float = Field(1.0, ge=0, description="Seconds one /healthz evaluation (Redis PING, the S3 "
+                                  "check, unhealthy workers) is reused by every probe of this API process.")
     health_s3_cache_s: float = Field(10.0, ge=0, description="Seconds /healthz reuses its S3 check's answer.")
     quota_outstanding_jobs: int = Field(200_000, ge=0, description="Per-tenant queued + running jobs; more → 429 "
                                                                    "(one request over it: 413). 0 = no quota.")
