@@ -23,8 +23,10 @@ every size is accepted (the behaviour before pools were declared).
 
 Upscaling: a pool lists the ``upscalers`` its workers may load; a request asking for another is
 refused at submission (``unknown_upscaler``). Only the diffusion size (``width × height``) counts
-against ``max_pixels``: the upscaled image may be larger. With no pools declared, any upscaler
-is accepted and the worker loads it on first use.
+against ``max_pixels``: the upscaled image may be larger. With no pools declared, a request may
+name only the upscalers of ``RENDERFARM_UPSCALERS`` (default :data:`OFFLINE_UPSCALERS`, built
+offline without a download), so that no request makes a worker fetch a hub file it names; the
+worker holds to the same list.
 
 Capabilities: what a model family cannot do (a negative prompt, guidance, a scheduler, a size
 that is not a multiple of its latent patch) is plain data here, :data:`FAMILIES`, so the API
@@ -94,6 +96,11 @@ OFFLINE_FAMILIES: dict[str, str] = {
     "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
     "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1", "tiny-kolors": "kolors", "kolors-arch": "kolors",
 }
+#: Upscalers ``pipeline.upscale`` builds offline with random weights (ESRGAN's ``OFFLINE_UPSCALERS``
+#: and the diffusion upscalers' ``OFFLINE_DIFFUSION_UPSCALERS``; a test keeps them equal): the
+#: default of ``RENDERFARM_UPSCALERS``, the upscalers a request may name when no pool is declared.
+OFFLINE_UPSCALERS: tuple[str, ...] = ("esrgan-x4-arch", "tiny-esrgan-x4", "tiny-esrgan-x2", "sd-x4-upscaler-arch",
+                                      "tiny-sd-x4-upscaler", "tiny-sd-x2-latent-upscaler")
 #: guidance_scale values that ask for no guidance: 0 and 1 (no CFG), and the request schema's
 #: default 7.5, which a client sends when the user named none. Only other values are refused
 #: by a family that ignores guidance.
@@ -212,9 +219,10 @@ class NoPoolError(ValueError):
     """No declared pool can serve some requests of a submission; nothing was recorded.
 
     ``errors`` holds one dict per refused request (at most :attr:`MAX_ERRORS`): ``index`` (its
-    position in the submission), ``type`` (``no_pool_for_model``, ``over_max_pixels``, or one of
-    :func:`capability_errors`' ``unsupported_*`` / ``size_not_multiple``), ``field`` (``model``,
-    the request field a capability check names, or None for the size), ``msg`` and ``input``.
+    position in the submission), ``type`` (``no_pool_for_model``, ``over_max_pixels``,
+    ``unknown_upscaler``, or one of :func:`capability_errors`' ``unsupported_*`` /
+    ``size_not_multiple``), ``field`` (``model``, ``upscaler``, the request field a capability
+    check names, or None for the size), ``msg`` and ``input``.
     """
 
     MAX_ERRORS = 100
@@ -231,10 +239,13 @@ class Router:
 
     Args:
         pools: the declared pools; empty means one pool per model.
+        upscalers: the upscaler specs a request may name when no pool is declared
+            (``RENDERFARM_UPSCALERS``); a declared pool's own ``upscalers`` apply instead.
     """
 
-    def __init__(self, pools: Sequence[PoolSpec] = ()):
+    def __init__(self, pools: Sequence[PoolSpec] = (), upscalers: Sequence[str] = OFFLINE_UPSCALERS):
         self.pools = check_unique(pools)
+        self.upscalers = tuple(upscalers)
         self._by_name = {pool.name: pool for pool in self.pools}
         self._by_model: dict[str, list[PoolSpec]] = {}
         for pool in self.pools:  # sorted by max_pixels; the sort is stable, so ties keep declaration order
@@ -288,6 +299,11 @@ class Router:
                 return "", {"type": "unknown_upscaler", "field": "upscaler", "input": upscaler,
                             "msg": f"pool {spec.name!r} has no upscaler {upscaler!r} (it has: "
                                    f"{', '.join(map(repr, spec.upscalers)) or 'none'})"}
+            if upscaler is not None and spec is None and upscaler not in self.upscalers:
+                return "", {"type": "unknown_upscaler", "field": "upscaler", "input": upscaler,
+                            "msg": f"upscaler {upscaler!r} is not in RENDERFARM_UPSCALERS, the upscalers a request "
+                                   f"may name while no pool is declared (it has: "
+                                   f"{', '.join(map(repr, self.upscalers)) or 'none'})"}
             family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
             errors = capability_errors(request, family)
             if errors:

@@ -27,7 +27,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from infra.pools import PoolSpec, check_unique
+from infra.pools import OFFLINE_UPSCALERS, PoolSpec, check_unique
 
 #: The variable naming the client settings file ("" = none); read before any setting.
 ENV_FILE_VAR = "RENDERFARM_ENV_FILE"
@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     pools: Annotated[list[PoolSpec], NoDecode] = Field(
         default_factory=list, description="Declared worker pools, a JSON list of {name, model, device_class, "
                                           "max_pixels, max_batch, queue}; empty = one pool per model.")
+    upscalers: str = Field(",".join(OFFLINE_UPSCALERS), description="Comma-separated upscaler specs a request may "
+                           "name while no pool is declared (a declared pool lists its own); the default is the "
+                           "offline builds, so no request makes a worker download a file it names.")
     dispatch_interval_s: float = Field(0.2, gt=0, le=10, description="Seconds between two dispatcher passes "
                                                                       "(a submission wakes it at once).")
     dispatch_depth: float = Field(2.0, gt=0, le=100, description="A pool's Celery queue is kept at most this many "
@@ -139,6 +142,8 @@ class Settings(BaseSettings):
                                      "(Authorization: Bearer …); an admin tenant's key works too. Empty and auth off: "
                                      "/metrics is open.")
     metrics_cache_s: float = Field(5.0, ge=0, description="Seconds one /metrics answer is reused by every scrape.")
+    health_cache_s: float = Field(1.0, ge=0, description="Seconds one /healthz evaluation (Redis PING, the S3 "
+                                  "check, unhealthy workers) is reused by every probe of this API process.")
     health_s3_cache_s: float = Field(10.0, ge=0, description="Seconds /healthz reuses its S3 check's answer.")
     quota_outstanding_jobs: int = Field(200_000, ge=0, description="Per-tenant queued + running jobs; more → 429 "
                                                                    "(one request over it: 413). 0 = no quota.")
@@ -192,6 +197,11 @@ class Settings(BaseSettings):
     def state_url(self) -> str:
         """The job-state store's Redis URL: ``state_redis_url``, else ``redis_url``."""
         return self.state_redis_url or self.redis_url
+
+    @property
+    def upscaler_names(self) -> tuple[str, ...]:
+        """``upscalers`` as a tuple of specs, in order (empty: none allowed without declared pools)."""
+        return tuple(dict.fromkeys(u.strip() for u in self.upscalers.split(",") if u.strip()))
 
     @property
     def admin_tenant_set(self) -> frozenset[str]:

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -65,7 +66,8 @@ def peek_family(model: str) -> str | None:
 
 
 def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact",
-                     overrides: str = "", pool: PoolOptions | None = None) -> tuple[Renderer, dict]:
+                     overrides: str = "", pool: PoolOptions | None = None,
+                     upscalers: Sequence[str] | None = None) -> tuple[Renderer, dict]:
     """Load ``model`` on ``device`` with the recipe of the device and the model's family applied.
 
     Args:
@@ -75,6 +77,9 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
             allows approximations), ``baseline`` or a named recipe.
         overrides: JSON object overriding single knobs (``RENDERFARM_RECIPE_OVERRIDES``).
         pool: the pool's settings (:class:`PoolOptions`); None = an undeclared pool.
+        upscalers: the upscalers the renderer may load when ``pool`` declares none (``None`` in
+            :attr:`PoolOptions.upscalers`): a worker of an undeclared pool passes
+            ``RENDERFARM_UPSCALERS``; None = any (a benchmark naming its own). They are not measured.
     Returns:
         (renderer, device profile as a dict). ``renderer.recipe`` is the recipe with the report
         of what was applied, the family, its capabilities and the batch invariance in force;
@@ -100,7 +105,7 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     check_pool_family(pipe, pool.family)
     report = apply_recipe(pipe, recipe, device=target)
     upscale = UpscaleStage(device=target, dtype=torch.float32 if profile.kind in ("cpu", "mps") else torch.float16,
-                           allowed=pool.upscalers)
+                           allowed=pool.upscalers if pool.upscalers is not None else upscalers)
     renderer = Renderer(pipe, device=target, model=model, batch_invariant=recipe.batch_invariant, use_pe=pool.use_pe,
                         upscale=upscale)
     renderer.recipe = {**recipe.to_dict(), "report": report, **renderer.describe()}

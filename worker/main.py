@@ -69,7 +69,8 @@ def _job_id(request) -> str | None:
 def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int]:
     """The warm renderer for ``args.model`` (the null renderer, or a diffusers pipeline), the
     device profile, and the batch size: the flag, the setting, or measured from memory at the
-    declared pool's largest size and steps."""
+    declared pool's largest size and steps. It loads only the declared pool's upscalers, or
+    without a declared pool those of ``RENDERFARM_UPSCALERS``."""
     if args.model == NULL_MODEL:
         batch_size = args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
         return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size
@@ -78,8 +79,9 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
                                                  steps=spec.steps, use_pe=spec.use_pe,
                                                  batch_invariant=spec.batch_invariant, upscalers=spec.upscalers)
+    # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
-                                         settings.recipe_overrides, pool=pool)
+                                         settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)
     renderer.warmup()
     batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile, pool=pool)
     return renderer, profile, batch_size

@@ -76,6 +76,7 @@ class Farm:
         self.quotas = Quotas(self.redis, max_jobs=settings.quota_outstanding_jobs,
                              max_gpu_s=settings.quota_gpu_seconds)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
+                                   upscalers=settings.upscaler_names,
                                    quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,
                                    drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))),
                                    durable=DurableAck(self.redis, settings.durable_ack,

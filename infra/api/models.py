@@ -48,11 +48,12 @@ class RetryAccepted(BaseModel):
 class Health(BaseModel):
     """``GET /healthz`` (readiness): ``ok`` when Redis and S3 answer; ``degraded`` (still HTTP 200)
     when only S3 fails, since the API still accepts and reports jobs; ``unavailable`` (503) when
-    Redis fails. ``checks`` holds each failing check's error. ``unhealthy_workers`` lists workers
-    whose circuit breaker is open (present only when there are some)."""
+    Redis fails. Only for a caller that may read ``/metrics`` (scrape token or admin key):
+    ``checks`` holds each check's ``ok`` or error, and ``unhealthy_workers`` lists workers whose
+    circuit breaker is open (present only when there are some)."""
 
     status: Literal["ok", "degraded", "unavailable"]
-    checks: dict[str, str]
+    checks: dict[str, str] | None = None
     unhealthy_workers: list[str] | None = None
 
 

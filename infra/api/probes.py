@@ -1,9 +1,10 @@
-"""Shared, cached answers for the probes and the scrape: the S3 check of ``/healthz`` and the
-``/metrics`` exposition.
+"""Shared, cached answers for the probes and the scrape: ``/healthz``'s evaluation
+(:class:`Readiness`) and the ``/metrics`` exposition.
 
 Place in the data flow: beside it. Load balancers, Kubernetes and Prometheus may ask every API
-replica many times a second; each expensive answer is computed by one thread at a time and
-reused for a few seconds by every caller (the others wait for it instead of computing it too).
+replica many times a second, unauthenticated; each expensive answer is computed by one thread at
+a time and reused for a second or a few by every caller (the others wait for it instead of
+computing it too), so the load on Redis and S3 does not grow with the number of probes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -46,3 +47,64 @@ class Cached(Generic[T]):
             if self._error is not None:
                 raise self._error
             return self._value  # type: ignore[return-value]
+
+
+#: ``/healthz``'s overall answer: Redis and S3 answer; only S3 fails (HTTP 200 still); Redis fails (503).
+HealthStatus = Literal["ok", "degraded", "unavailable"]
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+class Readiness:
+    """``/healthz``'s evaluation, shared by every probe of an API process.
+
+    One evaluation (a Redis PING, and the S3 check, itself reused for ``s3_ttl_s``) serves every
+    caller for ``ttl_s`` seconds; the list of unhealthy workers (one read of each live worker's
+    registry hash) is a separate answer, computed only when a caller allowed to see it asks, and
+    reused for ``ttl_s`` as well. Nothing here writes to Redis.
+
+    Args:
+        ping_redis: raises when Redis does not answer (``redis.Redis.ping``).
+        ping_s3: raises when the bucket cannot be reached (``Storage.ping``).
+        unhealthy_workers: names of the live workers whose circuit breaker is open.
+        ttl_s: seconds one evaluation (and one worker list) is reused (``RENDERFARM_HEALTH_CACHE_S``).
+        s3_ttl_s: seconds one S3 check is reused (``RENDERFARM_HEALTH_S3_CACHE_S``).
+    """
+
+    def __init__(self, ping_redis: Callable[[], object], ping_s3: Callable[[], object],
+                 unhealthy_workers: Callable[[], list[str]], *, ttl_s: float, s3_ttl_s: float):
+        self._ping_redis = ping_redis
+        self._s3 = Cached(ping_s3, s3_ttl_s)
+        self._status: Cached[tuple[HealthStatus, dict[str, str]]] = Cached(self._evaluate, ttl_s)
+        self._workers: Cached[list[str]] = Cached(unhealthy_workers, ttl_s)
+
+    def _evaluate(self) -> tuple[HealthStatus, dict[str, str]]:
+        checks = {}
+        for name, check in (("redis", self._ping_redis), ("s3", self._s3.get)):
+            try:
+                check()
+                checks[name] = "ok"
+            except Exception as exc:  # a failing check is part of the answer
+                checks[name] = _error(exc)
+        status: HealthStatus
+        if checks["redis"] != "ok":
+            status = "unavailable"
+        else:
+            status = "ok" if checks["s3"] == "ok" else "degraded"
+        return status, checks
+
+    def status(self) -> tuple[HealthStatus, dict[str, str]]:
+        """``(status, checks)``: the overall answer and, per check (``redis``, ``s3``), ``ok`` or
+        the error's type and message (at most 300 characters). Never raises."""
+        status, checks = self._status.get()
+        return status, dict(checks)
+
+    def unhealthy_workers(self) -> list[str] | None:
+        """Names of the live workers whose circuit breaker is open (empty: none); None when the
+        registry cannot be read (Redis down)."""
+        try:
+            return list(self._workers.get())
+        except Exception:  # Redis down: the status already says so
+            return None

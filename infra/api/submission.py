@@ -20,7 +20,7 @@ from celery import Celery
 from infra import keys
 from infra.api import webhooks
 from infra.broker.dispatch import enqueue
-from infra.pools import PoolSpec, Router
+from infra.pools import OFFLINE_UPSCALERS, PoolSpec, Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
 from infra.state.durable import DurableAck
@@ -70,6 +70,7 @@ class Submitter:
         celery_app: the app whose broker receives the messages (the dispatcher's).
         default_model: model for requests that name none.
         pools: the declared pools (:mod:`infra.pools`); empty = one pool per model.
+        upscalers: the upscalers a request may name while no pool is declared (``RENDERFARM_UPSCALERS``).
         on_enqueued: called with the pools that received jobs (the API wakes its dispatcher).
         quotas: per-tenant quotas on outstanding jobs and GPU-seconds (None: counted, no limit).
         s_per_mpx_step: the cost rate of pools that declare none (:func:`infra.state.quota.job_cost_s`).
@@ -83,13 +84,14 @@ class Submitter:
                  idempotency_ttl_s: int = 24 * 3600, pools: Sequence[PoolSpec] = (),
                  on_enqueued: Callable[[set[str]], None] | None = None, quotas: Quotas | None = None,
                  s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None,
-                 claim_s: int = 30, durable: DurableAck | None = None):
+                 claim_s: int = 30, durable: DurableAck | None = None,
+                 upscalers: Sequence[str] = OFFLINE_UPSCALERS):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
         self.redis = client
         self.idempotency_ttl_s = idempotency_ttl_s
-        self.router = Router(pools)
+        self.router = Router(pools, upscalers)
         self.on_enqueued = on_enqueued
         self.quotas = quotas if quotas is not None else Quotas(client)
         self.s_per_mpx_step = s_per_mpx_step

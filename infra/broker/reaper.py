@@ -26,6 +26,9 @@ One sweep (every ``reaper_interval_s`` seconds):
    ``reserved`` count of ``/v1/queues`` meanwhile. Entries for jobs that are finished, unknown,
    or held by no live worker for longer than a lease are deleted (the reaper has already
    republished what still has to run).
+4. **Gone workers' names.** Workers not heard from for ``heartbeat_ttl_s`` leave the registry's
+   sorted set (:func:`infra.state.registry.prune`), so that reading it (``/healthz``,
+   ``/v1/workers``, the dispatcher) never has to write.
 
 Safety with several reapers: every state change is one Lua script per job that re-checks its
 condition (a job is requeued at most once per expiry), and a short Redis lock
@@ -79,14 +82,16 @@ def queued_job_ids(client: redis.Redis, chunk: int = 1000) -> set[str]:
 @dataclass
 class SweepReport:
     """What one sweep did: job ids requeued, failed (attempts spent), republished (lost
-    messages), the number of orphaned unacked messages deleted, and of quota reservations given
-    back (their batch never recorded). ``skipped`` when another reaper held the lock."""
+    messages), the number of orphaned unacked messages deleted, of quota reservations given
+    back (their batch never recorded) and of gone workers' names pruned from the registry.
+    ``skipped`` when another reaper held the lock."""
 
     requeued: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     republished: list[str] = field(default_factory=list)
     orphans_removed: int = 0
     quota_given_back: int = 0
+    workers_pruned: int = 0
     skipped: bool = False
 
 
@@ -119,7 +124,7 @@ class Reaper:
 
     # ---- one sweep --------------------------------------------------------------------------
     def sweep(self) -> SweepReport:
-        """One pass over expired leases, lost messages and orphaned unacked messages.
+        """One pass over expired leases, lost messages, orphaned unacked messages and gone workers.
 
         Raises:
             redis.RedisError: Redis is unreachable (the loop logs it and tries again).
@@ -134,6 +139,7 @@ class Reaper:
             report.quota_given_back = self._quotas.reclaim_abandoned(lambda b: bool(self.store.batch_meta(b)))
             if report.quota_given_back:
                 log.warning("gave back %d quota reservation(s) of batches never recorded", report.quota_given_back)
+            report.workers_pruned = registry.prune(self.r, self.heartbeat_ttl_s)
             return report
 
     def _requeue_expired(self, report: SweepReport) -> None:

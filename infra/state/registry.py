@@ -2,7 +2,9 @@
 
 Data flow: workers write here every ``heartbeat_interval_s``; the status API (``GET
 /v1/workers``, the dashboard) and the local stack read it. A worker not heard from for
-``heartbeat_ttl_s`` is gone: its hash expires and it drops out of :func:`live_workers`.
+``heartbeat_ttl_s`` is gone: its hash expires and it drops out of :func:`live_workers`. Reading
+the registry writes nothing (probes and scrapes read it); the reaper's sweep drops the names of
+gone workers from the sorted set (:func:`prune`).
 
 Keys (:mod:`infra.keys`): ``rf:{workers}`` (sorted set, name → last heartbeat epoch seconds) and
 ``rf:{workers}:{name}`` (hash of JSON-encoded fields); the braces are a hash tag, so the
@@ -52,13 +54,23 @@ def deregister(client: redis.Redis, name: str) -> None:
     pipe.execute()
 
 
+def prune(client: redis.Redis, ttl_s: float = 20.0) -> int:
+    """Drop from ``rf:{workers}`` the names not heard from within ``ttl_s`` seconds (Redis server
+    clock); returns how many. Their hashes have expired already: this only keeps the sorted set
+    from growing with every worker that ever ran. The reaper calls it once per sweep.
+
+    Raises:
+        redis.RedisError: Redis is unreachable.
+    """
+    return int(client.zremrangebyscore(keys.WORKERS, "-inf", f"({server_time(client) - ttl_s}"))
+
+
 def live_workers(client: redis.Redis, ttl_s: float = 20.0) -> list[dict[str, Any]]:
     """Workers heard from within ``ttl_s`` seconds, each a dict with ``name``, ``model``, ``pool``,
     ``device``, ``batch_size``, ``pid``, ``host``, ``last_heartbeat`` and ``heartbeat_age_s``
     (both on the Redis server's clock, whatever the clocks of the worker and the caller)."""
     now = server_time(client)
-    client.zremrangebyscore(keys.WORKERS, "-inf", now - ttl_s)
-    names = client.zrange(keys.WORKERS, 0, -1)
+    names = client.zrangebyscore(keys.WORKERS, now - ttl_s, "+inf")
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(keys.worker(name))

@@ -73,7 +73,8 @@ class UpscaleStage:
         """
         if self.allowed is not None and spec not in self.allowed:
             allowed = ", ".join(self.allowed) or "none"
-            raise ValueError(f"upscaler {spec!r} is not one of this worker's pool's ({allowed})")
+            raise ValueError(f"upscaler {spec!r} is not one of this worker's pool's ({allowed}; without a declared "
+                             f"pool, RENDERFARM_UPSCALERS)")
         with self._lock:
             if spec not in self._nets:
                 if is_diffusion_upscaler(spec):

@@ -108,3 +108,35 @@ def test_metrics_token_from_a_secret(render):
     assert ref == {"name": "scrape", "key": "metrics-token"}
     api = next(d for d in by_kind(render(), "Deployment") if _component(d) == "api")
     assert "RENDERFARM_METRICS_TOKEN" not in [e["name"] for e in _env(api)]
+
+
+def _env_config(docs: list[dict]) -> dict[str, str]:
+    (env,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-env")]
+    return env["data"]
+
+
+def test_durable_ack_is_local_by_default_on_the_bundled_aof_redis(render):
+    """A 202 waits for the AOF fsync (issue 14, item 2): RENDERFARM_DURABLE_ACK=local, which
+    confirms with WAITAOF, so the bundled Redis must have the AOF on and be at least 7.2."""
+    docs = render()
+    assert _env_config(docs)["RENDERFARM_DURABLE_ACK"] == "local"
+    conf = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-redis"))
+    lines = conf["data"]["redis.conf"].splitlines()
+    assert "appendonly yes" in lines and "appendfsync everysec" in lines
+    (redis,) = by_kind(docs, "StatefulSet")
+    tag = redis["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[1]
+    assert tuple(int(p) for p in tag.split("-")[0].split(".")[:2]) >= (7, 2), tag
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("--set", "redis.durableAck=off"), "off"),
+    (("--set", "redis.durableAck=replicas"), "replicas"),
+    (("--set", "config.RENDERFARM_DURABLE_ACK=off"), "off"),  # config wins, as for auth
+])
+def test_durable_ack_can_be_chosen(render, args, expected):
+    assert _env_config(render("default", *args))["RENDERFARM_DURABLE_ACK"] == expected
+
+
+def test_an_unknown_durable_ack_mode_is_refused(helm):
+    out = run_helm(helm, "template", "farm", str(CHART), "--set", "redis.durableAck=always", check=False)
+    assert out.returncode != 0 and "durableAck" in out.stderr, out.stderr

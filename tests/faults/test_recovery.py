@@ -190,7 +190,9 @@ def test_circuit_breaker_stops_a_worker_that_fails_every_batch(fault_farm):
         job_ids = farm.submit([request(i)])
         assert farm.wait(job_ids, timeout=30)[0].state == "failed"
     farm.wait_for(lambda: farm.registry_entry(worker.worker_name).get("healthy") is False, timeout=10)
-    health = httpx.get(f"{farm.api.url}/healthz")
+    # /healthz reuses one answer for RENDERFARM_HEALTH_CACHE_S: wait for the next one to name it
+    health = farm.wait_for(lambda: (h := httpx.get(f"{farm.api.url}/healthz")).json().get("unhealthy_workers") and h,
+                           timeout=10)
     assert health.status_code == 200 and health.json()["unhealthy_workers"] == [worker.worker_name]
     waiting = farm.submit([request(i) for i in range(10, 13)])
     time.sleep(3.0)

@@ -37,3 +37,17 @@ def test_liveness_is_judged_on_the_server_clock(redis_db):
     registry.heartbeat(r, "w-old", {"pool": "tiny"}, ttl_s=20)
     r.zadd(keys.WORKERS, {"w-old": server_time(r) - SKEW_S})
     assert [w["name"] for w in registry.live_workers(r, ttl_s=20)] == ["w-now"]
+
+
+def test_reading_the_registry_writes_nothing_and_prune_drops_gone_names(redis_db):
+    """``live_workers`` (what /healthz, /v1/workers and the dispatcher read) leaves a gone worker's
+    name in the sorted set; :func:`registry.prune` (the reaper's sweep) removes it, and only it."""
+    r = redis_db(DB)
+    registry.heartbeat(r, "w-now", {"pool": "tiny"}, ttl_s=20)
+    registry.heartbeat(r, "w-gone", {"pool": "tiny"}, ttl_s=20)
+    r.zadd(keys.WORKERS, {"w-gone": server_time(r) - SKEW_S})
+    assert [w["name"] for w in registry.live_workers(r, ttl_s=20)] == ["w-now"]
+    assert sorted(r.zrange(keys.WORKERS, 0, -1)) == ["w-gone", "w-now"]  # the read removed nothing
+    assert registry.prune(r, ttl_s=20) == 1
+    assert r.zrange(keys.WORKERS, 0, -1) == ["w-now"]
+    assert registry.prune(r, ttl_s=20) == 0

@@ -92,3 +92,15 @@ def test_an_upscaler_the_pool_lacks_is_a_422(api, env, upscaler):
     assert detail["loc"] == ["body", "jobs", 1, "upscaler"] and f"has no upscaler '{upscaler}'" in detail["msg"]
     half = httpx.post(f"{env['RENDERFARM_API_URL']}/v1/jobs", json={"prompt": "a", "model": "tiny", "upscale": 4})
     assert half.status_code == 422 and "go together" in half.text
+
+
+def test_without_declared_pools_a_hub_upscaler_is_a_422_naming_the_setting(api_server, farm_env):
+    """The session's API declares no pools: only RENDERFARM_UPSCALERS (the offline builds) may be
+    named, so no request makes a worker download the file it names."""
+    jobs = [{"prompt": "a fox", "model": "tiny", "width": 64, "height": 64, "upscale": 4,
+             "upscaler": "owner/repo/RealESRGAN_x4plus.pth"}]
+    response = httpx.post(f"{farm_env['RENDERFARM_API_URL']}/v1/batches", json={"jobs": jobs})
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"][0]
+    assert detail["type"] == "unknown_upscaler" and detail["loc"] == ["body", "jobs", 0, "upscaler"]
+    assert "RENDERFARM_UPSCALERS" in detail["msg"]

@@ -3,31 +3,48 @@
 Place in the data flow: beside it; load balancers and Kubernetes probes ask, nothing else reads it.
 Readiness depends on Redis only: without Redis the API can neither accept nor report a job. An
 S3 outage leaves it serving (submissions and statuses work; workers ride the outage out), so it
-reports ``degraded`` with HTTP 200 instead of leaving the load balancer. The S3 check is shared
-and cached (:class:`infra.api.probes.Cached`), so probes cost one Redis PING each.
+reports ``degraded`` with HTTP 200 instead of leaving the load balancer.
+
+Cost: probes are unauthenticated and frequent. One evaluation (:class:`infra.api.probes.Readiness`:
+a Redis PING and the S3 check) serves every probe of the process for
+``RENDERFARM_HEALTH_CACHE_S`` (1 s), the S3 check's answer is kept for
+``RENDERFARM_HEALTH_S3_CACHE_S`` (10 s), and the probe path writes nothing to Redis.
+
+Disclosure: a caller gets ``{"status": …}`` and the HTTP code, which is all a probe needs. The
+checks' error texts (hosts, ports) and the names of workers whose circuit breaker is open go only
+to a caller that may read ``/metrics`` (:func:`infra.api.routes.metrics.may_scrape`: the scrape
+token or an admin tenant's key; anyone while no token is set and auth is off, as on the local stack).
 """
 
 from __future__ import annotations
 
+import threading
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from infra.api.deps import FarmDep
+from infra.api.deps import Farm, FarmDep
 from infra.api.models import Health
-from infra.api.probes import Cached
+from infra.api.probes import Readiness
+from infra.api.routes.metrics import may_scrape
 
 router = APIRouter(tags=["farm"])
+_created = threading.Lock()
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:300]
+def _unhealthy_workers(farm: Farm) -> list[str]:
+    return [w["name"] for w in farm.live_workers() if w.get("healthy") is False]
 
 
-def _s3_check(request: Request, farm) -> Cached:
-    cached = getattr(request.app.state, "s3_check", None)
-    if cached is None:
-        cached = request.app.state.s3_check = Cached(farm.storage.ping, farm.settings.health_s3_cache_s)
-    return cached
+def readiness(request: Request, farm: Farm) -> Readiness:
+    """The process's shared :class:`Readiness` (made on first use, kept in ``app.state``)."""
+    with _created:
+        shared = getattr(request.app.state, "readiness", None)
+        if shared is None:
+            shared = request.app.state.readiness = Readiness(
+                farm.redis.ping, farm.storage.ping, lambda: _unhealthy_workers(farm),
+                ttl_s=farm.settings.health_cache_s, s3_ttl_s=farm.settings.health_s3_cache_s)
+        return shared
 
 
 @router.get("/livez", response_model=dict[str, str])
@@ -36,28 +53,22 @@ def livez() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/healthz", response_model=Health, responses={503: {"model": Health}})
+@router.get("/healthz", response_model=Health, response_model_exclude_none=True,
+            responses={503: {"model": Health}})
 def healthz(request: Request, farm: FarmDep) -> JSONResponse:
-    """Readiness: 200 when Redis answers (``ok``, or ``degraded`` when S3 does not), else 503.
-    Workers whose circuit breaker is open are listed in ``unhealthy_workers`` (present only when
-    there are some): they do not make the API itself unhealthy, since it still serves."""
-    checks = {}
-    try:
-        farm.redis.ping()
-        checks["redis"] = "ok"
-    except Exception as exc:
-        checks["redis"] = _error(exc)
-    try:
-        _s3_check(request, farm).get()
-        checks["s3"] = "ok"
-    except Exception as exc:
-        checks["s3"] = _error(exc)
-    if checks["redis"] != "ok":
-        status = "unavailable"
-    else:
-        status = "ok" if checks["s3"] == "ok" else "degraded"
-    body = Health(status=status, checks=checks)
-    if checks["redis"] == "ok":
-        unhealthy = [w["name"] for w in farm.live_workers() if w.get("healthy") is False]
-        body.unhealthy_workers = unhealthy or None
+    """Readiness: 200 when Redis answers (``ok``, or ``degraded`` when S3 does not), else 503
+    (``unavailable``). One answer serves every probe for ``RENDERFARM_HEALTH_CACHE_S``.
+
+    The body is ``{"status": …}`` alone, unless the caller may read ``/metrics`` (the scrape token
+    or an admin tenant's key; anyone while auth is off and no token is set): then ``checks`` holds
+    each check's ``ok`` or error, and ``unhealthy_workers`` the workers whose circuit breaker is
+    open (present only when there are some). Such workers do not make the API unhealthy: it still
+    serves."""
+    shared = readiness(request, farm)
+    status, checks = shared.status()
+    body = Health(status=status)
+    if may_scrape(request, farm):
+        body.checks = checks
+        if status != "unavailable":
+            body.unhealthy_workers = shared.unhealthy_workers() or None
     return JSONResponse(body.model_dump(exclude_none=True), status_code=503 if status == "unavailable" else 200)

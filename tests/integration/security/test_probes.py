@@ -1,6 +1,8 @@
 """Probes and the scrape (issue 14, item 15): readiness depends on Redis only (an S3 outage is
-``degraded``, still 200), ``/livez`` touches nothing, and ``/metrics`` needs the scrape token or
-an admin tenant's key once auth is on."""
+``degraded``, still 200), ``/livez`` touches nothing, ``/metrics`` needs the scrape token or an
+admin tenant's key once auth is on, and ``/healthz`` is cheap and tells an anonymous caller only
+its status: one evaluation serves every probe for ``RENDERFARM_HEALTH_CACHE_S`` (counted in the
+Redis server's own command statistics), and worker names go only to the scrape token or an admin."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import secrets
 import httpx
 import pytest
 
-from infra.localstack import free_port
+from infra.api.auth import KeyStore
+from infra.localstack import RedisServer, free_port
+from infra.state import registry
 
 from .conftest import start_api
 
@@ -53,7 +57,7 @@ def test_metrics_need_the_scrape_token_or_an_admin_key(secure_api, scraped_api, 
 def test_liveness_and_readiness(secure_api):
     assert httpx.get(secure_api.url + "/livez").json() == {"status": "ok"}
     health = httpx.get(secure_api.url + "/healthz")
-    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.status_code == 200 and health.json() == {"status": "ok"}  # anonymous: the status alone
 
 
 def test_an_s3_outage_degrades_but_keeps_the_api_ready(no_s3_api):
@@ -68,3 +72,67 @@ def test_an_s3_outage_degrades_but_keeps_the_api_ready(no_s3_api):
     accepted = httpx.post(no_s3_api.url + "/v1/jobs", json={"prompt": "p", "model": "security-unserved",
                                                             "width": 64, "height": 64, "num_inference_steps": 2})
     assert accepted.status_code == 202, accepted.text
+
+
+@pytest.fixture(scope="module")
+def own_redis(run_dir, tmp_path_factory):
+    """A redis-server of this module alone, so that its command statistics count only what the
+    probed API sends."""
+    with RedisServer(free_port(), dir=tmp_path_factory.mktemp("redis-probes"), run_dir=run_dir) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def probed_api(farm_env, run_dir, own_redis):
+    """An API with auth on, an admin tenant and a scrape token, on ``own_redis``, whose registry
+    holds a worker with its breaker open and a healthy one. Its reaper and webhook deliverer are
+    off and its one /healthz answer lives an hour, so that every Redis command counted below comes
+    from /healthz or from nothing."""
+    r = own_redis.client()
+    registry.heartbeat(r, "w-broken", {"pool": "tiny", "healthy": False}, ttl_s=3600)
+    registry.heartbeat(r, "w-fine", {"pool": "tiny", "healthy": True}, ttl_s=3600)
+    server = start_api(farm_env, run_dir, "api-probed", RENDERFARM_REDIS_URL=own_redis.url,
+                       RENDERFARM_AUTH_REQUIRED="true", RENDERFARM_METRICS_TOKEN=TOKEN,
+                       RENDERFARM_ADMIN_TENANTS="probe-ops", RENDERFARM_HEALTH_CACHE_S="3600",
+                       RENDERFARM_HEARTBEAT_TTL_S="3600", RENDERFARM_REAPER_ENABLED="false",
+                       RENDERFARM_WEBHOOKS_ENABLED="false")
+    yield server
+    server.stop()
+
+
+def _calls(client, *commands: str) -> dict[str, int]:
+    """How many times redis-server has run each command (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands}
+
+
+def test_healthz_shows_worker_names_only_to_the_token_or_an_admin(probed_api, own_redis):
+    keys = KeyStore(own_redis.client())
+    _, admin = keys.create("probe-ops")
+    _, tenant = keys.create("probe-someone")
+    anonymous = httpx.get(probed_api.url + "/healthz")
+    assert anonymous.status_code == 200 and anonymous.json() == {"status": "ok"}
+    assert "w-broken" not in anonymous.text
+    plain = httpx.get(probed_api.url + "/healthz", headers={"X-API-Key": tenant})
+    assert plain.json() == {"status": "ok"}
+    full = {"status": "ok", "checks": {"redis": "ok", "s3": "ok"}, "unhealthy_workers": ["w-broken"]}
+    assert httpx.get(probed_api.url + "/healthz", headers={"X-API-Key": admin}).json() == full
+    assert httpx.get(probed_api.url + "/healthz", headers={"Authorization": f"Bearer {TOKEN}"}).json() == full
+    wrong = httpx.get(probed_api.url + "/healthz", headers={"Authorization": f"Bearer {TOKEN}x"})
+    assert wrong.json() == {"status": "ok"}
+
+
+def test_repeated_probes_within_the_interval_do_not_reach_redis(probed_api, own_redis):
+    r = own_redis.client()
+    read = ("ping", "time", "zrangebyscore", "hgetall")
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    httpx.get(probed_api.url + "/healthz")  # the interval's evaluation (or one already made)
+    httpx.get(probed_api.url + "/healthz", headers=bearer)  # and its worker list
+    before = _calls(r, *read)
+    assert before["ping"] >= 1 and before["zrangebyscore"] >= 1  # these count /healthz's reads
+    for _ in range(10):
+        assert httpx.get(probed_api.url + "/healthz").json() == {"status": "ok"}
+        assert httpx.get(probed_api.url + "/healthz", headers=bearer).json()["unhealthy_workers"] == ["w-broken"]
+    assert _calls(r, *read) == before
+    # the probe path writes nothing: gone workers' names are pruned by the reaper, not here
+    assert _calls(r, "zremrangebyscore") == {"zremrangebyscore": 0}

@@ -14,7 +14,15 @@ import yaml
 from pydantic import ValidationError
 
 from infra import keys
-from infra.pools import NoPoolError, PoolConfigError, PoolSpec, Router, pool_for_model, worker_pool
+from infra.pools import (
+    OFFLINE_UPSCALERS,
+    NoPoolError,
+    PoolConfigError,
+    PoolSpec,
+    Router,
+    pool_for_model,
+    worker_pool,
+)
 from infra.schemas import RenderRequest
 from infra.settings import Settings
 
@@ -146,6 +154,34 @@ def test_an_upscaler_the_pool_lacks_is_refused_and_only_the_diffusion_size_count
     error = info.value.errors[0]
     assert error["index"] == 1 and error["type"] == "unknown_upscaler" and error["field"] == "upscaler"
     assert "has no upscaler 'esrgan-x4-arch'" in error["msg"]
+
+
+def test_without_declared_pools_only_the_allowed_upscalers_are_accepted():
+    """No pool declared: a request may name only RENDERFARM_UPSCALERS (default: the offline builds),
+    never a hub file the worker would download on request."""
+    offline = RenderRequest(prompt="a", model="tiny", width=64, height=64, upscale=4, upscaler="tiny-esrgan-x4")
+    hub = offline.model_copy(update={"upscaler": "owner/repo/RealESRGAN_x4plus.pth"})
+    alias = offline.model_copy(update={"upscaler": "sd-x4-upscaler"})  # an alias of a hub id: downloads too
+    assert Router([]).route_all([offline]) == ["tiny"]
+    with pytest.raises(NoPoolError) as info:
+        Router([]).route_all([offline, hub, alias])
+    assert [e["index"] for e in info.value.errors] == [1, 2]
+    error = info.value.errors[0]
+    assert error["type"] == "unknown_upscaler" and error["field"] == "upscaler"
+    assert error["input"] == "owner/repo/RealESRGAN_x4plus.pth" and "RENDERFARM_UPSCALERS" in error["msg"]
+    own = Router([], upscalers=["/models/RealESRGAN_x4plus.pth"])
+    assert own.route_all([offline.model_copy(update={"upscaler": "/models/RealESRGAN_x4plus.pth"})]) == ["tiny"]
+    with pytest.raises(NoPoolError, match="RENDERFARM_UPSCALERS"):
+        own.route_all([offline])
+    with pytest.raises(NoPoolError, match="it has: none"):
+        Router([], upscalers=()).route_all([offline])
+
+
+def test_the_upscalers_setting():
+    assert Settings().upscaler_names == OFFLINE_UPSCALERS
+    assert Settings(upscalers=" /models/a.pth, ,tiny-esrgan-x4,/models/a.pth").upscaler_names == (
+        "/models/a.pth", "tiny-esrgan-x4")
+    assert Settings(upscalers="").upscaler_names == ()
 
 
 def test_upscale_and_upscaler_go_together():

@@ -7,8 +7,10 @@ import PIL.Image
 import pytest
 import torch
 
+from infra import pools
 from infra.schemas import RenderRequest
 from pipeline.upscale import OFFLINE_UPSCALERS, RRDBConfig, RRDBNet, UpscaleStage, load_upscaler, upscale_tiled
+from pipeline.upscale.diffusion import OFFLINE_DIFFUSION_UPSCALERS
 from pipeline.upscale.load import random_rrdbnet
 from pipeline.upscale.rrdbnet import config_from_state_dict
 from pipeline.upscale.tiles import tile_windows
@@ -106,6 +108,27 @@ def test_the_stage_upscales_a_batch_to_the_requested_factor():
     assert [im.size for im in stage.upscale(images, "tiny-esrgan-x2", 2)] == [(96, 64)] * 2
     with pytest.raises(ValueError, match="not one of this worker's pool"):
         stage.upscale(images, "esrgan-x4-arch", 4)
+
+
+def test_infra_knows_every_offline_upscaler():
+    """infra may not import pipeline, so ``RENDERFARM_UPSCALERS``'s default is a list of names of its
+    own: exactly the upscalers built offline here, none that downloads."""
+    assert set(pools.OFFLINE_UPSCALERS) == set(OFFLINE_UPSCALERS) | set(OFFLINE_DIFFUSION_UPSCALERS)
+
+
+def test_a_worker_of_no_declared_pool_loads_only_the_allowed_upscalers():
+    """Without a declared pool the worker passes RENDERFARM_UPSCALERS: a request naming a hub file
+    is refused before anything is downloaded; a declared pool's own list wins over it."""
+    from pipeline.warm import PoolOptions, prepare_renderer
+
+    renderer, _ = prepare_renderer("tiny", "cpu", "exact", upscalers=("tiny-esrgan-x4",))
+    assert renderer.upscale.allowed == ("tiny-esrgan-x4",)
+    with pytest.raises(ValueError, match="RENDERFARM_UPSCALERS"):
+        renderer.upscale.network("owner/repo/RealESRGAN_x4plus.pth")
+    assert isinstance(renderer.upscale.network("tiny-esrgan-x4"), RRDBNet)
+    declared, _ = prepare_renderer("tiny", "cpu", "exact", pool=PoolOptions(upscalers=()),
+                                   upscalers=("tiny-esrgan-x4",))
+    assert declared.upscale.allowed == ()
 
 
 def test_the_renderer_upscales_a_group(tiny_renderer):

@@ -1,0 +1,66 @@
+"""The chart's pools reach the farm whole: every field of ``infra.pools.PoolSpec`` a pool sets in
+the values (camelCase there) is in the rendered ``RENDERFARM_POOLS`` and parses into the same
+PoolSpec the API and the workers build; the values schema checks each one and refuses a bad one."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from infra.pools import FAMILIES, PoolSpec
+from tests.deploy.conftest import CHART, by_kind, run_helm
+
+#: A pool declaring every optional PoolSpec field (as --set-json writes values).
+FULL_POOL = {"name": "cpu-sd15", "model": "sd15-arch", "maxPixels": 65536, "maxBatch": 4,
+             "family": "sd1", "steps": 20, "sPerMpxStep": 0.08, "usePe": True, "batchInvariant": False,
+             "upscalers": ["esrgan-x4-arch", "owner/repo/RealESRGAN_x4plus.pth"]}
+
+
+def _declared(docs: list[dict]) -> list[PoolSpec]:
+    (env,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-env")]
+    return [PoolSpec(**p) for p in json.loads(env["data"]["RENDERFARM_POOLS"])]
+
+
+def _camel(field: str) -> str:
+    return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), field)
+
+
+def test_a_pool_declaring_upscalers_and_every_optional_field_passes_them_through(render):
+    (spec,) = _declared(render("default", "--set-json", f"pools=[{json.dumps(FULL_POOL)}]"))
+    assert spec.upscalers == ("esrgan-x4-arch", "owner/repo/RealESRGAN_x4plus.pth")
+    assert (spec.family, spec.steps, spec.s_per_mpx_step, spec.use_pe, spec.batch_invariant) == (
+        "sd1", 20, 0.08, True, False)
+    assert (spec.name, spec.model, spec.max_pixels, spec.max_batch, spec.queue) == (
+        "cpu-sd15", "sd15-arch", 65536, 4, "renderfarm.cpu-sd15")
+
+
+def test_optional_fields_left_unset_keep_poolspec_defaults(render):
+    (spec,) = _declared(render())
+    assert spec == PoolSpec(name="cpu-tiny", model="tiny", device_class="cpu", max_pixels=262144, max_batch=8)
+    # null means "unset" too, and workerDefaults supply what a pool leaves out
+    (spec,) = _declared(render("default", "--set-json", 'pools=[{"name": "p", "model": "tiny", "steps": null}]',
+                               "--set-json", 'workerDefaults.upscalers=["tiny-esrgan-x2"]'))
+    assert spec.steps is None and spec.upscalers == ("tiny-esrgan-x2",)
+
+
+def test_the_schema_knows_every_poolspec_field():
+    """A PoolSpec field added without its chart key would be refused by the schema (and dropped
+    by the template): every field but the derived ``queue`` has a camelCase key, and ``family``
+    allows exactly the known families."""
+    pool = json.loads((CHART / "values.schema.json").read_text())["definitions"]["pool"]["properties"]
+    assert {_camel(f) for f in PoolSpec.model_fields if f != "queue"} <= set(pool)
+    assert set(pool["family"]["enum"]) == {None, *FAMILIES}
+    template = (CHART / "templates" / "configmap-env.yaml").read_text()
+    for field in PoolSpec.model_fields:
+        assert f'"{field}"' in template, field
+
+
+@pytest.mark.parametrize("pool", [{"upscalers": "esrgan-x4-arch"}, {"upscalers": [""]}, {"family": "sd4"},
+                                  {"steps": 0}, {"steps": 151}, {"sPerMpxStep": 0}, {"usePe": "yes"},
+                                  {"batchInvariant": "auto"}])
+def test_the_schema_refuses_a_bad_optional_field(helm, pool):
+    values = json.dumps([{"name": "p", "model": "tiny", **pool}])
+    out = run_helm(helm, "template", "farm", str(CHART), "--set-json", f"pools={values}", check=False)
+    assert out.returncode != 0 and "schema" in out.stderr.lower(), out.stderr
