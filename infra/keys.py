@@ -21,7 +21,7 @@ rf:leases:{s}                      zset        running job id → lease_until (s
 rf:pending:{s}                     zset        queued job id → when its message was last (re)published
 rf:dead:{s}                        zset        failed job id → when it failed (the dead-letter set)
 rf:dead:{tenant}:{s}               zset        the same, one tenant's jobs only (its dead-letter pages)
-rf:quota:{tenant}                  hash        jobs and GPU-seconds a tenant reserved (:mod:`infra.state.quota`)
+rf:quota:{tenant}                  hash        jobs, GPU-seconds, bytes a tenant reserved (:mod:`infra.state.quota`)
 rf:quota:{tenant}:{s}              hash        what its ended jobs of shard s gave back (negative)
 rf:idem:{s}:{tenant}:{key}         string      an idempotency key → its batch id, or "claim:{batch id}"
                                                while its submission is in flight (short expiry)
@@ -239,12 +239,13 @@ def webhook_secret(tenant: str) -> str:
 
 
 def quota(tenant: str) -> str:
-    """What a tenant reserved: jobs and estimated GPU-seconds (submission adds, a failed one takes back)."""
+    """What a tenant reserved: jobs, estimated GPU-seconds and bytes of job records (submission adds,
+    a failed one takes back)."""
     return f"{PREFIX}quota:{tenant}"
 
 
 def quota_holds(tenant: str) -> str:
-    """Reservations waiting for their batch to be recorded (zset: ``batch|jobs|gpu_s`` → deadline,
+    """Reservations waiting for their batch to be recorded (zset: ``batch|jobs|gpu_s|bytes`` → deadline,
     Redis seconds), tagged with the whole :func:`quota` key so both share its slot."""
     return f"{{{quota(tenant)}}}:holds"
 

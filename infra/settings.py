@@ -149,6 +149,13 @@ class Settings(BaseSettings):
                                                                    "(one request over it: 413). 0 = no quota.")
     quota_gpu_seconds: float = Field(7 * 24 * 3600.0, ge=0, description="Per-tenant outstanding estimated "
                                      "GPU-seconds (pool's s_per_mpx_step × Mpx × steps); 0 = no quota.")
+    quota_outstanding_bytes: int = Field(
+        128 * 2**20, ge=0, description="Per-tenant outstanding bytes of job records in Redis (the request's "
+        "JSON as stored + 2,560 per job, infra/state/quota.py); 0 = no quota. 128 MiB: five tenants at their "
+        "limit hold under a third of the chart's Redis (2 GiB container limit, never evicting), leaving the "
+        "rest to ended jobs' records (kept RENDERFARM_JOB_TTL_S), the broker's messages and the AOF rewrite's "
+        "copy-on-write; "
+        "it is ~47,000 typical jobs (~2.8 KB each) or ~900 of the largest (~145 KB of UTF-8 prompts and metadata).")
     default_s_per_mpx_step: float = Field(0.05, gt=0, description="Seconds per megapixel-step of a pool that "
                                                                   "declares none (quotas, fair share).")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Largest request body, bytes; larger → 413. "

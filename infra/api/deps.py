@@ -74,7 +74,7 @@ class Farm:
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
         self.quotas = Quotas(self.redis, max_jobs=settings.quota_outstanding_jobs,
-                             max_gpu_s=settings.quota_gpu_seconds)
+                             max_gpu_s=settings.quota_gpu_seconds, max_bytes=settings.quota_outstanding_bytes)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
                                    upscalers=settings.upscaler_names,
                                    quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,

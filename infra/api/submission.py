@@ -25,7 +25,7 @@ from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
 from infra.state.durable import DurableAck
 from infra.state.jobs import PUBLIC_TENANT, JobStore, NewJob
-from infra.state.quota import Quotas, job_cost_s
+from infra.state.quota import Quotas, job_bytes, job_cost_s
 
 #: Delete an idempotency claim only while it is still this submission's (KEYS[1], ARGV[1] = claim).
 _UNCLAIM = """
@@ -72,7 +72,8 @@ class Submitter:
         pools: the declared pools (:mod:`infra.pools`); empty = one pool per model.
         upscalers: the upscalers a request may name while no pool is declared (``RENDERFARM_UPSCALERS``).
         on_enqueued: called with the pools that received jobs (the API wakes its dispatcher).
-        quotas: per-tenant quotas on outstanding jobs and GPU-seconds (None: counted, no limit).
+        quotas: per-tenant quotas on outstanding jobs, GPU-seconds and bytes of job records
+            (None: counted, no limit).
         s_per_mpx_step: the cost rate of pools that declare none (:func:`infra.state.quota.job_cost_s`).
         drain_gpu_s_per_s: GPU-seconds the farm finishes per second (its live workers), for
                 ``Retry-After`` over a quota.
@@ -120,6 +121,13 @@ class Submitter:
         rate = spec.s_per_mpx_step if spec is not None and spec.s_per_mpx_step else self.s_per_mpx_step
         return job_cost_s(request.width, request.height, request.num_inference_steps, rate)
 
+    def _new_job(self, batch_id: str, request: RenderRequest, pool: str) -> NewJob:
+        """A job of ``batch_id`` (an id in its shard) with its quota costs: estimated GPU-seconds,
+        and the bytes of its record, measured on the request's JSON exactly as it will be stored."""
+        payload = request.model_dump_json()
+        return NewJob(new_id(keys.shard(batch_id)), request, pool, cost_s=self.cost_s(request, pool),
+                      cost_bytes=job_bytes(payload), request_json=payload)
+
     def submit(self, requests: Sequence[RenderRequest], *, priority: str = "normal",
                idempotency_key: str | None = None, webhook_url: str | None = None,
                tenant: str = PUBLIC_TENANT) -> BatchAccepted:
@@ -146,8 +154,9 @@ class Submitter:
             NotDurable: Redis did not confirm the batch durable in time (the batch exists: a
                 retry with the same idempotency key returns it).
             SubmissionInFlight: another submission with this idempotency key is in flight.
-            QuotaExceeded: the tenant's outstanding jobs or GPU-seconds would exceed its quota
-                (429), or this request alone does (413); nothing is recorded or enqueued.
+            QuotaExceeded: the tenant's outstanding jobs, GPU-seconds or bytes of job records
+                would exceed its quota (429), or this request alone does (413); nothing is recorded
+                or enqueued.
         """
         resolved = [resolve(request, self.default_model) for request in requests]
         pools = self.router.route_all(resolved)
@@ -155,15 +164,15 @@ class Submitter:
         if key is not None and (first := self.redis.get(key)):
             return self._existing(key, first)  # before any quota
         batch_id = new_id(keys.idempotency_shard(tenant, idempotency_key) if idempotency_key is not None else None)
-        jobs = [NewJob(new_id(keys.shard(batch_id)), request, pool, cost_s=self.cost_s(request, pool))
-                for request, pool in zip(resolved, pools)]
+        jobs = [self._new_job(batch_id, request, pool) for request, pool in zip(resolved, pools)]
         gpu_s = sum(j.cost_s or 0.0 for j in jobs)
+        nbytes = sum(j.cost_bytes or 0 for j in jobs)
         drain = self.drain_gpu_s_per_s() if self.drain_gpu_s_per_s is not None else 1.0
         claim = keys.IDEM_CLAIM + batch_id
         if key is not None and not self.redis.set(key, claim, nx=True, ex=self.claim_s):
             return self._existing(key, self.redis.get(key))
         try:
-            self.quotas.reserve(tenant, len(jobs), gpu_s, batch_id=batch_id, drain_gpu_s_per_s=drain)
+            self.quotas.reserve(tenant, len(jobs), gpu_s, nbytes, batch_id=batch_id, drain_gpu_s_per_s=drain)
         except BaseException:
             self._unclaim(key, claim)
             raise
@@ -175,9 +184,9 @@ class Submitter:
         except BaseException:
             self._unclaim(key, claim)
             if not self.store.batch_meta(batch_id):
-                self.quotas.release(tenant, len(jobs), gpu_s, batch_id=batch_id)
+                self.quotas.release(tenant, len(jobs), gpu_s, nbytes, batch_id=batch_id)
             raise
-        self.quotas.recorded(tenant, len(jobs), gpu_s, batch_id=batch_id)
+        self.quotas.recorded(tenant, len(jobs), gpu_s, nbytes, batch_id=batch_id)
         if webhook_url:
             webhooks.enroll(self.redis, batch_id)
         enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,

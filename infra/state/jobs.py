@@ -21,7 +21,8 @@ Keys (prefix ``rf:``; every key is named in :mod:`infra.keys`):
     job:{id}          hash: batch_id, tenant, pool, priority, state, progress, attempts,
                       attempt_base (attempts before the last dead-letter retry), worker,
                       lease_until, created_at, started_at, finished_at, queued_at (epoch
-                      seconds), request/result/error/last_error (JSON)
+                      seconds), request/result/error/last_error (JSON), cost_s and
+                      cost_bytes (the job's share of its tenant's quota, :mod:`infra.state.quota`)
     batch:{id}        hash: created_at, total, priority, pool, tenant
     batch:{id}:jobs   list of job ids in submission order
     batch:{id}:counts hash: one counter per state, and ``done`` = Σ progress (terminal = 1)
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -93,12 +94,18 @@ class StartedJob:
 
 @dataclass(frozen=True)
 class NewJob:
-    """A validated request with its ids, ready to be recorded as ``queued``."""
+    """A validated request with its ids, ready to be recorded as ``queued``.
+
+    ``request_json`` is the request exactly as its record will store it (``""``: serialized at
+    recording); submission serializes once, measures it (``cost_bytes``) and records the same text.
+    """
 
     job_id: str
     request: RenderRequest
     pool: str
     cost_s: float | None = None  # estimated GPU-seconds (infra.state.quota); None: not counted
+    cost_bytes: int | None = None  # estimated bytes of the record (infra.state.quota); None: not counted
+    request_json: str = field(default="", repr=False, compare=False)
 
 
 def _ts(value: str | None) -> datetime | None:
@@ -179,8 +186,10 @@ class JobStore:
         for job in jobs:
             pipe.hset(keys.job(job.job_id), mapping={
                 "batch_id": batch_id, "tenant": tenant, "pool": job.pool, "state": "queued", "progress": 0,
-                "attempts": 0, "created_at": now, "request": job.request.model_dump_json(), "priority": priority,
-                "ttl_s": self.job_ttl_s, **({"cost_s": repr(job.cost_s)} if job.cost_s is not None else {}),
+                "attempts": 0, "created_at": now, "request": job.request_json or job.request.model_dump_json(),
+                "priority": priority, "ttl_s": self.job_ttl_s,
+                **({"cost_s": repr(job.cost_s)} if job.cost_s is not None else {}),
+                **({"cost_bytes": job.cost_bytes} if job.cost_bytes is not None else {}),
             })
         for js, ids in shards.by_shard(j.job_id for j in jobs).items():
             pipe.zadd(keys.pending(js), dict.fromkeys(ids, published))

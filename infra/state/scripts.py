@@ -13,8 +13,9 @@ happens at most once whatever runs it concurrently (several workers, reapers or 
 #   KEYS[6] rf:dead:{tenant}:{s}, the job's tenant's own dead-letter index (finish, requeue, retry)
 #   KEYS[7] its batch's hash   KEYS[8] its batch's job list
 #   KEYS[9] rf:quota:{tenant}:{s} (Redis Cluster; on one Redis rf:quota:{tenant} itself): a job
-#           with ``cost_s`` gives its job and GPU-seconds back when it ends and takes them again
-#           on a dead-letter retry (infra.state.quota)
+#           with ``cost_s`` gives its job and GPU-seconds back when it ends, and one with
+#           ``cost_bytes`` its record's bytes (a record without the field, from before the byte
+#           quota, gives back 0); a dead-letter retry takes them again (infra.state.quota)
 # Only INFO and TIME are read besides these keys; no key is named inside a script.
 # Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running (keep); each
 # move to a terminal state sets its TTL afresh, and its batch's keys get theirs once no job of
@@ -34,10 +35,14 @@ end
 local function fmt(x) return string.format('%.6f', x) end
 local function ttl() return tonumber(redis.call('HGET', KEYS[1], 'ttl_s') or '0') or 0 end
 local function quota(sign)
+  if not KEYS[9] then return end
   local cost = redis.call('HGET', KEYS[1], 'cost_s')
-  if not cost or not KEYS[9] then return end
-  redis.call('HINCRBY', KEYS[9], 'jobs', sign)
-  redis.call('HINCRBYFLOAT', KEYS[9], 'gpu_s', sign * (tonumber(cost) or 0))
+  if cost then
+    redis.call('HINCRBY', KEYS[9], 'jobs', sign)
+    redis.call('HINCRBYFLOAT', KEYS[9], 'gpu_s', sign * (tonumber(cost) or 0))
+  end
+  local bytes = tonumber(redis.call('HGET', KEYS[1], 'cost_bytes') or '0') or 0
+  if bytes ~= 0 then redis.call('HINCRBY', KEYS[9], 'bytes', sign * bytes) end
 end
 local function keep()
   if ttl() <= 0 then return end

@@ -155,10 +155,11 @@ def test_two_tenants_batches_render_with_their_images(tenants, worker, state):
     assert not shards.members(state, keys.leases) and not shards.members(state, keys.pending)
     assert {b.batch_id for b in store.recent_batches("alice")} == {accepted["alice"]["batch_id"]}
     # every ended job gave its quota back to its shard's counter: the tenant's own hash still holds
-    # the 25 reserved, the shards −25, nothing outstanding
+    # the 25 jobs (and their bytes) reserved, the shards −25, nothing outstanding
     for tenant in ("alice", "bob"):
         assert state.hget(keys.quota(tenant), "jobs") == "25"
-        assert [round(x, 6) for x in Quotas(state).usage(tenant)] == [0, 0]
+        assert int(state.hget(keys.quota(tenant), "bytes")) > 25 * 2560  # each record's bytes were counted
+        assert [round(x, 6) for x in Quotas(state).usage(tenant)] == [0, 0, 0]
     throughput = tenants["alice"].get("/v1/throughput", params={"minutes": 5}).json()
     assert sum(throughput["pools"]["null"]) == 50, throughput  # the worker's metrics were recorded
 
