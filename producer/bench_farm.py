@@ -10,8 +10,10 @@ measures:
   a bare in-process loop of :class:`pipeline.render.Renderer` calls; the ratio is the farm's
   efficiency. Rounds alternate the order (bare → farm, then farm → bare) so a drift in machine
   load favours neither; medians are reported.
-* **queue + storage path**: the same with ``--model null`` (a constant 64×64 image, no model):
-  jobs/s, end to end and between the first start and the last finish on the workers.
+* **queue + storage path**: the same with ``--model null`` (no model; an image of the request's
+  size whose PNG costs what a render's does, :mod:`pipeline.null`; 64×64 unless ``--width`` /
+  ``--height`` say otherwise): jobs/s, end to end and between the first start and the last
+  finish on the workers. Each run also reports its images' size and mean encoded bytes.
 * **submission**: seconds for one ``POST /v1/batches`` of ``submit_jobs`` jobs (client JSON,
   HTTP, validation, job records and wait lanes in Redis), with the workers stopped.
 * **simulated GPU**: ``--model null --render-ms-per-image MS`` makes the null renderer sleep
@@ -54,14 +56,17 @@ TIMING_SUMS = {"renderfarm_batch_seconds_sum": "worker_s", "renderfarm_render_se
 
 @dataclass(frozen=True)
 class FarmBenchConfig:
-    """What to measure. ``jobs``/``batch_size`` None = 2000/64 for null, 16/4 for a model."""
+    """What to measure. ``jobs``/``batch_size`` None = 2000/64 for null, 16/4 for a model;
+    ``width``/``height`` (pixels) None = 64×64 for null (the size of the images behind its
+    earlier figures), 256×256 for a model. ``--model null --render-ms-per-image 10 --width 512
+    --height 512`` is a simulated H100 on sd-turbo at 512², encoding and uploading 512² images."""
 
     model: str
     jobs: int | None = None
     workers: int = 1
     batch_size: int | None = None
-    width: int = 256
-    height: int = 256
+    width: int | None = None
+    height: int | None = None
     steps: int = 4
     guidance_scale: float = 7.5
     recipe: str = "exact"
@@ -87,12 +92,15 @@ class FarmBenchConfig:
         """Defaults filled in."""
         from dataclasses import replace
 
+        side = 64 if self.null else 256
         return replace(self, jobs=self.jobs or (2000 if self.null else 16),
-                       batch_size=self.batch_size or (64 if self.null else 4))
+                       batch_size=self.batch_size or (64 if self.null else 4),
+                       width=self.width or side, height=self.height or side)
 
 
 def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[RenderRequest]:
-    """``n`` requests (prompt i ↔ seed i) of the configured size, steps and guidance."""
+    """``n`` requests (prompt i ↔ seed i) of the configured size, steps and guidance (a resolved config)."""
+    assert config.width is not None and config.height is not None, "expects a resolved config"
     return [RenderRequest(prompt=PROMPTS[i % len(PROMPTS)], seed=i, model=config.model, width=config.width,
                           height=config.height, num_inference_steps=config.steps,
                           guidance_scale=config.guidance_scale) for i in range(offset, offset + n)]
@@ -125,10 +133,14 @@ def _run_farm(client, config: FarmBenchConfig, n: int, offset: int) -> dict:
         raise RuntimeError(f"{len(failed)} of {n} jobs did not succeed; first: {j.job_id} {j.state} {j.error}")
     started = min(_epoch(j.started_at) for j in jobs)
     finished = max(_epoch(j.finished_at) for j in jobs)
+    results = [j.result for j in jobs if j.result is not None]
+    sizes = sorted({f"{r.width}x{r.height}" for r in results})
     return {"jobs": n, "submit_s": round(submitted - t0, 4), "end_to_end_s": round(finished - t0, 4),
             "worker_span_s": round(finished - started, 4),
             "images_per_s": round(n / (finished - t0), 4),
-            "worker_images_per_s": round(n / max(finished - started, 1e-9), 4)}
+            "worker_images_per_s": round(n / max(finished - started, 1e-9), 4),
+            "image_sizes": sizes, "image_bytes_mean": round(statistics.fmean(r.bytes for r in results))
+            if results else None}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -328,6 +340,7 @@ def result_table(result: dict):
     what = "jobs" if c["model"] == NULL_MODEL and not c.get("render_ms_per_image") else "img"
     table = Table(title=f"bench farm: {c['model']}, {c['jobs']} jobs, {c['workers']} worker(s), batch "
                         f"{c['batch_size']}" + (f", {c.get('render_ms_per_image') or 0:g} ms/img"
+                                                + f", {c['width']}x{c['height']}"
                                                 if c["model"] == NULL_MODEL else
                                                 f", {c['width']}x{c['height']}, {c['steps']} steps, "
                                                 f"recipe {c['recipe']}"))
@@ -339,6 +352,10 @@ def result_table(result: dict):
         table.add_row(f"full path, end to end ({what}/s)", f"{full['images_per_s']:.3f}",
                       "≥ 1000 jobs/s (1 worker)" if null and not c.get("render_ms_per_image") else "")
         table.add_row(f"full path, first start → last finish ({what}/s)", f"{full['worker_images_per_s']:.3f}", "")
+        last = full["runs"][-1] if full.get("runs") else {}
+        if last.get("image_bytes_mean") is not None:
+            table.add_row(f"encoded image, mean bytes ({', '.join(last['image_sizes'])}, last round)",
+                          f"{last['image_bytes_mean']:,}", "")
     sim = result.get("simulated_gpu")
     if sim:
         target = "≥ 95 %" if sim["ms_per_image"] <= 100 else "≥ 99 %"

@@ -6,7 +6,7 @@ reaper) and its own workers. The redis-server and SeaweedFS processes are shared
 (restartable, and restarted by the scenarios that test their outages); they are not the
 session fixtures of ``tests/conftest.py``, which other tests keep using undisturbed.
 
-Workers pin the ``null`` model (a constant 64×64 image) behind the fault-injection wrapper of
+Workers pin the ``null`` model (64×64 images: the size their requests ask) behind the fault-injection wrapper of
 ``worker/faults.py``: ``RENDERFARM_TEST_STEP_DELAY_S`` gives each denoising step real time, so
 a batch lasts long enough to be interrupted, and ``RENDERFARM_TEST_COUNTERS`` counts renders
 and object writes per job in Redis, which is how "run twice" is measured. Leases are short
