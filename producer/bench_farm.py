@@ -22,6 +22,10 @@ measures:
 * **CPU per job**: CPU milliseconds per job of every farm process (API, redis-server, SeaweedFS,
   workers), from ``/proc/<pid>/stat`` before and after the measured rounds.
 * **API memory**: the API's RSS before the submission test and its peak (``VmHWM``) after.
+* **worker memory**: after the measured rounds, each worker process's peak RSS (``VmHWM`` from
+  ``/proc/<pid>/status``) and, from its heartbeat (``GET /v1/workers``, a beat newer than the
+  rounds), the most prefetched jobs it held at once (received, not yet started; its prefetch
+  limit is 2 × its batch size) and its RSS at the moment it first held that many.
 * **overhead**: worker milliseconds per job beyond the pipeline call, from the farm's own metrics
   (``GET /metrics``: ``renderfarm_batch_seconds`` and ``renderfarm_render_seconds_per_image``
   sums, which every worker records per batch), read before and after the measured rounds.
@@ -171,6 +175,47 @@ def rss_kib(pid: int) -> dict[str, int]:
     return out
 
 
+def worker_memory(client, workers, since: float, wait_s: float | None = None) -> dict:
+    """Per worker process of the stack: ``peak_rss_mib`` (``VmHWM``) and ``rss_mib`` now, from
+    ``/proc``; and from its heartbeat in ``GET /v1/workers``: ``batch_size``, ``prefetch_limit``
+    (messages held at once), ``prefetch_peak_jobs`` (the most prefetched jobs it held) and
+    ``rss_mib_at_prefetch_peak`` (its RSS when it first held that many).
+
+    Waits up to ``wait_s`` seconds (default: two heartbeat periods and a second) for a beat of
+    every worker newer than ``since`` (epoch seconds), so the prefetch figures cover the measured
+    rounds; a worker without one keeps None there. ``workers``: live
+    :class:`infra.localstack.WorkerProcess` objects (their ``pid`` and ``worker_name``).
+    """
+    from infra.settings import get_settings
+
+    if wait_s is None:
+        wait_s = 2 * get_settings().heartbeat_interval_s + 1.0
+    names = [w.worker_name for w in workers]
+    deadline = time.monotonic() + wait_s
+    while True:
+        listed = {w["name"]: w for w in client.http.get("/v1/workers").json() if w.get("name") in names}
+        fresh = all((listed.get(n) or {}).get("last_heartbeat", 0) >= since for n in names)
+        if fresh or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    rows = []
+    for worker in workers:
+        info = listed.get(worker.worker_name) or {}
+        prefetch = info.get("prefetch") or {}
+        at_peak = prefetch.get("rss_kib_at_peak")
+        row = {"name": worker.worker_name, "batch_size": info.get("batch_size"),
+               "prefetch_limit": prefetch.get("limit"), "prefetch_peak_jobs": prefetch.get("peak_jobs"),
+               "rss_mib_at_prefetch_peak": None if at_peak is None else round(at_peak / 1024, 1),
+               "peak_rss_mib": None, "rss_mib": None}
+        try:
+            rss = rss_kib(worker.pid)
+            row.update(peak_rss_mib=round(rss["VmHWM"] / 1024, 1), rss_mib=round(rss["VmRSS"] / 1024, 1))
+        except (OSError, TypeError, KeyError):  # not running, or no /proc
+            pass
+        rows.append(row)
+    return {"workers": rows}
+
+
 def _epoch(value: datetime | None) -> float:
     if value is None:
         raise RuntimeError("a succeeded job without started_at/finished_at")
@@ -268,7 +313,9 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                         bare_runs.append(run)
                         log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {_load_average()[0]})")
             timing_after = farm_timing(client)
+            rounds_end = time.time()
             result["redis"] = counter.read(config.jobs * config.rounds)
+            result["worker_memory"] = worker_memory(client, stack.workers, since=rounds_end)
             result["full_path"] = _summary(farm_runs)
             if bare_runs:
                 result["bare_loop"] = _summary(bare_runs)
@@ -387,6 +434,13 @@ def result_table(result: dict):
         if "bytes_per_queued_job" in rd:
             table.add_row(f"Redis bytes per queued job (used_memory; one job hash: MEMORY USAGE "
                           f"{rd['job_hash_memory_usage_bytes']})", f"{rd['bytes_per_queued_job']:.0f}", "")
+    for w in result.get("worker_memory", {}).get("workers", []):
+        label = f"worker {w['name']} (batch {w['batch_size']}, prefetch ≤ {w['prefetch_limit']})"
+        if w["peak_rss_mib"] is not None:
+            table.add_row(f"{label}: peak RSS, VmHWM (MiB)", f"{w['peak_rss_mib']:.1f}", "")
+        if w["rss_mib_at_prefetch_peak"] is not None:
+            table.add_row(f"{label}: RSS holding its largest prefetch, {w['prefetch_peak_jobs']} jobs (MiB)",
+                          f"{w['rss_mib_at_prefetch_peak']:.1f}", "")
     sub = result.get("submission")
     if sub:
         table.add_row(f"submit {sub['jobs']} jobs, one POST (s, median of {len(sub['runs_s'])})",

@@ -131,6 +131,10 @@ def test_bench_farm_simulated_gpu_reports_its_efficiency_at_the_requested_size(t
     assert sim["ms_per_image"] == 5 and sim["sleep_bound_images_per_s"] == 200.0
     assert sim["efficiency"] > 0 and sim["worker_span_efficiency"] > 0
     assert "submission" not in result  # --submit-jobs 0
+    (worker,) = result["worker_memory"]["workers"]
+    assert (worker["batch_size"], worker["prefetch_limit"]) == (8, 16)
+    assert 1 <= worker["prefetch_peak_jobs"] <= 16  # every job was prefetched before it started
+    assert 0 < worker["rss_mib_at_prefetch_peak"] <= worker["peak_rss_mib"]
 
 
 def test_bench_two_stage_on_tiny_has_a_row_per_path(tmp_path, bench_cache, monkeypatch, capsys):
