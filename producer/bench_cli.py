@@ -208,12 +208,13 @@ def _register_farm(sub) -> None:
                                    "real workers), push --jobs renders through it, and compare with the same "
                                    "renders in a bare in-process loop. Also: seconds to submit --submit-jobs "
                                    "jobs, and the worker's per-job overhead beyond the render.")
-    f.add_argument("--model", required=True, help="offline name, hub id, or null (a constant 64x64 image)")
+    f.add_argument("--model", required=True,
+                   help="offline name, hub id, or null (no model: an image of the requested size, pipeline/null.py)")
     f.add_argument("--jobs", type=int, default=None, help="jobs to render (default: 2000 for null, 16 otherwise)")
     f.add_argument("--workers", type=int, default=1)
     f.add_argument("--batch-size", type=int, default=None, help="default: 64 for null, the recipe's otherwise")
-    f.add_argument("--width", type=int, default=256)
-    f.add_argument("--height", type=int, default=256)
+    f.add_argument("--width", type=int, default=None, help="pixels (default: 64 for null, 256 otherwise)")
+    f.add_argument("--height", type=int, default=None, help="pixels (default: 64 for null, 256 otherwise)")
     f.add_argument("--steps", type=int, default=4)
     f.add_argument("--guidance-scale", type=float, default=7.5)
     f.add_argument("--recipe", default="exact", help="the workers' recipe, and the bare loop's (default exact)")

@@ -10,8 +10,10 @@ measures:
   a bare in-process loop of :class:`pipeline.render.Renderer` calls; the ratio is the farm's
   efficiency. Rounds alternate the order (bare → farm, then farm → bare) so a drift in machine
   load favours neither; medians are reported.
-* **queue + storage path**: the same with ``--model null`` (a constant 64×64 image, no model):
-  jobs/s, end to end and between the first start and the last finish on the workers.
+* **queue + storage path**: the same with ``--model null`` (no model; an image of the request's
+  size whose PNG costs what a render's does, :mod:`pipeline.null`; 64×64 unless ``--width`` /
+  ``--height`` say otherwise): jobs/s, end to end and between the first start and the last
+  finish on the workers. Each run also reports its images' size and mean encoded bytes.
 * **submission**: seconds for one ``POST /v1/batches`` of ``submit_jobs`` jobs (client JSON,
   HTTP, validation, job records and wait lanes in Redis), with the workers stopped.
 * **simulated GPU**: ``--model null --render-ms-per-image MS`` makes the null renderer sleep
@@ -20,6 +22,10 @@ measures:
 * **CPU per job**: CPU milliseconds per job of every farm process (API, redis-server, SeaweedFS,
   workers), from ``/proc/<pid>/stat`` before and after the measured rounds.
 * **API memory**: the API's RSS before the submission test and its peak (``VmHWM``) after.
+* **worker memory**: after the measured rounds, each worker process's peak RSS (``VmHWM`` from
+  ``/proc/<pid>/status``) and, from its heartbeat (``GET /v1/workers``, a beat newer than the
+  rounds), the most prefetched jobs it held at once (received, not yet started; its prefetch
+  limit is 2 × its batch size) and its RSS at the moment it first held that many.
 * **overhead**: worker milliseconds per job beyond the pipeline call, from the farm's own metrics
   (``GET /metrics``: ``renderfarm_batch_seconds`` and ``renderfarm_render_seconds_per_image``
   sums, which every worker records per batch), read before and after the measured rounds.
@@ -54,14 +60,17 @@ TIMING_SUMS = {"renderfarm_batch_seconds_sum": "worker_s", "renderfarm_render_se
 
 @dataclass(frozen=True)
 class FarmBenchConfig:
-    """What to measure. ``jobs``/``batch_size`` None = 2000/64 for null, 16/4 for a model."""
+    """What to measure. ``jobs``/``batch_size`` None = 2000/64 for null, 16/4 for a model;
+    ``width``/``height`` (pixels) None = 64×64 for null (the size of the images behind its
+    earlier figures), 256×256 for a model. ``--model null --render-ms-per-image 10 --width 512
+    --height 512`` is a simulated H100 on sd-turbo at 512², encoding and uploading 512² images."""
 
     model: str
     jobs: int | None = None
     workers: int = 1
     batch_size: int | None = None
-    width: int = 256
-    height: int = 256
+    width: int | None = None
+    height: int | None = None
     steps: int = 4
     guidance_scale: float = 7.5
     recipe: str = "exact"
@@ -87,12 +96,15 @@ class FarmBenchConfig:
         """Defaults filled in."""
         from dataclasses import replace
 
+        side = 64 if self.null else 256
         return replace(self, jobs=self.jobs or (2000 if self.null else 16),
-                       batch_size=self.batch_size or (64 if self.null else 4))
+                       batch_size=self.batch_size or (64 if self.null else 4),
+                       width=self.width or side, height=self.height or side)
 
 
 def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[RenderRequest]:
-    """``n`` requests (prompt i ↔ seed i) of the configured size, steps and guidance."""
+    """``n`` requests (prompt i ↔ seed i) of the configured size, steps and guidance (a resolved config)."""
+    assert config.width is not None and config.height is not None, "expects a resolved config"
     return [RenderRequest(prompt=PROMPTS[i % len(PROMPTS)], seed=i, model=config.model, width=config.width,
                           height=config.height, num_inference_steps=config.steps,
                           guidance_scale=config.guidance_scale) for i in range(offset, offset + n)]
@@ -125,10 +137,14 @@ def _run_farm(client, config: FarmBenchConfig, n: int, offset: int) -> dict:
         raise RuntimeError(f"{len(failed)} of {n} jobs did not succeed; first: {j.job_id} {j.state} {j.error}")
     started = min(_epoch(j.started_at) for j in jobs)
     finished = max(_epoch(j.finished_at) for j in jobs)
+    results = [j.result for j in jobs if j.result is not None]
+    sizes = sorted({f"{r.width}x{r.height}" for r in results})
     return {"jobs": n, "submit_s": round(submitted - t0, 4), "end_to_end_s": round(finished - t0, 4),
             "worker_span_s": round(finished - started, 4),
             "images_per_s": round(n / (finished - t0), 4),
-            "worker_images_per_s": round(n / max(finished - started, 1e-9), 4)}
+            "worker_images_per_s": round(n / max(finished - started, 1e-9), 4),
+            "image_sizes": sizes, "image_bytes_mean": round(statistics.fmean(r.bytes for r in results))
+            if results else None}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -157,6 +173,47 @@ def rss_kib(pid: int) -> dict[str, int]:
                 name, value = line.split(":", 1)
                 out[name] = int(value.split()[0])
     return out
+
+
+def worker_memory(client, workers, since: float, wait_s: float | None = None) -> dict:
+    """Per worker process of the stack: ``peak_rss_mib`` (``VmHWM``) and ``rss_mib`` now, from
+    ``/proc``; and from its heartbeat in ``GET /v1/workers``: ``batch_size``, ``prefetch_limit``
+    (messages held at once), ``prefetch_peak_jobs`` (the most prefetched jobs it held) and
+    ``rss_mib_at_prefetch_peak`` (its RSS when it first held that many).
+
+    Waits up to ``wait_s`` seconds (default: two heartbeat periods and a second) for a beat of
+    every worker newer than ``since`` (epoch seconds), so the prefetch figures cover the measured
+    rounds; a worker without one keeps None there. ``workers``: live
+    :class:`infra.localstack.WorkerProcess` objects (their ``pid`` and ``worker_name``).
+    """
+    from infra.settings import get_settings
+
+    if wait_s is None:
+        wait_s = 2 * get_settings().heartbeat_interval_s + 1.0
+    names = [w.worker_name for w in workers]
+    deadline = time.monotonic() + wait_s
+    while True:
+        listed = {w["name"]: w for w in client.http.get("/v1/workers").json() if w.get("name") in names}
+        fresh = all((listed.get(n) or {}).get("last_heartbeat", 0) >= since for n in names)
+        if fresh or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    rows = []
+    for worker in workers:
+        info = listed.get(worker.worker_name) or {}
+        prefetch = info.get("prefetch") or {}
+        at_peak = prefetch.get("rss_kib_at_peak")
+        row = {"name": worker.worker_name, "batch_size": info.get("batch_size"),
+               "prefetch_limit": prefetch.get("limit"), "prefetch_peak_jobs": prefetch.get("peak_jobs"),
+               "rss_mib_at_prefetch_peak": None if at_peak is None else round(at_peak / 1024, 1),
+               "peak_rss_mib": None, "rss_mib": None}
+        try:
+            rss = rss_kib(worker.pid)
+            row.update(peak_rss_mib=round(rss["VmHWM"] / 1024, 1), rss_mib=round(rss["VmRSS"] / 1024, 1))
+        except (OSError, TypeError, KeyError):  # not running, or no /proc
+            pass
+        rows.append(row)
+    return {"workers": rows}
 
 
 def _epoch(value: datetime | None) -> float:
@@ -256,7 +313,9 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                         bare_runs.append(run)
                         log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {_load_average()[0]})")
             timing_after = farm_timing(client)
+            rounds_end = time.time()
             result["redis"] = counter.read(config.jobs * config.rounds)
+            result["worker_memory"] = worker_memory(client, stack.workers, since=rounds_end)
             result["full_path"] = _summary(farm_runs)
             if bare_runs:
                 result["bare_loop"] = _summary(bare_runs)
@@ -328,6 +387,7 @@ def result_table(result: dict):
     what = "jobs" if c["model"] == NULL_MODEL and not c.get("render_ms_per_image") else "img"
     table = Table(title=f"bench farm: {c['model']}, {c['jobs']} jobs, {c['workers']} worker(s), batch "
                         f"{c['batch_size']}" + (f", {c.get('render_ms_per_image') or 0:g} ms/img"
+                                                + f", {c['width']}x{c['height']}"
                                                 if c["model"] == NULL_MODEL else
                                                 f", {c['width']}x{c['height']}, {c['steps']} steps, "
                                                 f"recipe {c['recipe']}"))
@@ -339,6 +399,10 @@ def result_table(result: dict):
         table.add_row(f"full path, end to end ({what}/s)", f"{full['images_per_s']:.3f}",
                       "≥ 1000 jobs/s (1 worker)" if null and not c.get("render_ms_per_image") else "")
         table.add_row(f"full path, first start → last finish ({what}/s)", f"{full['worker_images_per_s']:.3f}", "")
+        last = full["runs"][-1] if full.get("runs") else {}
+        if last.get("image_bytes_mean") is not None:
+            table.add_row(f"encoded image, mean bytes ({', '.join(last['image_sizes'])}, last round)",
+                          f"{last['image_bytes_mean']:,}", "")
     sim = result.get("simulated_gpu")
     if sim:
         target = "≥ 95 %" if sim["ms_per_image"] <= 100 else "≥ 99 %"
@@ -370,6 +434,13 @@ def result_table(result: dict):
         if "bytes_per_queued_job" in rd:
             table.add_row(f"Redis bytes per queued job (used_memory; one job hash: MEMORY USAGE "
                           f"{rd['job_hash_memory_usage_bytes']})", f"{rd['bytes_per_queued_job']:.0f}", "")
+    for w in result.get("worker_memory", {}).get("workers", []):
+        label = f"worker {w['name']} (batch {w['batch_size']}, prefetch ≤ {w['prefetch_limit']})"
+        if w["peak_rss_mib"] is not None:
+            table.add_row(f"{label}: peak RSS, VmHWM (MiB)", f"{w['peak_rss_mib']:.1f}", "")
+        if w["rss_mib_at_prefetch_peak"] is not None:
+            table.add_row(f"{label}: RSS holding its largest prefetch, {w['prefetch_peak_jobs']} jobs (MiB)",
+                          f"{w['rss_mib_at_prefetch_peak']:.1f}", "")
     sub = result.get("submission")
     if sub:
         table.add_row(f"submit {sub['jobs']} jobs, one POST (s, median of {len(sub['runs_s'])})",

@@ -157,6 +157,18 @@ def client(api_server, workers):
         yield c
 
 
+# -- the fault table -------------------------------------------------------------------------
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The fault table of the scenarios run in this session (tests/faults, scenario o), if any."""
+    from tests.fault_table import format_table, rows
+
+    if rows():
+        terminalreporter.write_sep("=", "fault-injection table")
+        terminalreporter.write_line(format_table(rows()))
+
+
 # -- log tails on failure -------------------------------------------------------------------
 
 

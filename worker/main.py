@@ -87,18 +87,38 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     return renderer, profile, batch_size
 
 
+def current_rss_kib() -> int | None:
+    """This process's resident set size now, KiB, from ``/proc/self/statm`` (None without /proc)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
 class ReservedJobs:
-    """Job ids this worker has received but not yet started (celery-batches' buffer), reported in
-    its heartbeat so the reaper knows their messages are not lost."""
+    """Job ids this worker has received but not yet started (celery-batches' buffer: its
+    prefetched jobs), reported in its heartbeat so the reaper knows their messages are not lost.
+
+    Also the most it ever held at once (:attr:`peak`) and the process's RSS in KiB at the moment
+    it first held that many (:attr:`rss_at_peak_kib`, read only when the peak grows, so at most
+    once per prefetch slot over the worker's life), for ``renderfarm bench farm``'s memory rows.
+    """
 
     def __init__(self) -> None:
         self._ids: set[str] = set()
         self._lock = threading.Lock()
+        self.peak = 0
+        self.rss_at_peak_kib: int | None = None
 
     def add(self, job_id: str) -> None:
         """Note a job id whose message this worker received."""
         with self._lock:
             self._ids.add(job_id)
+            if len(self._ids) > self.peak:
+                self.peak = len(self._ids)
+                self.rss_at_peak_kib = current_rss_kib()
 
     def discard(self, job_ids) -> None:
         """Forget job ids handed to a batch (started or skipped)."""
@@ -245,6 +265,7 @@ def run_worker(args: argparse.Namespace) -> int:
     install_render_task(app, handle, batch_size=batch_size, flush_interval_s=settings.flush_interval_s,
                         on_consumer_start=on_consumer_start)
     started_at = time.time()
+    prefetch = 2 * batch_size  # messages held unacked at once (Celery's prefetch, concurrency 1)
 
     def describe() -> dict:
         return {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
@@ -252,6 +273,8 @@ def run_worker(args: argparse.Namespace) -> int:
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,
                 "images_done": runner.images_done, "jobs_failed": runner.jobs_failed,
                 "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),
+                "prefetch": {"limit": prefetch, "peak_jobs": reserved.peak,
+                             "rss_kib_at_peak": reserved.rss_at_peak_kib},
                 "healthy": not breaker.open, "breaker": breaker.state()}
 
     heartbeat = Heartbeat(client, name, describe, interval_s=settings.heartbeat_interval_s,
@@ -270,7 +293,7 @@ def run_worker(args: argparse.Namespace) -> int:
         # `celery control enable_events` (and Flower) switch the task events on.
         app.worker_main([
             "worker", "--pool", "solo", "--concurrency", "1", "--queues", queue,
-            "--hostname", name, "--prefetch-multiplier", str(2 * batch_size), "--without-gossip",
+            "--hostname", name, "--prefetch-multiplier", str(prefetch), "--without-gossip",
             "--without-mingle", "--loglevel", args.loglevel,
         ])
     finally:

@@ -20,7 +20,8 @@ and resumable on a fresh machine (a CronJob pod has no local state):
 So an unchanged catalog renders nothing, a changed item renders only itself, and a run stopped
 with Ctrl-C resumes where it stopped. Each chunk has an ``idempotency_key`` derived from its
 keys, so retrying a request whose answer was lost returns the first batch. ``--state-dir`` adds
-a local record of succeeded keys, which then skip without asking the farm.
+a local record of succeeded keys; a recorded key is still looked up, and skipped only when the
+farm confirms its image (a HEAD), so a deleted image is rendered again.
 
 An item's fields fill the template's ``{field}`` placeholders; fields named like parameters
 (``seed``, ``width``, ``height``, ``steps``, ``guidance_scale``, ``negative_prompt``,

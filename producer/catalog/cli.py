@@ -116,7 +116,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--report", help="write the JSON report here (with a manifest: item id, S3 key, presigned URL)")
     p.add_argument("--no-manifest", action="store_true",
                    help="leave the manifest out of the report (it takes one more lookup of the keys)")
-    p.add_argument("--state-dir", help="also remember succeeded items here (they skip without asking the farm)")
+    p.add_argument("--state-dir", help="also remember succeeded items here (a re-run still skips one only when "
+                                       "the farm confirms its image)")
     p.add_argument("--chunk-size", type=int, default=1000, help=f"jobs per batch, 1…{MAX_CHUNK} (default 1000)")
     p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
     p.add_argument("--timeout", type=float, help="seconds to wait in all; unfinished items count as failed")

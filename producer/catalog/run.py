@@ -4,6 +4,12 @@ Place in the data flow: plans (:mod:`producer.catalog.plan`) → ``POST /v1/cata
 ``POST /v1/batches`` in chunks → batch polling → outcomes per content key → the report
 (:mod:`producer.catalog.report`). Every API call goes through :class:`RenderClient`, whose retry
 policy rides out 429s and API restarts; chunks carry an idempotency key derived from their keys.
+
+An item is skipped only on the farm's word that its image exists: the lookup answers
+``succeeded`` only after a HEAD of the image (:mod:`infra.state.catalog`). That holds for items
+a ``--state-dir`` records as done too: they are looked up with the others (10,000 keys per
+request, :attr:`CatalogRun.concurrency` requests in flight), and one whose image is gone (a wiped
+bucket, a deleted object) is rendered again and recorded anew.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ MAX_CHUNK = 10_000
 
 
 class StateDir:
-    """``--state-dir``: an append-only ``succeeded.jsonl`` of keys known to have an image."""
+    """``--state-dir``: an append-only ``succeeded.jsonl`` of keys that had an image when their
+    run recorded them (the farm still confirms each before a later run skips it; see the module
+    docstring). A key recorded twice maps to its last job."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -53,9 +61,15 @@ class StateDir:
         return out
 
     def add(self, records: Iterable[tuple[str, str]]) -> None:
-        """Append ``(key, job_id)`` successes and flush them to disk."""
+        """Append ``(key, job_id)`` successes and flush them to disk (on a line of their own after
+        a torn last line, which would otherwise swallow the first of them)."""
         lines = "".join(json.dumps({"key": k, "job_id": j}) + "\n" for k, j in records)
         if lines:
+            if self.file.exists() and self.file.stat().st_size:
+                with self.file.open("rb") as f:
+                    f.seek(-1, 2)
+                    if f.read(1) != b"\n":
+                        lines = "\n" + lines
             with self.file.open("a", encoding="utf-8") as f:
                 f.write(lines)
                 f.flush()
@@ -80,6 +94,7 @@ class CatalogRun:
     outcomes: dict[str, Outcome] = field(default_factory=dict)      # key → outcome
     batches: list[str] = field(default_factory=list)
     resumed: int = 0
+    recorded: dict[str, int] | None = None                          # --state-dir: recorded, confirmed, unconfirmed
     interrupted: bool = False
     wall_s: float = 0.0
 
@@ -185,17 +200,22 @@ class CatalogRun:
         self._terminal: dict[str, int] = {}
         keys = list(self.requests)
         known = self.state.load() if self.state else {}
-        for key in keys:
-            if key in known:
-                self.outcomes[key] = Outcome("skipped", known[key])
         bar = tqdm(total=len(keys), unit="img", desc="catalog", disable=not self.progress, file=sys.stderr,
                    dynamic_ncols=True)
         pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="catalog")
         try:
-            pending = self._lookup([k for k in keys if k not in self.outcomes], pool)
+            pending = self._lookup(keys, pool)  # the keys --state-dir records too: the farm confirms each image
+            recorded_note = ""
+            if self.state is not None:
+                recorded = [k for k in keys if k in known]
+                confirmed = sum(1 for k in recorded if k in self.outcomes and self.outcomes[k].state == "skipped")
+                self.recorded = {"recorded": len(recorded), "confirmed": confirmed,
+                                 "unconfirmed": len(recorded) - confirmed}
+                recorded_note = (f" ({len(recorded)} recorded in --state-dir, {len(recorded) - confirmed} of them "
+                                 f"without an image now)")
             tqdm.write(f"catalog: {len(self.plans)} items, {len(keys)} distinct images: {len(self.outcomes)} already "
-                       f"rendered, {self.resumed} in flight from an earlier run, {len(pending)} to submit",
-                       file=sys.stderr)
+                       f"rendered{recorded_note}, {self.resumed} in flight from an earlier run, {len(pending)} to "
+                       f"submit", file=sys.stderr)
             sys.stderr.flush()
             futures: set[Future] = set()
             round_robin: list[str] = []
@@ -271,8 +291,11 @@ class CatalogRun:
         """The JSON report of this run (:func:`producer.catalog.report.build_report`), with
         ``context`` (file, template, model, times) first and the manifest of the images' S3 keys
         and presigned URLs (one more catalog lookup of the keys that have an image), unless
-        :attr:`manifest` is off."""
+        :attr:`manifest` is off; with a state dir, ``state_dir``: its keys ``recorded`` in this
+        catalog, ``confirmed`` by the farm (skipped) and ``unconfirmed`` (no image now)."""
         imaged = [key for key, outcome in self.outcomes.items() if outcome.state in ("rendered", "skipped")]
+        if self.recorded is not None:
+            context = {**context, "state_dir": self.recorded}
         if not self.manifest:
             return build_report(self, context)
         located: dict[str, dict | None] = {}

@@ -117,6 +117,26 @@ def test_bench_farm_on_tiny_writes_its_json(tmp_path, bench_cache, monkeypatch, 
     assert result["cpu_ms_per_job"]["total"] > 0
 
 
+def test_bench_farm_simulated_gpu_reports_its_efficiency_at_the_requested_size(tmp_path, capsys):
+    out = tmp_path / "farm-null.json"
+    run_cli(["bench", "farm", "--model", "null", "--render-ms-per-image", "5", "--jobs", "32", "--batch-size", "8",
+             "--width", "128", "--height", "96", "--rounds", "1", "--submit-jobs", "0", "--json", str(out)])
+    assert "bench farm: null, 32 jobs, 1 worker(s), batch 8, 5 ms/img, 128x96" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert (result["config"]["width"], result["config"]["height"]) == (128, 96)
+    run = result["full_path"]["runs"][0]
+    assert run["jobs"] == 32 and run["image_sizes"] == ["128x96"]  # the flags reached the requests
+    assert run["image_bytes_mean"] > 128 * 96  # noise, not a flat colour: over a byte per pixel
+    sim = result["simulated_gpu"]
+    assert sim["ms_per_image"] == 5 and sim["sleep_bound_images_per_s"] == 200.0
+    assert sim["efficiency"] > 0 and sim["worker_span_efficiency"] > 0
+    assert "submission" not in result  # --submit-jobs 0
+    (worker,) = result["worker_memory"]["workers"]
+    assert (worker["batch_size"], worker["prefetch_limit"]) == (8, 16)
+    assert 1 <= worker["prefetch_peak_jobs"] <= 16  # every job was prefetched before it started
+    assert 0 < worker["rss_mib_at_prefetch_peak"] <= worker["peak_rss_mib"]
+
+
 def test_bench_two_stage_on_tiny_has_a_row_per_path(tmp_path, bench_cache, monkeypatch, capsys):
     monkeypatch.setenv("RENDERFARM_CACHE_DIR", str(bench_cache))
     from infra.settings import get_settings

@@ -6,14 +6,15 @@ reaper) and its own workers. The redis-server and SeaweedFS processes are shared
 (restartable, and restarted by the scenarios that test their outages); they are not the
 session fixtures of ``tests/conftest.py``, which other tests keep using undisturbed.
 
-Workers pin the ``null`` model (a constant 64×64 image) behind the fault-injection wrapper of
+Workers pin the ``null`` model (64×64 images: the size their requests ask) behind the fault-injection wrapper of
 ``worker/faults.py``: ``RENDERFARM_TEST_STEP_DELAY_S`` gives each denoising step real time, so
 a batch lasts long enough to be interrupted, and ``RENDERFARM_TEST_COUNTERS`` counts renders
 and object writes per job in Redis, which is how "run twice" is measured. Leases are short
 (``RENDERFARM_LEASE_S=5``), so recovery takes seconds.
 
-Each scenario accounts for every job it submitted and records one row with :func:`record_row`;
-rows are merged into ``test-artifacts/faults.json`` and printed as a table at the end.
+Each scenario accounts for every job it submitted and records one row with
+:func:`tests.fault_table.record_row`; rows are merged into ``test-artifacts/faults.json`` and
+printed as a table at the end of the session (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,7 @@ import pytest
 
 from infra.localstack import RedisServer, SeaweedS3, free_port
 
-from .farm import FaultFarm, format_table, rows
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if rows():
-        terminalreporter.write_sep("=", "fault-injection table")
-        terminalreporter.write_line(format_table(rows()))
+from .farm import FaultFarm
 
 
 @pytest.fixture(scope="session")

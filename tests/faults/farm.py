@@ -1,4 +1,5 @@
-"""The fault farm: one scenario's real processes, and the fault table its rows go to.
+"""The fault farm: one scenario's real processes; its rows go to the fault table
+(:mod:`tests.fault_table`).
 
 Used by ``tests/faults/conftest.py`` (the fixtures) and the scenarios. See the conftest for why
 every scenario gets its own farm.
@@ -7,7 +8,6 @@ every scenario gets its own farm.
 from __future__ import annotations
 
 import itertools
-import json
 import secrets
 import threading
 import time
@@ -27,9 +27,8 @@ from infra.localstack import (
 from infra.schemas import JobStatus, RenderRequest
 from infra.state.jobs import JobStore
 from producer import RenderClient
+from tests.fault_table import TERMINAL, account_row, record_row
 
-ARTIFACT = Path(__file__).resolve().parents[2] / "test-artifacts" / "faults.json"
-TERMINAL = ("succeeded", "failed", "canceled")
 LEASE_S = 5.0
 
 #: Settings of every process of a fault farm: short leases, fast heartbeats and sweeps.
@@ -43,7 +42,6 @@ FAULT_SETTINGS = {
     "RENDERFARM_UPLOAD_RETRY_S": "60",
 }
 
-_rows: list[dict] = []
 _databases = itertools.cycle(range(1, 15))  # Redis databases of fault farms (15 is the store tests')
 
 
@@ -162,49 +160,11 @@ class FaultFarm:
         return renders, writes
 
     def account(self, scenario: str, job_ids: Sequence[str], recovery_s: float | None, **extra) -> dict:
-        """Every job accounted for: one row of the fault table (also recorded, see :func:`record_row`)."""
-        statuses = self.statuses(job_ids)
+        """Every job accounted for: one row of the fault table (:func:`tests.fault_table.account_row`,
+        with ``objects``: the keys in this farm's bucket), recorded with :func:`record_row`."""
         objects = self.objects()
         renders, writes = self.counters()
-        counts = {state: sum(1 for s in statuses if s is not None and s.state == state) for state in TERMINAL}
-        missing_object = sum(1 for s in statuses if s is not None and s.state == "succeeded"
-                             and (s.result is None or s.result.key not in objects))
-        unfinished = sum(1 for s in statuses if s is None or s.state not in TERMINAL)
-        run_twice = sum(1 for j in job_ids if renders.get(j, 0) > 1 or writes.get(j, 0) > 1)
-        row = {"scenario": scenario, "submitted": len(job_ids), **counts, "lost": unfinished + missing_object,
-               "run_twice": run_twice, "recovery_s": None if recovery_s is None else round(recovery_s, 1),
-               "objects": len(objects), **extra}
+        row = account_row(scenario, job_ids, self.statuses(job_ids), objects, renders, writes, recovery_s,
+                          objects=len(objects), **extra)
         record_row(row)
         return row
-
-
-def record_row(row: dict) -> None:
-    """Print the row, keep it for the summary, and merge it into ``test-artifacts/faults.json``."""
-    print("\n" + format_row(row))
-    _rows.append(row)
-    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        rows = {r["scenario"]: r for r in json.loads(ARTIFACT.read_text())["rows"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        rows = {}
-    rows[row["scenario"]] = row
-    ARTIFACT.write_text(json.dumps({"rows": sorted(rows.values(), key=lambda r: r["scenario"])}, indent=2) + "\n")
-
-
-COLUMNS = ("submitted", "succeeded", "failed", "canceled", "lost", "run_twice", "recovery_s")
-
-
-def format_row(row: dict) -> str:
-    cells = [str(row["scenario"])] + ["–" if row.get(c) is None else str(row[c]) for c in COLUMNS]
-    return "| " + " | ".join(cells) + " |"
-
-
-def format_table(rows: Sequence[dict]) -> str:
-    header = "| scenario | " + " | ".join(c.replace("_", " ") for c in COLUMNS) + " |"
-    rule = "|" + "---|" * (len(COLUMNS) + 1)
-    return "\n".join([header, rule, *(format_row(r) for r in sorted(rows, key=lambda r: r["scenario"]))])
-
-
-def rows() -> list[dict]:
-    """The rows recorded in this session."""
-    return list(_rows)

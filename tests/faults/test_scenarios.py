@@ -31,9 +31,10 @@ from infra.localstack import ManagedProcess, free_port
 from infra.localstack.services import cli_command
 from infra.state import shards
 from infra.state.durable import DurableAck
+from tests.fault_table import record_row
 from worker.faults import OOM_ENV, POISON_ENV
 
-from .farm import FAULT_SETTINGS, LEASE_S, record_row, request
+from .farm import FAULT_SETTINGS, LEASE_S, request
 
 pytestmark = pytest.mark.faults
 

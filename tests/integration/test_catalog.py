@@ -20,7 +20,7 @@ import pytest
 from infra.schemas import JobResult
 from infra.state.jobs import JobStore
 from producer import RenderClient
-from producer.catalog import run_catalog
+from producer.catalog import StateDir, run_catalog
 
 pytestmark = pytest.mark.integration
 SMALL = {"width": 64, "height": 64, "num_inference_steps": 2}
@@ -206,3 +206,38 @@ def test_an_item_whose_image_is_gone_is_rendered_again(client, tmp_path, s3_serv
     assert (again["rendered"], again["skipped"], again["failed"]) == (1, 2, 0)
     redone = next(m for m in again["manifest"] if m["id"] == "b")
     assert redone["s3_key"] != gone["s3_key"] and client.job(redone["job_id"]).state == "succeeded"
+
+
+def test_state_dir_skips_only_items_whose_image_the_farm_confirms(client, tmp_path, s3_server, farm_env):
+    """Issue 14, item 10, with ``--state-dir``: an item the state dir records as done is skipped
+    only when the farm confirms its image (the lookup's HEAD); one whose object was deleted from
+    SeaweedFS is submitted again, and the others are skipped."""
+    word = _nonce()
+    path = _csv(tmp_path / "s.csv", [("a", "jug", "red"), ("b", "jug", "blue"), ("c", "jug", "grey")])
+    report_path, state_dir = tmp_path / "report.json", tmp_path / "state"
+    args = [str(path), "--template", f"a {{color}} {{name}}, {word}", "--model", "tiny", "--report",
+            str(report_path), "--state-dir", str(state_dir), *SMALL_ARGS]
+    first = _cli(*args)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(report_path.read_text())
+    assert (report["rendered"], report["skipped"]) == (3, 0)
+    assert report["state_dir"] == {"recorded": 0, "confirmed": 0, "unconfirmed": 0}
+    recorded = StateDir(state_dir).load()
+    by_id = {m["id"]: m for m in report["manifest"]}
+    assert set(recorded) == {m["key"] for m in by_id.values()}
+    s3_server.client().delete_object(Bucket=farm_env["RENDERFARM_S3_BUCKET"], Key=by_id["b"]["s3_key"])
+
+    again = _cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "3 recorded in --state-dir, 1 of them without an image now" in again.stderr, again.stderr
+    report = json.loads(report_path.read_text())
+    assert (report["rendered"], report["skipped"], report["failed"]) == (1, 2, 0)
+    assert report["state_dir"] == {"recorded": 3, "confirmed": 2, "unconfirmed": 1}
+    (batch_id,) = report["batches"]
+    (job,) = client.batch_jobs(batch_id)  # only the item whose image was gone was submitted
+    assert job.state == "succeeded" and "blue jug" in job.request.prompt
+    assert job.request.metadata["catalog_key"] == by_id["b"]["key"]
+    redone = {m["id"]: m for m in report["manifest"]}
+    assert redone["b"]["job_id"] == job.job_id != by_id["b"]["job_id"]
+    assert {i: redone[i]["job_id"] for i in "ac"} == {i: by_id[i]["job_id"] for i in "ac"}
+    assert StateDir(state_dir).load()[by_id["b"]["key"]] == job.job_id  # recorded anew

@@ -7,18 +7,25 @@ with a key suffix (``{id}:jobs``, ``{id}:counts``: once a 500). Every pair must 
 byte for byte the same: status, content type and body. Listings (dead letters, gallery,
 batches, workers, catalog lookup, A1111 progress) must not hold any of A's ids, and B's
 dead-letter paging must not count A's failures. Nothing B does changes A's jobs.
+
+Then A cancels its queued job, and the scenario's row of the fault table
+(:mod:`tests.fault_table`) accounts for A's three jobs from their records, the bucket and the
+run counters, as the scenarios of ``tests/faults`` do: lost and run twice must be 0. No worker
+renders here (A's jobs are finished through the store), so a job's starts (``attempts``) count as
+its runs beside the workers' counters.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 
 import httpx
 import pytest
 
+from infra import keys
 from infra.schemas import CATALOG_KEY_FIELD, JobError
 from infra.state import registry
+from tests.fault_table import account_row, record_row
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +69,8 @@ def _probes(batch_id: str, job_id: str) -> list[tuple[str, str]]:
     ]
 
 
-def test_every_probe_of_another_tenants_ids_looks_like_an_unknown_id(tenant_a, tenant_b, owned, store):
+def test_every_probe_of_another_tenants_ids_looks_like_an_unknown_id(tenant_a, tenant_b, owned, store, s3_server,
+                                                                    farm_env, redis_server):
     unknown_batch, unknown_job = secrets.token_hex(16), secrets.token_hex(16)
     before = {j: store.get_job(j).state for j in owned["job_ids"]}
     pairs, leaks = 0, []
@@ -103,6 +111,20 @@ def test_every_probe_of_another_tenants_ids_looks_like_an_unknown_id(tenant_a, t
     assert tenant_a.http.get(f"/v1/batches/{owned['batch_id']}").json()["total"] == 3
     dead = tenant_a.http.get("/v1/dead-letter").json()
     assert [j["job_id"] for j in dead["jobs"]] == [owned["job_ids"][1]]
-    row = {"scenario": "o", "submitted": 3, "succeeded": 1, "failed": 1, "canceled": 0, "lost": 0,
-           "run_twice": 0, "recovery_s": None, "probes": pairs * 3, "unlike_unknown": len(leaks)}
-    print(json.dumps(row))
+
+    # the row: A cancels its queued job, then every job is accounted for
+    assert tenant_a.http.delete(f"/v1/jobs/{owned['job_ids'][2]}").status_code == 200
+    job_ids = owned["job_ids"]
+    statuses = store.get_jobs(job_ids)
+    listing = s3_server.client().list_objects_v2(Bucket=farm_env["RENDERFARM_S3_BUCKET"],
+                                                 Prefix=f"{owned['batch_id']}/")
+    bucket_keys = {o["Key"] for o in listing.get("Contents", [])}
+    r = redis_server.client()
+    renders = {k: int(v) for k, v in zip(job_ids, r.hmget(keys.TEST_RENDERS, job_ids)) if v}
+    writes = {k: int(v) for k, v in zip(job_ids, r.hmget(keys.TEST_WRITES, job_ids)) if v}
+    runs = {s.job_id: max(renders.get(s.job_id, 0), s.attempts) for s in statuses if s is not None}
+    row = account_row("o. tenant B probes tenant A's ids through every route", job_ids, statuses, bucket_keys,
+                      runs, writes, None, probes=pairs * 3, unlike_unknown=len(leaks))
+    record_row(row)
+    assert (row["succeeded"], row["failed"], row["canceled"]) == (1, 1, 1), row
+    assert row["lost"] == 0 and row["run_twice"] == 0 and row["unlike_unknown"] == 0, row

@@ -162,7 +162,9 @@ def _plans(tmp_path, n=4):
     return prepare_catalog(path, "a {name}", model="tiny", params=DEFAULTS)[0]
 
 
-def test_state_dir_skips_without_asking_the_farm(tmp_path):
+def test_state_dir_records_skip_only_what_the_farm_confirms(tmp_path):
+    """The farm's side (a HEAD of each image, a real deleted object) is
+    tests/integration/test_catalog.py::test_state_dir_skips_only_items_whose_image_the_farm_confirms."""
     from producer.catalog import CatalogRun, StateDir
 
     plans = _plans(tmp_path)
@@ -170,8 +172,15 @@ def test_state_dir_skips_without_asking_the_farm(tmp_path):
     state.add([(p.key, f"job-{i}") for i, p in enumerate(plans)])
     with state.file.open("a") as f:
         f.write('{"key": "torn')  # an interrupted write
-    run = CatalogRun(object(), plans, state=state, poll_s=0.01, manifest=False).run()  # any farm call would raise
-    assert run.report()["skipped"] == 4 and run.report()["rendered"] == 0 and "manifest" not in run.report()
+    assert set(state.load()) == {p.key for p in plans}
+    # the farm confirms three images; the fourth is gone (the lookup answers None)
+    client = _FakeClient({p.key: {"job_id": f"job-{i}", "batch_id": "x", "state": "succeeded"}
+                          for i, p in enumerate(plans[:3])})
+    report = CatalogRun(client, plans, state=state, poll_s=0.01, manifest=False).run().report()
+    assert (report["skipped"], report["rendered"]) == (3, 1) and "manifest" not in report
+    assert [keys for _, keys, _ in client.submitted] == [[plans[3].key]]
+    assert report["state_dir"] == {"recorded": 4, "confirmed": 3, "unconfirmed": 1}
+    assert state.load()[plans[3].key] == "b0-j0"  # recorded anew with the job that rendered it again
 
 
 def test_run_skips_succeeded_resubmits_failed_and_splits_on_413(tmp_path):

@@ -1,0 +1,30 @@
+"""The worker's prefetched jobs (``worker.main.ReservedJobs``): the ids held now, and the most it
+ever held with the process's RSS at that moment (``renderfarm bench farm``'s worker memory)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from worker.main import ReservedJobs, current_rss_kib
+
+
+def test_the_peak_is_the_most_held_at_once_with_the_rss_then():
+    reserved = ReservedJobs()
+    assert (reserved.peak, reserved.rss_at_peak_kib) == (0, None)
+    for job_id in ("a", "b", "c"):
+        reserved.add(job_id)
+    reserved.discard(["a", "b"])
+    reserved.add("d")
+    assert reserved.snapshot() == ["c", "d"] and reserved.peak == 3
+    if sys.platform == "linux":
+        assert reserved.rss_at_peak_kib is not None and reserved.rss_at_peak_kib > 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/statm")
+def test_current_rss_agrees_with_proc_status():
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    rss = current_rss_kib()
+    assert rss is not None and 0 < rss <= peak
