@@ -152,7 +152,7 @@ class Settings(BaseSettings):
     quota_outstanding_bytes: int = Field(
         128 * 2**20, ge=0, description="Per-tenant outstanding bytes of job records in Redis (the request's "
         "JSON as stored + 2,560 per job, infra/state/quota.py); 0 = no quota. 128 MiB: five tenants at their "
-        "limit hold under a third of the chart's Redis (2 GiB container limit, never evicting), leaving the "
+        "limit hold about half of the chart's Redis (maxmemory 1200mb, never evicting), leaving the "
         "rest to ended jobs' records (kept RENDERFARM_JOB_TTL_S), the broker's messages and the AOF rewrite's "
         "copy-on-write; "
         "it is ~47,000 typical jobs (~2.8 KB each) or ~900 of the largest (~145 KB of UTF-8 prompts and metadata).")

@@ -206,7 +206,10 @@ def test_bundled_redis_has_aof_and_a_volume(render):
     docs = render("default")
     conf = next(c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-redis"))["data"]["redis.conf"]
     assert re.search(r"^appendonly yes$", conf, re.M) and re.search(r"^maxmemory-policy noeviction$", conf, re.M)
+    # a full Redis refuses writes before the container's memory limit would kill it
     (sts,) = by_kind(docs, "StatefulSet")
+    limit = sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    assert re.search(r"^maxmemory 1200mb$", conf, re.M) and limit == "2Gi"
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     mounts = sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "data", "mountPath": "/data"} in mounts
