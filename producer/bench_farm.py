@@ -43,7 +43,7 @@ from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.schemas import RenderRequest
+from infra.schemas import OutputFormat, RenderRequest
 from producer.bench_redis import RedisCounter
 
 PROMPTS = (
@@ -63,7 +63,8 @@ class FarmBenchConfig:
     """What to measure. ``jobs``/``batch_size`` None = 2000/64 for null, 16/4 for a model;
     ``width``/``height`` (pixels) None = 64×64 for null (the size of the images behind its
     earlier figures), 256×256 for a model. ``--model null --render-ms-per-image 10 --width 512
-    --height 512`` is a simulated H100 on sd-turbo at 512², encoding and uploading 512² images."""
+    --height 512`` is a simulated H100 on sd-turbo at 512², encoding and uploading 512² images;
+    ``output_format`` is every request's (png, webp or jpeg: what the workers encode)."""
 
     model: str
     jobs: int | None = None
@@ -79,6 +80,7 @@ class FarmBenchConfig:
     rounds: int = 2
     bare: bool = True
     render_ms_per_image: float = 0.0
+    output_format: OutputFormat = "png"
     timeout_s: float = 3600.0
 
     @property
@@ -107,7 +109,8 @@ def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[Rende
     assert config.width is not None and config.height is not None, "expects a resolved config"
     return [RenderRequest(prompt=PROMPTS[i % len(PROMPTS)], seed=i, model=config.model, width=config.width,
                           height=config.height, num_inference_steps=config.steps,
-                          guidance_scale=config.guidance_scale) for i in range(offset, offset + n)]
+                          guidance_scale=config.guidance_scale, output_format=config.output_format)
+            for i in range(offset, offset + n)]
 
 
 def _load_average() -> list[float]:
@@ -143,8 +146,8 @@ def _run_farm(client, config: FarmBenchConfig, n: int, offset: int) -> dict:
             "worker_span_s": round(finished - started, 4),
             "images_per_s": round(n / (finished - t0), 4),
             "worker_images_per_s": round(n / max(finished - started, 1e-9), 4),
-            "image_sizes": sizes, "image_bytes_mean": round(statistics.fmean(r.bytes for r in results))
-            if results else None}
+            "image_sizes": sizes, "content_types": sorted({r.content_type for r in results}),
+            "image_bytes_mean": round(statistics.fmean(r.bytes for r in results)) if results else None}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -388,6 +391,7 @@ def result_table(result: dict):
     table = Table(title=f"bench farm: {c['model']}, {c['jobs']} jobs, {c['workers']} worker(s), batch "
                         f"{c['batch_size']}" + (f", {c.get('render_ms_per_image') or 0:g} ms/img"
                                                 + f", {c['width']}x{c['height']}"
+                                                + f" {c.get('output_format', 'png')}"
                                                 if c["model"] == NULL_MODEL else
                                                 f", {c['width']}x{c['height']}, {c['steps']} steps, "
                                                 f"recipe {c['recipe']}"))

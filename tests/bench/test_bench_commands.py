@@ -126,6 +126,7 @@ def test_bench_farm_simulated_gpu_reports_its_efficiency_at_the_requested_size(t
     assert (result["config"]["width"], result["config"]["height"]) == (128, 96)
     run = result["full_path"]["runs"][0]
     assert run["jobs"] == 32 and run["image_sizes"] == ["128x96"]  # the flags reached the requests
+    assert run["content_types"] == ["image/png"]
     assert run["image_bytes_mean"] > 128 * 96  # noise, not a flat colour: over a byte per pixel
     sim = result["simulated_gpu"]
     assert sim["ms_per_image"] == 5 and sim["sleep_bound_images_per_s"] == 200.0
@@ -135,6 +136,17 @@ def test_bench_farm_simulated_gpu_reports_its_efficiency_at_the_requested_size(t
     assert (worker["batch_size"], worker["prefetch_limit"]) == (8, 16)
     assert 1 <= worker["prefetch_peak_jobs"] <= 16  # every job was prefetched before it started
     assert 0 < worker["rss_mib_at_prefetch_peak"] <= worker["peak_rss_mib"]
+
+
+def test_bench_farm_encodes_the_requested_output_format(tmp_path, capsys):
+    out = tmp_path / "farm-null-jpeg.json"
+    run_cli(["bench", "farm", "--model", "null", "--jobs", "16", "--batch-size", "8", "--width", "128", "--height",
+             "128", "--output-format", "jpeg", "--rounds", "1", "--submit-jobs", "0", "--no-bare", "--json", str(out)])
+    assert "bench farm: null, 16 jobs, 1 worker(s), batch 8, 0 ms/img, 128x128 jpeg" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["config"]["output_format"] == "jpeg"
+    (run,) = result["full_path"]["runs"]
+    assert run["content_types"] == ["image/jpeg"] and run["image_sizes"] == ["128x128"]
 
 
 def test_bench_two_stage_on_tiny_has_a_row_per_path(tmp_path, bench_cache, monkeypatch, capsys):
