@@ -133,6 +133,20 @@ def _cpu_facts() -> dict:
     }
 
 
+def cpu_summary() -> dict:
+    """This machine's CPU as a benchmark names it: ``{"name", "cores", "isa"}``.
+
+    ``name`` is /proc/cpuinfo's model name; ``cores`` the CPUs this process may use;
+    ``isa`` the widest matrix instructions the recipes choose by: ``"AMX"``,
+    ``"AVX-512 + AVX512_BF16"``, ``"AVX-512"``, ``"AVX2"`` or ``"baseline"``.
+    """
+    flags = set(_cpuinfo_field("flags").split())
+    facts = _cpu_facts()
+    isa = ("AMX" if facts["amx"] else "AVX-512 + AVX512_BF16" if facts["avx512_bf16"] else
+           "AVX-512" if facts["avx512"] else "AVX2" if "avx2" in flags else "baseline")
+    return {"name": _cpu_name(), "cores": facts["cpu_cores"], "isa": isa}
+
+
 def _cpuinfo_field(field: str) -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -271,6 +271,7 @@ def _run_bare(renderer, config: FarmBenchConfig, n: int, offset: int) -> dict:
 def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     """Start a private stack, measure, stop it; returns the JSON-able result."""
     from infra.localstack import LocalStack, free_port, patched_environ
+    from pipeline.device import cpu_summary
     from producer.client import RenderClient
 
     config = config.resolved()
@@ -350,8 +351,8 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                     "before": round(rss_before["VmRSS"] / 1024, 1), "after": round(rss_after["VmRSS"] / 1024, 1),
                     "peak_after": round(rss_after["VmHWM"] / 1024, 1),
                     "peak_growth": round((rss_after["VmHWM"] - rss_before["VmRSS"]) / 1024, 1)}
-    result["machine"] = {"load_average_before": load_before, "load_average_after": _load_average(),
-                         "nproc": os.cpu_count()}
+    result["machine"] = {"cpu": cpu_summary(), "load_average_before": load_before,
+                         "load_average_after": _load_average(), "nproc": os.cpu_count()}
     result["seconds"] = round(time.time() - started, 1)
     return result
 
@@ -453,6 +454,8 @@ def result_table(result: dict):
         if rss:
             table.add_row(f"API RSS during the submissions (MiB): {rss['before']} before, peak {rss['peak_after']}",
                           f"{rss['peak_growth']:+.1f}", "≤ 200 MB growth")
-    table.caption = (f"load average {m['load_average_before'][0]} → {m['load_average_after'][0]} on "
+    cpu = m.get("cpu")
+    table.caption = ((f"{cpu['name']} ({cpu['isa']}); " if cpu else "")
+                     + f"load average {m['load_average_before'][0]} → {m['load_average_after'][0]} on "
                      f"{m['nproc']} cores; {result['seconds']:.0f} s in all")
     return table

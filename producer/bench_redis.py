@@ -58,6 +58,7 @@ class RedisCounter:
 def run_saturation(config, workers: tuple[int, ...], log=print) -> dict:
     """``bench farm`` with the null renderer at 0 ms for each worker count in ``workers``: jobs/s
     end to end, redis-server's CPU share of one core and CPU ms per job, per farm process."""
+    from pipeline.device import cpu_summary
     from producer.bench_farm import run_farm_bench
 
     rows = []
@@ -74,15 +75,17 @@ def run_saturation(config, workers: tuple[int, ...], log=print) -> dict:
                      "load_average_after": result["machine"]["load_average_after"][0]})
         log(f"{n} worker(s): {jobs_per_s:.1f} jobs/s, redis at {100 * rows[-1]['redis_core_share']:.1f} % of a core")
     return {"benchmark": "redis-saturation", "config": {"jobs": config.jobs, "batch_size": config.batch_size},
-            "rows": rows}
+            "machine": {"cpu": cpu_summary()}, "rows": rows}
 
 
 def saturation_table(result: dict, nproc: int):
     """A rich Table of :func:`run_saturation`."""
     from rich.table import Table
 
+    cpu = result.get("machine", {}).get("cpu")
     table = Table(title=f"one redis-server as null workers grow (0 ms renders, {result['config']['jobs']} jobs, "
-                        f"batch {result['config']['batch_size']}; {nproc} cores shared by every process)")
+                        f"batch {result['config']['batch_size']}; {nproc} cores shared by every process)",
+                  caption=f"{cpu['name']} ({cpu['isa']})" if cpu else None)
     for col in ("workers", "jobs/s end to end", "jobs/s on the workers", "Redis CPU ms/job", "Redis core share",
                 "CPU ms/job all", "Redis cmds/job", "load after"):
         table.add_column(col, justify="right")

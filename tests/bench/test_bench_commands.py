@@ -142,8 +142,13 @@ def test_bench_farm_encodes_the_requested_output_format(tmp_path, capsys):
     out = tmp_path / "farm-null-jpeg.json"
     run_cli(["bench", "farm", "--model", "null", "--jobs", "16", "--batch-size", "8", "--width", "128", "--height",
              "128", "--output-format", "jpeg", "--rounds", "1", "--submit-jobs", "0", "--no-bare", "--json", str(out)])
-    assert "bench farm: null, 16 jobs, 1 worker(s), batch 8, 0 ms/img, 128x128 jpeg" in capsys.readouterr().out
+    from pipeline.device import cpu_summary
+
+    printed = capsys.readouterr().out
+    assert "bench farm: null, 16 jobs, 1 worker(s), batch 8, 0 ms/img, 128x128 jpeg" in printed
     result = json.loads(out.read_text())
+    cpu = cpu_summary()
+    assert result["machine"]["cpu"] == cpu and f"({cpu['isa']})" in printed  # the table names its CPU
     assert result["config"]["output_format"] == "jpeg"
     (run,) = result["full_path"]["runs"]
     assert run["content_types"] == ["image/jpeg"] and run["image_sizes"] == ["128x128"]

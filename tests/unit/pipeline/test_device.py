@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.device import GB, DeviceProfile, probe
+from pipeline.device import GB, DeviceProfile, cpu_summary, probe
 
 
 def test_probe_cpu_reads_the_host():
@@ -48,3 +48,14 @@ def test_fake_profile_is_frozen_and_json_able():
         p.kind = "cpu"  # type: ignore[misc]
     with pytest.raises(ValueError, match="unknown device kind"):
         DeviceProfile(kind="tpu")
+
+
+def test_cpu_summary_names_the_isa_the_probe_sees():
+    """What a benchmark prints about its CPU agrees with the flags the recipes choose by."""
+    p, summary = probe("cpu"), cpu_summary()
+    assert summary["name"] == p.name and summary["cores"] == p.cpu_cores
+    expected = ("AMX" if p.amx else "AVX-512 + AVX512_BF16" if p.avx512_bf16 else "AVX-512" if p.avx512 else None)
+    if expected:
+        assert summary["isa"] == expected
+    else:
+        assert summary["isa"] in ("AVX2", "baseline")
