@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 
 from infra.schemas import RenderRequest
 from pipeline.bench.adapter import farm_renderer
-from pipeline.bench.measure import DeviceTimer, MemoryWindow, mib
+from pipeline.bench.measure import DeviceTimer, MemoryWindow, load_average, mib
+from pipeline.device import cpu_summary
 from pipeline.upscale import DiffusionSettings
 
 PROMPT = "a bowl of braised pork belly on a wooden table, food photography"
@@ -96,6 +97,7 @@ def run_two_stage_bench(config: TwoStageConfig, log=print) -> dict:
     for factor in config.factors:
         if config.target % factor or (config.target // factor) % 8:
             raise ValueError(f"target {config.target} / {factor} is not a multiple of 8")
+    load_before = load_average()
     log(f"loading {config.model} (recipe {config.recipe})")
     renderer, profile = farm_renderer(config.model, config.device, config.recipe)
     renderer.warmup()
@@ -118,7 +120,11 @@ def run_two_stage_bench(config: TwoStageConfig, log=print) -> dict:
     direct = rows[0]["s_per_img"]
     for row in rows:
         row["speedup"] = round(direct / row["s_per_img"], 2) if row["s_per_img"] else None
-    return {"config": asdict(config), "device": profile, "recipe": renderer.recipe.get("name"), "rows": rows}
+    machine: dict = {"load_average_before": load_before, "load_average_after": load_average()}
+    if profile.get("kind") == "cpu":
+        machine["cpu"] = cpu_summary()
+    return {"config": asdict(config), "device": profile, "machine": machine, "recipe": renderer.recipe.get("name"),
+            "rows": rows}
 
 
 def two_stage_table(result: dict):
@@ -136,4 +142,10 @@ def two_stage_table(result: dict):
         table.add_column(col.replace("_", " "), justify="left" if col == "path" else "right")
     for row in result["rows"]:
         table.add_row(*(str(row[col]) for col in columns))
+    m, device = result.get("machine", {}), result["device"]
+    where = (f"{m['cpu']['name']} ({m['cpu']['isa']}), {m['cpu']['cores']} cores" if m.get("cpu")
+             else device.get("name") or device.get("kind", ""))
+    if m.get("load_average_before"):
+        where += f"; load average {m['load_average_before'][0]} → {m['load_average_after'][0]}"
+    table.caption = where
     return table

@@ -163,8 +163,13 @@ def test_bench_two_stage_on_tiny_has_a_row_per_path(tmp_path, bench_cache, monke
     run_cli(["bench", "pipeline", "--two-stage", "--model", "tiny", "--target", "256", "--steps", "1",
              "--upscaler", "tiny-esrgan-x4", "--diffusion-upscaler", "tiny-sd-x4-upscaler", "--upscale-steps", "2",
              "--repeats", "1", "--device", "cpu", "--json", str(out)])
-    assert "bench pipeline --two-stage: tiny" in capsys.readouterr().out
-    rows = json.loads(out.read_text())["rows"]
+    from pipeline.device import cpu_summary
+
+    printed = capsys.readouterr().out
+    assert "bench pipeline --two-stage: tiny" in printed
+    result = json.loads(out.read_text())
+    assert result["machine"]["cpu"] == cpu_summary() and f"({cpu_summary()['isa']})" in printed  # names its CPU
+    rows = result["rows"]
     assert [r["path"] for r in rows] == ["direct", "64² + tiny-esrgan-x4 ×4", "128² + tiny-esrgan-x4 ×2",
                                          "64² + tiny-sd-x4-upscaler ×4"]
     assert [r["diffusion_size"] for r in rows] == ["256x256", "64x64", "128x128", "64x64"]
