@@ -44,6 +44,7 @@ from infra.settings import get_settings
 from infra.state.connect import state_client
 from infra.state.jobs import JobStore
 from infra.storage.s3 import Storage
+from pipeline.memory import current_bytes
 from pipeline.null import NULL_MODEL, NullRenderer
 from worker import faults
 from worker.breaker import CircuitBreaker
@@ -87,16 +88,6 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     return renderer, profile, batch_size
 
 
-def current_rss_kib() -> int | None:
-    """This process's resident set size now, KiB, from ``/proc/self/statm`` (None without /proc)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
-
-
 class ReservedJobs:
     """Job ids this worker has received but not yet started (celery-batches' buffer: its
     prefetched jobs), reported in its heartbeat so the reaper knows their messages are not lost.
@@ -118,7 +109,7 @@ class ReservedJobs:
             self._ids.add(job_id)
             if len(self._ids) > self.peak:
                 self.peak = len(self._ids)
-                self.rss_at_peak_kib = current_rss_kib()
+                self.rss_at_peak_kib = current_bytes("cpu") // 1024
 
     def discard(self, job_ids) -> None:
         """Forget job ids handed to a batch (started or skipped)."""
