@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 from rich.table import Table
 
+from infra.localstack import claim
 from infra.localstack.ports import check_free
 from infra.localstack.processes import ManagedProcess, free_port, new_run_dir
 from infra.localstack.services import ApiServer, RedisServer, SeaweedS3, WorkerProcess, redis_answers, start_workers
@@ -110,8 +111,8 @@ class LocalStack:
 
     With a ``data_dir`` (``renderfarm up``: ``RENDERFARM_DATA_DIR``, default
     ``~/.cache/renderfarm/data``), the data lives there instead, together and across runs: the
-    AOF of its own redis-server (``redis/``, appendonly on; on a free port unless ``redis_url``
-    names one) and SeaweedFS's volumes and filer (``seaweedfs/``), so job records and the
+    AOF of its own redis-server (``redis/``, appendonly on, ``appendfsync always``; on a free
+    port unless ``redis_url`` names one) and SeaweedFS's volumes and filer (``seaweedfs/``), so job records and the
     images they point at are kept, or wiped, together. :attr:`env` holds the variables a
     client needs to reach the stack.
 
@@ -192,6 +193,8 @@ class LocalStack:
             PortBusy: before anything starts, when a port of :meth:`ports` is taken (the message
                 names the process holding it).
         """
+        if self.data_dir is not None:
+            claim.claim(self.data_dir, say=lambda line: self.console.print(line, highlight=False))
         check_free(self.ports())
         try:
             self._start_storage()
@@ -204,7 +207,15 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
+        self.record_children()
         return self
+
+    def record_children(self) -> None:
+        """With a data dir, note its children's pids there (:func:`infra.localstack.claim.record`),
+        so that the next stack on that data waits for them if this one is killed. Call it after
+        a child restarted."""
+        if self.data_dir is not None:
+            claim.record(self.data_dir, self.processes)
 
     def _start_storage(self) -> None:
         if not redis_answers(self.redis_url):
@@ -212,7 +223,10 @@ class LocalStack:
             if parts.hostname not in ("127.0.0.1", "localhost"):
                 raise ConnectionError(f"no Redis answers at {self.redis_url}, and it is not local")
             data = self.data_dir if self.data_dir is not None else self.run_dir
+            # its own Redis fsyncs the AOF before it answers (appendfsync always): a kill -9
+            # right after a 202 loses nothing, which Redis 7.0's missing WAITAOF cannot promise
             self.redis = RedisServer(parts.port or 6379, appendonly=self.appendonly,
+                                     appendfsync="always" if self.appendonly else "everysec",
                                      dir=data / "redis", run_dir=self.run_dir)  # fmt: skip
             self.redis.start()
         self.s3.start()
@@ -243,6 +257,8 @@ class LocalStack:
                 process.stop()
             except Exception as exc:  # noqa: BLE001 - keep stopping the others
                 self.console.print(f"[red]could not stop {process.name}: {exc}[/]")
+        if self.data_dir is not None:
+            claim.release(self.data_dir)
 
     def exited(self) -> list[ManagedProcess]:
         """Processes that were started and have since died on their own."""
