@@ -223,6 +223,10 @@ class ManagedProcess:
     ready_timeout: float = 60.0
     #: Seconds between two readiness checks.
     poll_interval: float = 0.1
+    #: Whether Linux sends the child SIGTERM when the thread that started it exits
+    #: (``PR_SET_PDEATHSIG``). A child that must outlive its parent for a while (the local
+    #: stack's storage, stopped after the workers by :mod:`infra.localstack.guard`) sets False.
+    die_with_parent: bool = True
 
     def __init__(
         self,
@@ -308,7 +312,7 @@ class ManagedProcess:
                 env=self.child_env(),
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") and self.die_with_parent else None,
             )
         self.pgid = self.proc.pid
         self.returncode = None

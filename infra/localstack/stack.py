@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -152,6 +153,7 @@ class LocalStack:
         self.bucket = bucket or settings.s3_bucket
         self.appendonly = appendonly or self.data_dir is not None
         self.redis: RedisServer | None = None  # stays None when a Redis already answers
+        self.guard: ManagedProcess | None = None  # with a data dir: infra.localstack.guard
         data = self.data_dir if self.data_dir is not None else self.run_dir
         self.s3 = SeaweedS3(s3_port, dir=data / "seaweedfs", access_key=access_key,
                             secret_key=secret_key, run_dir=self.run_dir)  # fmt: skip
@@ -197,10 +199,13 @@ class LocalStack:
             claim.claim(self.data_dir, say=lambda line: self.console.print(line, highlight=False))
         check_free(self.ports())
         try:
+            self._start_guard()
             self._start_storage()
+            self.record_children()
             ensure_bucket(self.env)
             self._announce("bucket", f"s3://{self.bucket}", "created or found")
             self.api.start()
+            self.record_children()
             self.api.wait_ready()
             self._announce(self.api.name, self.api.url, f"pid {self.api.pid}")
             self._start_workers()
@@ -209,6 +214,18 @@ class LocalStack:
             raise
         self.record_children()
         return self
+
+    def _start_guard(self) -> None:
+        """With a data dir: the storage outlives a killed ``up`` until :mod:`infra.localstack.guard`
+        has let the workers finish their batches, then stops it."""
+        started = claim.start_time(os.getpid())
+        if self.data_dir is None or started is None:
+            return
+        self.s3.die_with_parent = False
+        self.guard = ManagedProcess("guard", [sys.executable, "-m", "infra.localstack.guard", str(self.data_dir),
+                                              str(os.getpid()), str(started)], run_dir=self.run_dir, stop_timeout=5)
+        self.guard.die_with_parent = False
+        self.guard.start()
 
     def record_children(self) -> None:
         """With a data dir, note its children's pids there (:func:`infra.localstack.claim.record`),
@@ -228,6 +245,7 @@ class LocalStack:
             self.redis = RedisServer(parts.port or 6379, appendonly=self.appendonly,
                                      appendfsync="always" if self.appendonly else "everysec",
                                      dir=data / "redis", run_dir=self.run_dir)  # fmt: skip
+            self.redis.die_with_parent = self.guard is None
             self.redis.start()
         self.s3.start()
         if self.redis is not None:
@@ -257,6 +275,8 @@ class LocalStack:
                 process.stop()
             except Exception as exc:  # noqa: BLE001 - keep stopping the others
                 self.console.print(f"[red]could not stop {process.name}: {exc}[/]")
+        if self.guard is not None:
+            self.guard.stop()
         if self.data_dir is not None:
             claim.release(self.data_dir)
 

@@ -5,14 +5,14 @@ Each scenario starts ``renderfarm up --model null --workers 2`` on its own data 
 fixed ports, submits 96 jobs (12 batches of 8 on the workers, 0.4 s each), waits until 16 have
 succeeded, and then:
 
-- p: ``kill -9`` of its redis-server (the supervisor restarts it from its AOF, same port);
-- q: ``kill -9`` of SeaweedFS (restarted on the same ports and volumes; ``/healthz`` says
+- q: ``kill -9`` of its redis-server (the supervisor restarts it from its AOF, same port);
+- r: ``kill -9`` of SeaweedFS (restarted on the same ports and volumes; ``/healthz`` says
   ``degraded`` meanwhile);
-- r: ``kill -9`` of the status API (restarted on the same port; the workers never needed it);
-- s: ``kill -9`` of ``renderfarm up`` itself, then a new ``up`` at once on the same data;
-- t: SIGINT (Ctrl-C), then a new ``up`` at once on the same data and ports (the old stack's
+- s: ``kill -9`` of the status API (restarted on the same port; the workers never needed it);
+- t: ``kill -9`` of ``renderfarm up`` itself, then a new ``up`` at once on the same data;
+- u: SIGINT (Ctrl-C), then a new ``up`` at once on the same data and ports (the old stack's
   connections leave the ports in ``TIME_WAIT``, which must not count as "in use");
-- u: SIGKILL of ``up``'s process group, then a new ``up`` at once.
+- v: SIGKILL of ``up``'s process group, then a new ``up`` at once.
 
 Recovery (the table's seconds): from the fault until ``/healthz`` answers ``ok`` again and a job
 has succeeded since the fault. Run twice and lost are counted as in the other scenarios
@@ -61,9 +61,9 @@ def _assert_clean(row: dict) -> None:
 
 @pytest.mark.parametrize("service", ["redis", "seaweedfs", "api"])
 def test_kill_9_a_service_of_up_mid_batch(tmp_path, cache_dir, service):
-    scenario = {"redis": "p. kill -9 redis-server under renderfarm up",
-                "seaweedfs": "q. kill -9 SeaweedFS under renderfarm up",
-                "api": "r. kill -9 the API under renderfarm up"}[service]
+    scenario = {"redis": "q. kill -9 redis-server under renderfarm up",
+                "seaweedfs": "r. kill -9 SeaweedFS under renderfarm up",
+                "api": "s. kill -9 the API under renderfarm up"}[service]
     up = _start(tmp_path, "run1", cache_dir, (free_port(), free_port()))
     try:
         job_ids = _in_flight(up)
@@ -93,9 +93,9 @@ def test_kill_9_a_service_of_up_mid_batch(tmp_path, cache_dir, service):
 
 @pytest.mark.parametrize("how", ["kill-up", "sigint", "killpg"])
 def test_up_stopped_mid_batch_then_up_again_at_once(tmp_path, cache_dir, how):
-    scenario = {"kill-up": "s. kill -9 renderfarm up, then up again",
-                "sigint": "t. SIGINT renderfarm up, then up again at once",
-                "killpg": "u. SIGKILL up's process group, then up again at once"}[how]
+    scenario = {"kill-up": "t. kill -9 renderfarm up, then up again",
+                "sigint": "u. SIGINT renderfarm up, then up again at once",
+                "killpg": "v. SIGKILL up's process group, then up again at once"}[how]
     ports = (free_port(), free_port())
     first = _start(tmp_path, "run1", cache_dir, ports)
     second = None
