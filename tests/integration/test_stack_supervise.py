@@ -86,3 +86,28 @@ def _storage(stack: LocalStack) -> Storage:
 
     with patched_environ(stack.env):
         return Storage(Settings())
+
+
+def test_a_port_in_time_wait_is_free_and_a_listener_is_not():
+    """A stopped server's connections leave its port in TIME_WAIT for up to a minute; servers bind
+    with SO_REUSEADDR and start, so the stack's port check must not call that port in use."""
+    import socket
+
+    from infra.localstack.processes import LOCALHOST, port_is_free
+
+    listener = socket.create_server((LOCALHOST, 0))
+    port = listener.getsockname()[1]
+    assert not port_is_free(port)  # a real listener
+    client = socket.create_connection((LOCALHOST, port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the server side closes first: its end goes to TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    plain = socket.socket()
+    try:
+        with pytest.raises(OSError):
+            plain.bind((LOCALHOST, port))  # what the old check did: TIME_WAIT counted as in use
+    finally:
+        plain.close()
+    assert port_is_free(port)
