@@ -8,6 +8,8 @@ Place in the data flow: beside it (see :mod:`infra.localstack.stack`). ``renderf
 it runs, it keeps the client settings (API URL, Redis URL, bucket, S3 endpoint and keys) in
 ``.renderfarm/env`` (:func:`infra.settings.env_file_path`; mode 0600), which ``renderfarm``
 commands started in that directory or below read by themselves; it removes the file when it stops.
+Every process it starts is supervised (:func:`supervise`): a crashed redis-server, SeaweedFS, API
+or worker restarts with backoff on its port and data, and one that crash-loops stops the stack.
 """
 
 from __future__ import annotations
