@@ -113,9 +113,11 @@ class LocalStack:
     With a ``data_dir`` (``renderfarm up``: ``RENDERFARM_DATA_DIR``, default
     ``~/.cache/renderfarm/data``), the data lives there instead, together and across runs: the
     AOF of its own redis-server (``redis/``, appendonly on, ``appendfsync always``; on a free
-    port unless ``redis_url`` names one) and SeaweedFS's volumes and filer (``seaweedfs/``), so job records and the
-    images they point at are kept, or wiped, together. :attr:`env` holds the variables a
-    client needs to reach the stack.
+    port unless ``redis_url`` names one) and SeaweedFS's volumes and filer (``seaweedfs/``), so
+    job records and the images they point at are kept, or wiped, together. :attr:`env` holds
+    the variables a client needs to reach the stack. One stack at a time uses a data dir, and
+    a killed one's children are stopped, workers first, before the next starts
+    (:mod:`infra.localstack.claim`, :mod:`infra.localstack.guard`).
 
     ``start()`` stops whatever it started if any part fails, so it never leaves processes behind.
     """
@@ -194,6 +196,7 @@ class LocalStack:
         Raises:
             PortBusy: before anything starts, when a port of :meth:`ports` is taken (the message
                 names the process holding it).
+            DataDirBusy: another ``renderfarm up`` that still runs uses the data dir.
         """
         if self.data_dir is not None:
             claim.claim(self.data_dir, say=lambda line: self.console.print(line, highlight=False))
