@@ -49,6 +49,8 @@ rf:webhooks:pending                zset        batch id → when to look at its 
 rf:webhook:{batch}                 hash        a batch's webhook body and outcome
 rf:webhook:{batch}:lock            string      the delivery claim
 rf:test:renders / writes           hash        fault-injection counters (tests only, worker.faults)
+rf:{stack}:down                    hash        ``renderfarm up``: service → JSON of its exit, while it is down
+rf:{stack}:events                  stream      ``renderfarm up``: its supervisor's events, newest 200
 renderfarm.{pool}[:{n}]            list        kombu: a pool's queued messages, one list per priority
 unacked / unacked_index            hash/zset   kombu: delivered, unacknowledged messages
 =================================  ==========  =========================================================
@@ -58,9 +60,9 @@ job's or batch's *shard*, two hex digits (:func:`shard`, 256 shards): a job id s
 batch id's shard, so a job, its batch and the shard ``s`` of every index it is listed in share a
 slot, and each transition script (:mod:`infra.state.scripts`) runs in one slot. Readers of an
 index iterate its :data:`SHARDS`. A pool's dispatch keys share the tag ``{pool}``; workers,
-metrics and API keys each share one tag. The kombu lists live on the broker's own Redis.
+metrics, API keys and the local stack's keys each share one tag. The kombu lists live on the broker's own Redis.
 In the table ``{x}`` stands for a value; the braces of ``{s}`` and ``{pool}`` (where it ends a
-name or precedes ``:{tenant}``), ``{workers}``, ``{metrics}`` and ``{auth}`` are literal: hash tags.
+name or precedes ``:{tenant}``), ``{workers}``, ``{metrics}``, ``{auth}`` and ``{stack}`` are literal: hash tags.
 """
 
 from __future__ import annotations
@@ -282,6 +284,10 @@ def webhook_lock(batch_id: str) -> str:
 # ---- fault-injection counters (tests only: worker.faults) ----------------------------------
 TEST_RENDERS = f"{PREFIX}test:renders"
 TEST_WRITES = f"{PREFIX}test:writes"
+
+# ---- the local stack's supervisor (infra.localstack.events; read by /healthz) ---------------
+STACK_DOWN = f"{PREFIX}{{stack}}:down"
+STACK_EVENTS = f"{PREFIX}{{stack}}:events"
 
 # ---- kombu's Redis transport (infra.broker) ------------------------------------------------
 QUEUE_PREFIX = "renderfarm."

@@ -126,7 +126,8 @@ def _farm(args: argparse.Namespace) -> int:
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
         height=args.height, steps=args.steps, guidance_scale=args.guidance_scale, recipe=args.recipe,
         submit_jobs=args.submit_jobs, submit_repeats=args.submit_repeats, rounds=args.rounds,
-        bare=not args.no_bare, render_ms_per_image=args.render_ms_per_image, output_format=args.output_format)
+        bare=not args.no_bare, render_ms_per_image=args.render_ms_per_image, output_format=args.output_format,
+        submit_appendfsync=tuple(args.submit_appendfsync))
     return _run_and_report("bench farm", lambda log: run_farm_bench(config, log=log), result_table, args.json)
 
 
@@ -226,6 +227,9 @@ def _register_farm(sub) -> None:
                         "(GIL released); the table adds its efficiency (default 0: no sleep)")
     f.add_argument("--output-format", choices=("png", "webp", "jpeg"), default="png",
                    help="every request's output_format: what the workers encode (default png)")
+    f.add_argument("--submit-appendfsync", type=_csv(str), default=(),
+                   help="comma list of Redis appendfsync policies (everysec,always): redis-server runs with the "
+                        "AOF, and the submission test times each policy, alternating (default: AOF off)")
     f.add_argument("--no-bare", action="store_true", help="skip the bare in-process loop")
     f.add_argument("--json", default=None, help="write the result here")
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))

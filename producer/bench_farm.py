@@ -15,7 +15,9 @@ measures:
   ``--height`` say otherwise): jobs/s, end to end and between the first start and the last
   finish on the workers. Each run also reports its images' size and mean encoded bytes.
 * **submission**: seconds for one ``POST /v1/batches`` of ``submit_jobs`` jobs (client JSON,
-  HTTP, validation, job records and wait lanes in Redis), with the workers stopped.
+  HTTP, validation, job records and wait lanes in Redis), with the workers stopped;
+  ``--submit-appendfsync everysec,always`` runs redis-server with the AOF and times the
+  submissions under each policy, alternating (what ``renderfarm up``'s ``always`` costs).
 * **simulated GPU**: ``--model null --render-ms-per-image MS`` makes the null renderer sleep
   MS per image of each batch (GIL released), a device of that speed; **efficiency** is the
   farm's images/s over the rate the sleep alone allows (``workers × 1000 / MS``).
@@ -82,6 +84,8 @@ class FarmBenchConfig:
     render_ms_per_image: float = 0.0
     output_format: OutputFormat = "png"
     timeout_s: float = 3600.0
+    #: appendfsync policies to compare in the submission test (redis-server then runs with the AOF)
+    submit_appendfsync: tuple[str, ...] = ()
 
     @property
     def null(self) -> bool:
@@ -287,7 +291,8 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     result: dict = {"benchmark": "farm", "config": asdict(config)}
     with patched_environ(env):
         stack = LocalStack(workers=config.workers, model=config.model, batch_size=config.batch_size,
-                           redis_url=f"redis://127.0.0.1:{free_port()}/0")
+                           redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                           appendonly=bool(config.submit_appendfsync))
         log(f"starting a private stack in {stack.run_dir} ({config.workers} worker(s) of {config.model}) …")
         with stack, patched_environ(stack.env), RenderClient(api_url=stack.api.url, timeout_s=600) as client:
             warm = config.workers * config.batch_size
@@ -342,8 +347,8 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                 assert api_pid is not None, "the local stack's API is not running"
                 rss_before = rss_kib(api_pid)
                 memory_before = counter.used_memory()
-                result["submission"] = _submission(client, config, log)
-                queued = config.submit_jobs * config.submit_repeats
+                result["submission"] = _submission(client, config, log, stack.redis_url)
+                queued = config.submit_jobs * config.submit_repeats * max(1, len(config.submit_appendfsync))
                 result["redis"]["bytes_per_queued_job"] = round((counter.used_memory() - memory_before) / queued, 1)
                 result["redis"]["job_hash_memory_usage_bytes"] = counter.job_memory(result["submission"].pop("_key"))
                 rss_after = rss_kib(api_pid)
@@ -365,20 +370,40 @@ def _summary(runs: list[dict]) -> dict:
     return out
 
 
-def _submission(client, config: FarmBenchConfig, log) -> dict:
-    """Median seconds of ``submit_repeats`` single-request submissions of ``submit_jobs`` jobs."""
+def _submission(client, config: FarmBenchConfig, log, redis_url: str) -> dict:
+    """Median seconds of ``submit_repeats`` single-request submissions of ``submit_jobs`` jobs;
+    with ``submit_appendfsync``, that per policy too (``by_appendfsync``: each repeat submits
+    once under each policy, set live with ``CONFIG SET appendfsync``, the order alternating)."""
+    import redis
+
     from infra import keys
 
-    seconds = []
+    policies: list[str | None] = list(config.submit_appendfsync) or [None]
+    seconds: dict[str | None, list[float]] = {policy: [] for policy in policies}
+    admin = redis.Redis.from_url(redis_url)
+    n = 0
     for r in range(config.submit_repeats):
-        requests = requests_for(config, config.submit_jobs, offset=20_000_000 + r * config.submit_jobs)
-        t0 = time.perf_counter()
-        accepted = client.submit_batch(requests)
-        seconds.append(round(time.perf_counter() - t0, 4))
-        log(f"submitted {config.submit_jobs} jobs in {seconds[-1]:.3f} s (load {_load_average()[0]})")
-    median = statistics.median(seconds)
-    return {"jobs": config.submit_jobs, "runs_s": seconds, "median_s": round(median, 4),
-            "jobs_per_s": round(config.submit_jobs / median, 1), "_key": keys.job(accepted.job_ids[0])}
+        for policy in policies if r % 2 == 0 else policies[::-1]:
+            if policy is not None:
+                admin.config_set("appendfsync", policy)
+            requests = requests_for(config, config.submit_jobs, offset=20_000_000 + n * config.submit_jobs)
+            n += 1
+            t0 = time.perf_counter()
+            accepted = client.submit_batch(requests)
+            seconds[policy].append(round(time.perf_counter() - t0, 4))
+            log(f"submitted {config.submit_jobs} jobs in {seconds[policy][-1]:.3f} s"
+                + (f" (appendfsync {policy})" if policy else "") + f" (load {_load_average()[0]})")
+    admin.close()
+    first = seconds[policies[0]]
+    median = statistics.median(first)
+    out = {"jobs": config.submit_jobs, "runs_s": first, "median_s": round(median, 4),
+           "jobs_per_s": round(config.submit_jobs / median, 1), "_key": keys.job(accepted.job_ids[0])}
+    if config.submit_appendfsync:
+        out["by_appendfsync"] = {
+            policy: {"runs_s": runs, "median_s": round(statistics.median(runs), 4),
+                     "ms_per_job": round(1000 * statistics.median(runs) / config.submit_jobs, 4)}
+            for policy, runs in seconds.items()}
+    return out
 
 
 # ---- output ---------------------------------------------------------------------------------------
@@ -450,6 +475,9 @@ def result_table(result: dict):
     if sub:
         table.add_row(f"submit {sub['jobs']} jobs, one POST (s, median of {len(sub['runs_s'])})",
                       f"{sub['median_s']:.3f}", "≤ 0.5 s for 10,000" if sub["jobs"] == 10_000 else "")
+        for policy, row in sub.get("by_appendfsync", {}).items():
+            table.add_row(f"  appendfsync {policy}: submit {sub['jobs']} jobs (s, median of {len(row['runs_s'])}; "
+                          f"ms per job)", f"{row['median_s']:.3f}; {row['ms_per_job']:.3f}", "")
         rss = sub.get("api_rss_mib")
         if rss:
             table.add_row(f"API RSS during the submissions (MiB): {rss['before']} before, peak {rss['peak_after']}",

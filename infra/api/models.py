@@ -47,7 +47,8 @@ class RetryAccepted(BaseModel):
 
 class Health(BaseModel):
     """``GET /healthz`` (readiness): ``ok`` when Redis and S3 answer; ``degraded`` (still HTTP 200)
-    when only S3 fails, since the API still accepts and reports jobs; ``unavailable`` (503) when
+    when only S3 fails or a service of ``renderfarm up`` is down, since the API still accepts and
+    reports jobs; ``unavailable`` (503) when
     Redis fails. Only for a caller that may read ``/metrics`` (scrape token or admin key):
     ``checks`` holds each check's ``ok`` or error, and ``unhealthy_workers`` lists workers whose
     circuit breaker is open (present only when there are some)."""
@@ -55,6 +56,8 @@ class Health(BaseModel):
     status: Literal["ok", "degraded", "unavailable"]
     checks: dict[str, str] | None = None
     unhealthy_workers: list[str] | None = None
+    #: newest first: ``renderfarm up``'s supervisor lines (what restarted, when, why), UTC
+    stack_events: list[str] | None = None
 
 
 class Throughput(BaseModel):

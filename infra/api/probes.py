@@ -49,7 +49,8 @@ class Cached(Generic[T]):
             return self._value  # type: ignore[return-value]
 
 
-#: ``/healthz``'s overall answer: Redis and S3 answer; only S3 fails (HTTP 200 still); Redis fails (503).
+#: ``/healthz``'s overall answer: Redis and S3 answer; only S3 fails or a service of ``renderfarm up``
+#: is down (HTTP 200 still); Redis fails (503).
 HealthStatus = Literal["ok", "degraded", "unavailable"]
 
 
@@ -69,16 +70,23 @@ class Readiness:
         ping_redis: raises when Redis does not answer (``redis.Redis.ping``).
         ping_s3: raises when the bucket cannot be reached (``Storage.ping``).
         unhealthy_workers: names of the live workers whose circuit breaker is open.
+        stack_down: the services of a ``renderfarm up`` that are down now, name → why
+            (:func:`infra.state.stack_events.read_down`; empty without a local stack).
+        stack_events: the newest lines of that stack's supervisor, newest first.
         ttl_s: seconds one evaluation (and one worker list) is reused (``RENDERFARM_HEALTH_CACHE_S``).
         s3_ttl_s: seconds one S3 check is reused (``RENDERFARM_HEALTH_S3_CACHE_S``).
     """
 
     def __init__(self, ping_redis: Callable[[], object], ping_s3: Callable[[], object],
-                 unhealthy_workers: Callable[[], list[str]], *, ttl_s: float, s3_ttl_s: float):
+                 unhealthy_workers: Callable[[], list[str]], *, ttl_s: float, s3_ttl_s: float,
+                 stack_down: Callable[[], dict[str, str]] = dict,
+                 stack_events: Callable[[], list[str]] = list):
         self._ping_redis = ping_redis
+        self._stack_down = stack_down
         self._s3 = Cached(ping_s3, s3_ttl_s)
         self._status: Cached[tuple[HealthStatus, dict[str, str]]] = Cached(self._evaluate, ttl_s)
         self._workers: Cached[list[str]] = Cached(unhealthy_workers, ttl_s)
+        self._events: Cached[list[str]] = Cached(stack_events, ttl_s)
 
     def _evaluate(self) -> tuple[HealthStatus, dict[str, str]]:
         checks = {}
@@ -90,9 +98,14 @@ class Readiness:
                 checks[name] = _error(exc)
         status: HealthStatus
         if checks["redis"] != "ok":
-            status = "unavailable"
-        else:
-            status = "ok" if checks["s3"] == "ok" else "degraded"
+            return "unavailable", checks
+        try:
+            down = self._stack_down()
+        except Exception as exc:  # part of the answer, like a failing check
+            down = {"stack": _error(exc)}
+        if down:
+            checks["stack"] = "; ".join(f"{name}: {why}" for name, why in sorted(down.items()))[:300]
+        status = "ok" if checks["s3"] == "ok" and not down else "degraded"
         return status, checks
 
     def status(self) -> tuple[HealthStatus, dict[str, str]]:
@@ -100,6 +113,14 @@ class Readiness:
         the error's type and message (at most 300 characters). Never raises."""
         status, checks = self._status.get()
         return status, dict(checks)
+
+    def stack_events(self) -> list[str] | None:
+        """The newest lines of a ``renderfarm up``'s supervisor, newest first (empty: none);
+        None when they cannot be read (Redis down)."""
+        try:
+            return list(self._events.get())
+        except Exception:  # Redis down: the status already says so
+            return None
 
     def unhealthy_workers(self) -> list[str] | None:
         """Names of the live workers whose circuit breaker is open (empty: none); None when the

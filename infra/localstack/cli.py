@@ -8,6 +8,8 @@ Place in the data flow: beside it (see :mod:`infra.localstack.stack`). ``renderf
 it runs, it keeps the client settings (API URL, Redis URL, bucket, S3 endpoint and keys) in
 ``.renderfarm/env`` (:func:`infra.settings.env_file_path`; mode 0600), which ``renderfarm``
 commands started in that directory or below read by themselves; it removes the file when it stops.
+Every process it starts is supervised (:func:`supervise`): a crashed redis-server, SeaweedFS, API
+or worker restarts with backoff on its port and data, and one that crash-loops stops the stack.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 
+from infra.localstack.claim import DataDirBusy
 from infra.localstack.ports import PortBusy
-from infra.localstack.processes import ProcessExited, Supervisor
+from infra.localstack.processes import ProcessExited
 from infra.localstack.stack import LocalStack, patched_environ
+from infra.localstack.supervisor import CrashLoop, ServiceEvent, Supervisor
 
 #: ``renderfarm up``'s ports: the API's (the README's clients use it) and SeaweedFS's usual S3 port.
 API_PORT, S3_PORT = 8000, 8333
@@ -118,12 +122,55 @@ def foreground(stack: LocalStack) -> Iterator[LocalStack]:
                 stack.stop()
 
 
+def supervise(stack: LocalStack, console: Console, *, interval_s: float = 1.0) -> NoReturn:
+    """Keep every process of ``stack`` running until interrupted: a crashed redis-server,
+    SeaweedFS, API or worker restarts with backoff (:class:`~infra.localstack.supervisor.Supervisor`)
+    on its port and data; each event goes to the console (with its time) and to the stack's Redis
+    (:class:`infra.state.stack_events.StackEvents`), where ``/healthz`` and the dashboard read it.
+
+    Raises:
+        CrashLoop: a process crashed 5 times within 60 s (the caller stops the stack).
+    """
+    from infra.state.stack_events import StackEvents
+
+    events = StackEvents(stack.redis_url)
+    with contextlib.suppress(Exception):
+        events.reset()
+
+    def on_event(event: ServiceEvent) -> None:
+        style = "red" if event.kind in ("exited", "gave_up") else "yellow"
+        console.print(f"[{style}]{event.line()}[/]", highlight=False)
+        if event.kind == "exited":
+            console.print(f"[dim]{stack_log_tail(stack, event.service)}[/]", highlight=False)
+        if event.kind == "restarted":
+            stack.record_children()
+        events.record(event)
+
+    supervisor = Supervisor(stack.processes, on_event=on_event)
+    try:
+        while True:
+            supervisor.poll()
+            events.flush()  # events that waited for Redis to come back
+            time.sleep(interval_s)
+    finally:
+        events.close()
+
+
+def stack_log_tail(stack: LocalStack, name: str, lines: int = 5) -> str:
+    """The last ``lines`` lines of the log of ``stack``'s process ``name``, with the log's path."""
+    process = next((p for p in stack.processes if p.name == name), None)
+    if process is None:
+        return ""
+    return f"{process.log_path}:\n{process.log_tail(lines)}"
+
+
 def up_command(args: argparse.Namespace) -> int:
     """``renderfarm up``: run the local stack in the foreground until Ctrl-C or SIGTERM.
 
-    Returns the exit code: 0 after a requested stop, 1 when a service failed to start or Redis,
-    S3 or the API died (or a port was taken). A crashed worker is restarted with exponential
-    backoff (:class:`infra.localstack.processes.Supervisor`) while the rest keeps serving.
+    Returns the exit code: 0 after a requested stop, 1 when a service failed to start (or a port
+    or the data directory was taken) or one crashed 5 times within a minute. Every crashed
+    process (redis-server, SeaweedFS, the API, a worker) restarts with exponential backoff on its
+    port and data (:func:`supervise`) while the rest keeps serving.
     """
     from infra.settings import ENV_FILE_VAR, Settings, env_file_path
 
@@ -148,18 +195,14 @@ def up_command(args: argparse.Namespace) -> int:
                 console.print("Clients reach it with:")
             console.print(stack.exports(), highlight=False)
             console.print("[bold]Ctrl-C stops everything.[/]")
-            supervisor = Supervisor(stack.workers, on_event=lambda line: console.print(f"[yellow]{line}[/]",
-                                                                                       highlight=False))
-            while not (dead := [p for p in stack.exited() if p not in stack.workers]):
-                supervisor.poll()  # a crashed worker restarts with backoff; the stack keeps serving
-                time.sleep(1.0)
-            for p in dead:
-                console.print(f"[red]{p.name} exited with code {p.returncode_now()}[/]; log tail:\n{p.log_tail()}")
-            return 1
+            supervise(stack, console)
     except KeyboardInterrupt:
         console.print("stopped.")
         return 0
-    except (ProcessExited, TimeoutError, ConnectionError, PortBusy) as exc:
+    except CrashLoop as exc:
+        console.print(f"[red]{exc}[/]", highlight=False)
+        return 1
+    except (ProcessExited, TimeoutError, ConnectionError, PortBusy, DataDirBusy) as exc:
         console.print(f"[red]the stack did not start:[/] {exc}", highlight=False)
         return 1
     finally:
@@ -173,7 +216,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "up",
         help="run the local stack in the foreground (Redis, SeaweedFS, API, workers)",
         description="Start redis-server (its own, AOF on, unless --redis-url names one that answers), SeaweedFS S3, "
-        "the bucket, the status API and N workers (a crashed worker restarts with backoff); Redis and S3 data "
+        "the bucket, the status API and N workers (each restarts with backoff when it crashes); Redis and S3 data "
         "persist together in --data-dir; Ctrl-C or SIGTERM stops them all. While it runs, the client settings are "
         "in .renderfarm/env (RENDERFARM_ENV_FILE names another file; empty: none), which renderfarm commands in "
         "that directory or below read by themselves.",

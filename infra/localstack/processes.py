@@ -62,8 +62,15 @@ def free_port(offset_free: int | None = None) -> int:
 
 
 def port_is_free(port: int) -> bool:
-    """Whether TCP ``port`` on 127.0.0.1 can be bound now."""
+    """Whether a server could listen on TCP ``port`` of 127.0.0.1 now.
+
+    The probe binds with ``SO_REUSEADDR`` as redis-server, SeaweedFS and uvicorn do, so sockets
+    of earlier connections in ``TIME_WAIT`` (up to a minute after a stack stopped) do not count
+    as "in use"; on Linux a socket that listens there still makes the bind fail (socket(7),
+    ``SO_REUSEADDR``).
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((LOCALHOST, port))
         except OSError:
@@ -216,6 +223,10 @@ class ManagedProcess:
     ready_timeout: float = 60.0
     #: Seconds between two readiness checks.
     poll_interval: float = 0.1
+    #: Whether Linux sends the child SIGTERM when the thread that started it exits
+    #: (``PR_SET_PDEATHSIG``). A child that must outlive its parent for a while (the local
+    #: stack's storage, stopped after the workers by :mod:`infra.localstack.guard`) sets False.
+    die_with_parent: bool = True
 
     def __init__(
         self,
@@ -301,7 +312,7 @@ class ManagedProcess:
                 env=self.child_env(),
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") and self.die_with_parent else None,
             )
         self.pgid = self.proc.pid
         self.returncode = None
@@ -416,61 +427,6 @@ class ManagedProcess:
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running else "stopped"
         return f"<{type(self).__name__} {self.name} {state} {self.url}>"
-
-
-class Supervisor:
-    """Restarts crashed children with exponential backoff, as a process supervisor or a
-    Kubernetes Deployment would (``renderfarm up`` supervises its workers with it).
-
-    A child that exited on its own is started again after ``base_s`` × 2^(crashes − 1) seconds
-    (at most ``max_s``); a child that stayed up ``healthy_after_s`` seconds since its last start
-    has its crash count reset. :meth:`poll` never blocks on a start (it does not wait for
-    readiness), so one slow child never holds the others back.
-
-    Args:
-        processes: the children to restart; they must have been started once.
-        base_s, max_s, healthy_after_s: backoff parameters, seconds.
-        on_event: called with one line per crash and per restart (the caller prints it).
-    """
-
-    def __init__(self, processes: Sequence[ManagedProcess], *, base_s: float = 1.0, max_s: float = 60.0,
-                 healthy_after_s: float = 60.0, on_event: Callable[[str], None] | None = None):
-        self.processes = list(processes)
-        self.base_s, self.max_s, self.healthy_after_s = base_s, max_s, healthy_after_s
-        self.on_event = on_event or (lambda line: None)
-        self.crashes: dict[str, int] = {p.name: 0 for p in self.processes}
-        self.restarts: dict[str, int] = {p.name: 0 for p in self.processes}
-        self._started = {p.name: time.monotonic() for p in self.processes}
-        self._due: dict[str, float] = {}
-
-    def backoff_s(self, crashes: int) -> float:
-        """Seconds to wait before the restart that follows the ``crashes``-th crash in a row."""
-        return min(self.max_s, self.base_s * 2 ** max(0, crashes - 1))
-
-    def poll(self) -> None:
-        """Notice crashed children, schedule their restarts, and start those whose backoff has
-        passed. Call it about once a second."""
-        now = time.monotonic()
-        for p in self.processes:
-            if p.name in self._due:
-                if now >= self._due[p.name]:
-                    del self._due[p.name]
-                    p.start()
-                    self._started[p.name] = now
-                    self.restarts[p.name] += 1
-                    self.on_event(f"{p.name} restarted (pid {p.pid}, restart {self.restarts[p.name]})")
-                continue
-            if p.proc is None or p.proc.poll() is None:
-                continue
-            if now - self._started[p.name] >= self.healthy_after_s:
-                self.crashes[p.name] = 0
-            self.crashes[p.name] += 1
-            code = p.proc.returncode
-            p.stop()  # reap it and whatever is left of its process group
-            delay = self.backoff_s(self.crashes[p.name])
-            self._due[p.name] = now + delay
-            self.on_event(f"{p.name} exited with code {code}; restarting in {delay:.0f} s "
-                          f"(crash {self.crashes[p.name]} in a row)")
 
 
 @atexit.register

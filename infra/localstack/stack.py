@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 from rich.table import Table
 
+from infra.localstack import claim
 from infra.localstack.ports import check_free
 from infra.localstack.processes import ManagedProcess, free_port, new_run_dir
 from infra.localstack.services import ApiServer, RedisServer, SeaweedS3, WorkerProcess, redis_answers, start_workers
@@ -110,10 +112,12 @@ class LocalStack:
 
     With a ``data_dir`` (``renderfarm up``: ``RENDERFARM_DATA_DIR``, default
     ``~/.cache/renderfarm/data``), the data lives there instead, together and across runs: the
-    AOF of its own redis-server (``redis/``, appendonly on; on a free port unless ``redis_url``
-    names one) and SeaweedFS's volumes and filer (``seaweedfs/``), so job records and the
-    images they point at are kept, or wiped, together. :attr:`env` holds the variables a
-    client needs to reach the stack.
+    AOF of its own redis-server (``redis/``, appendonly on, ``appendfsync always``; on a free
+    port unless ``redis_url`` names one) and SeaweedFS's volumes and filer (``seaweedfs/``), so
+    job records and the images they point at are kept, or wiped, together. :attr:`env` holds
+    the variables a client needs to reach the stack. One stack at a time uses a data dir, and
+    a killed one's children are stopped, workers first, before the next starts
+    (:mod:`infra.localstack.claim`, :mod:`infra.localstack.guard`).
 
     ``start()`` stops whatever it started if any part fails, so it never leaves processes behind.
     """
@@ -151,6 +155,7 @@ class LocalStack:
         self.bucket = bucket or settings.s3_bucket
         self.appendonly = appendonly or self.data_dir is not None
         self.redis: RedisServer | None = None  # stays None when a Redis already answers
+        self.guard: ManagedProcess | None = None  # with a data dir: infra.localstack.guard
         data = self.data_dir if self.data_dir is not None else self.run_dir
         self.s3 = SeaweedS3(s3_port, dir=data / "seaweedfs", access_key=access_key,
                             secret_key=secret_key, run_dir=self.run_dir)  # fmt: skip
@@ -191,20 +196,46 @@ class LocalStack:
         Raises:
             PortBusy: before anything starts, when a port of :meth:`ports` is taken (the message
                 names the process holding it).
+            DataDirBusy: another ``renderfarm up`` that still runs uses the data dir.
         """
+        if self.data_dir is not None:
+            claim.claim(self.data_dir, say=lambda line: self.console.print(line, highlight=False))
         check_free(self.ports())
         try:
+            self._start_guard()
             self._start_storage()
+            self.record_children()
             ensure_bucket(self.env)
             self._announce("bucket", f"s3://{self.bucket}", "created or found")
             self.api.start()
+            self.record_children()
             self.api.wait_ready()
             self._announce(self.api.name, self.api.url, f"pid {self.api.pid}")
             self._start_workers()
         except BaseException:
             self.stop()
             raise
+        self.record_children()
         return self
+
+    def _start_guard(self) -> None:
+        """With a data dir: the storage outlives a killed ``up`` until :mod:`infra.localstack.guard`
+        has let the workers finish their batches, then stops it."""
+        started = claim.start_time(os.getpid())
+        if self.data_dir is None or started is None:
+            return
+        self.s3.die_with_parent = False
+        self.guard = ManagedProcess("guard", [sys.executable, "-m", "infra.localstack.guard", str(self.data_dir),
+                                              str(os.getpid()), str(started)], run_dir=self.run_dir, stop_timeout=5)
+        self.guard.die_with_parent = False
+        self.guard.start()
+
+    def record_children(self) -> None:
+        """With a data dir, note its children's pids there (:func:`infra.localstack.claim.record`),
+        so that the next stack on that data waits for them if this one is killed. Call it after
+        a child restarted."""
+        if self.data_dir is not None:
+            claim.record(self.data_dir, self.processes)
 
     def _start_storage(self) -> None:
         if not redis_answers(self.redis_url):
@@ -212,8 +243,12 @@ class LocalStack:
             if parts.hostname not in ("127.0.0.1", "localhost"):
                 raise ConnectionError(f"no Redis answers at {self.redis_url}, and it is not local")
             data = self.data_dir if self.data_dir is not None else self.run_dir
+            # its own Redis fsyncs the AOF before it answers (appendfsync always): a kill -9
+            # right after a 202 loses nothing, which Redis 7.0's missing WAITAOF cannot promise
             self.redis = RedisServer(parts.port or 6379, appendonly=self.appendonly,
+                                     appendfsync="always" if self.appendonly else "everysec",
                                      dir=data / "redis", run_dir=self.run_dir)  # fmt: skip
+            self.redis.die_with_parent = self.guard is None
             self.redis.start()
         self.s3.start()
         if self.redis is not None:
@@ -243,6 +278,10 @@ class LocalStack:
                 process.stop()
             except Exception as exc:  # noqa: BLE001 - keep stopping the others
                 self.console.print(f"[red]could not stop {process.name}: {exc}[/]")
+        if self.guard is not None:
+            self.guard.stop()
+        if self.data_dir is not None:
+            claim.release(self.data_dir)
 
     def exited(self) -> list[ManagedProcess]:
         """Processes that were started and have since died on their own."""

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from infra.localstack import LocalStack, ManagedProcess, patched_environ
-from infra.localstack.processes import Supervisor
+from infra.localstack.supervisor import CrashLoop, Supervisor
 from infra.storage.s3 import Storage
 
 pytestmark = pytest.mark.integration
@@ -21,7 +21,8 @@ def test_supervisor_restarts_a_crashing_child_with_backoff(tmp_path):
     crasher = ManagedProcess("crasher", [sys.executable, "-c", "import time; time.sleep(0.2); raise SystemExit(3)"],
                              run_dir=tmp_path)
     events: list[str] = []
-    supervisor = Supervisor([crasher], base_s=0.3, max_s=1.2, healthy_after_s=30, on_event=events.append)
+    supervisor = Supervisor([crasher], base_s=0.3, max_s=1.2, healthy_after_s=30, give_up_after=10,
+                            on_event=lambda event: events.append(str(event)))
     crasher.start()
     started = time.monotonic()
     while supervisor.restarts["crasher"] < 3 and time.monotonic() - started < 20:
@@ -32,6 +33,29 @@ def test_supervisor_restarts_a_crashing_child_with_backoff(tmp_path):
     delays = [float(e.split("restarting in ")[1].split(" s")[0]) for e in events if "restarting in" in e]
     assert [supervisor.backoff_s(n) for n in (1, 2, 3, 4, 5)] == [0.3, 0.6, 1.2, 1.2, 1.2]
     assert len(delays) >= 3 and all("exited with code 3" in e for e in events if "restarting" in e), events
+
+
+def test_supervisor_gives_up_on_a_crash_loop_naming_the_child_and_its_log(tmp_path):
+    crasher = ManagedProcess("crasher", [sys.executable, "-c", "raise SystemExit(4)"], run_dir=tmp_path)
+    healthy = ManagedProcess("healthy", [sys.executable, "-c", "import time; time.sleep(60)"], run_dir=tmp_path)
+    events: list[str] = []
+    supervisor = Supervisor([crasher, healthy], base_s=0.05, max_s=0.1, give_up_after=5, give_up_window_s=60,
+                            on_event=lambda event: events.append(f"{event.kind}: {event}"))
+    crasher.start()
+    healthy.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(CrashLoop) as raised:
+            while time.monotonic() - started < 30:
+                supervisor.poll()
+                time.sleep(0.02)
+    finally:
+        healthy.stop()
+        crasher.stop()
+    assert raised.value.service == "crasher" and raised.value.log_path == str(crasher.log_path)
+    assert "crasher crashed 5 times" in str(raised.value) and str(crasher.log_path) in str(raised.value)
+    assert supervisor.restarts == {"crasher": 4, "healthy": 0}, events
+    assert events[-1].startswith("gave_up: "), events
 
 
 def test_local_stack_keeps_redis_and_s3_data_together_across_runs(cache_dir, tmp_path):
@@ -62,3 +86,28 @@ def _storage(stack: LocalStack) -> Storage:
 
     with patched_environ(stack.env):
         return Storage(Settings())
+
+
+def test_a_port_in_time_wait_is_free_and_a_listener_is_not():
+    """A stopped server's connections leave its port in TIME_WAIT for up to a minute; servers bind
+    with SO_REUSEADDR and start, so the stack's port check must not call that port in use."""
+    import socket
+
+    from infra.localstack.processes import LOCALHOST, port_is_free
+
+    listener = socket.create_server((LOCALHOST, 0))
+    port = listener.getsockname()[1]
+    assert not port_is_free(port)  # a real listener
+    client = socket.create_connection((LOCALHOST, port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the server side closes first: its end goes to TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    plain = socket.socket()
+    try:
+        with pytest.raises(OSError):
+            plain.bind((LOCALHOST, port))  # what the old check did: TIME_WAIT counted as in use
+    finally:
+        plain.close()
+    assert port_is_free(port)

@@ -19,6 +19,7 @@ token or an admin tenant's key; anyone while no token is set and auth is off, as
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timezone
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -27,6 +28,7 @@ from infra.api.deps import Farm, FarmDep
 from infra.api.models import Health
 from infra.api.probes import Readiness
 from infra.api.routes.metrics import may_scrape
+from infra.state.stack_events import read_down, read_events
 
 router = APIRouter(tags=["farm"])
 _created = threading.Lock()
@@ -36,6 +38,14 @@ def _unhealthy_workers(farm: Farm) -> list[str]:
     return [w["name"] for w in farm.live_workers() if w.get("healthy") is False]
 
 
+def _stack_lines(farm: Farm) -> list[str]:
+    lines = []
+    for event in read_events(farm.redis, 10):
+        at = datetime.fromtimestamp(float(event.get("at", 0)), tz=timezone.utc)
+        lines.append(f"{at:%Y-%m-%d %H:%M:%S} UTC {event.get('message', '')}")
+    return lines
+
+
 def readiness(request: Request, farm: Farm) -> Readiness:
     """The process's shared :class:`Readiness` (made on first use, kept in ``app.state``)."""
     with _created:
@@ -43,7 +53,8 @@ def readiness(request: Request, farm: Farm) -> Readiness:
         if shared is None:
             shared = request.app.state.readiness = Readiness(
                 farm.redis.ping, farm.storage.ping, lambda: _unhealthy_workers(farm),
-                ttl_s=farm.settings.health_cache_s, s3_ttl_s=farm.settings.health_s3_cache_s)
+                ttl_s=farm.settings.health_cache_s, s3_ttl_s=farm.settings.health_s3_cache_s,
+                stack_down=lambda: read_down(farm.redis), stack_events=lambda: _stack_lines(farm))
         return shared
 
 
@@ -56,13 +67,16 @@ def livez() -> dict[str, str]:
 @router.get("/healthz", response_model=Health, response_model_exclude_none=True,
             responses={503: {"model": Health}})
 def healthz(request: Request, farm: FarmDep) -> JSONResponse:
-    """Readiness: 200 when Redis answers (``ok``, or ``degraded`` when S3 does not), else 503
-    (``unavailable``). One answer serves every probe for ``RENDERFARM_HEALTH_CACHE_S``.
+    """Readiness: 200 when Redis answers (``ok``, or ``degraded`` when S3 does not or a service of
+    ``renderfarm up`` is down), else 503 (``unavailable``). One answer serves every probe for
+    ``RENDERFARM_HEALTH_CACHE_S``.
 
     The body is ``{"status": …}`` alone, unless the caller may read ``/metrics`` (the scrape token
     or an admin tenant's key; anyone while auth is off and no token is set): then ``checks`` holds
-    each check's ``ok`` or error, and ``unhealthy_workers`` the workers whose circuit breaker is
-    open (present only when there are some). Such workers do not make the API unhealthy: it still
+    each check's ``ok`` or error (``stack``: the services of ``renderfarm up`` that are down),
+    ``unhealthy_workers`` the workers whose circuit breaker is open, and ``stack_events`` the
+    newest lines of ``renderfarm up``'s supervisor (what restarted, when and why; each present
+    only when there are some). Such workers do not make the API unhealthy: it still
     serves."""
     shared = readiness(request, farm)
     status, checks = shared.status()
@@ -71,4 +85,5 @@ def healthz(request: Request, farm: FarmDep) -> JSONResponse:
         body.checks = checks
         if status != "unavailable":
             body.unhealthy_workers = shared.unhealthy_workers() or None
+            body.stack_events = shared.stack_events() or None
     return JSONResponse(body.model_dump(exclude_none=True), status_code=503 if status == "unavailable" else 200)

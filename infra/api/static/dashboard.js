@@ -228,6 +228,17 @@
     if (!viewer.open) viewer.showModal();
   }
 
+  // /healthz: the services of `renderfarm up` that are down, and its supervisor's newest lines
+  // (the section stays hidden on a farm that no local stack supervises)
+  function drawStack(health) {
+    const lines = health.stack_events || [];
+    const down = (health.checks || {}).stack;
+    document.getElementById("stack").hidden = !lines.length && !down;
+    document.getElementById("stack-summary").textContent = down ? `down now: ${down}` : `status: ${health.status}`;
+    const list = document.getElementById("stack-events");
+    list.replaceChildren(...lines.map((line) => el("li", {}, line)));
+  }
+
   function drawGallery(page) {
     const box = document.getElementById("gallery");
     if (!page.images.length) {
@@ -315,6 +326,7 @@
     ["/v1/dead-letter?limit=50", (page) => drawFailed(page.jobs)],
     ["/v1/throughput?minutes=60", drawThroughput],
     ["/v1/gallery?limit=24", drawGallery],
+    ["/healthz", drawStack],
   ];
 
   function showStatus(text, isError) {
