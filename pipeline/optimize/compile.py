@@ -5,10 +5,12 @@ last, after placement. Compilation is lazy: it happens at the worker's warm-up r
 
 Regional compilation (diffusers' ``compile_repeated_blocks``: FLUX's double and single blocks,
 SD3's and ERNIE-Image's transformer blocks) compiles one block graph and reuses it for every
-block: seconds instead of minutes of Inductor work, about the same speed. Shapes: with
-``compile_dynamic`` the graphs are compiled with dynamic shapes, so a new image size or batch
-size inside a job reuses them instead of recompiling; dynamo specialises sizes 0 and 1, so the
-warm-up renders batch 1 and batch 2 (two buckets: one image, several images).
+block: seconds instead of minutes of Inductor work, about the same speed. Shapes: static
+(``dynamic=False``) unless ``compile_dynamic``: one graph per batch bucket × declared image size,
+each compiled at the worker's warm-up (:func:`pipeline.warm.warm_up`), after which a shape no graph
+matches runs eagerly instead of recompiling (:func:`pipeline.compile_count.hold_compiled`). On one
+H100, ``dynamic=True`` had not finished compiling the SD 1.5 UNet after six minutes where a static
+compile took 77–82 s (README, "What the lent H100 measured"). ``compile_dynamic`` stays a knob.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
         return Skip("torch.compile on the CPU needs a C++ compiler (g++/clang++); none on PATH")
     if kind in ("cuda", "xpu") and importlib.util.find_spec("triton") is None:
         return Skip(f"torch.compile on {kind} needs triton; not installed")
-    options = {"mode": mode, "dynamic": True if dynamic else None}
+    options = {"mode": mode, "dynamic": bool(dynamic)}  # False: static shapes, never automatic dynamism
     done, failed = [], {}
 
     def attempt(label: str, fn) -> None:  # one module failing to compile must not take the other with it
