@@ -87,7 +87,13 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)
-    batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile, pool=pool)
+    batch_size = args.batch_size or settings.batch_size
+    if not batch_size:  # measured eagerly: the sizing shapes need no compiled graph (warm-up builds those)
+        from pipeline import compile_count
+
+        with compile_count.eager():
+            renderer.warmup()  # first-call allocations stay out of the measured peaks
+            batch_size = batch_size_from_memory(renderer, profile, pool=pool)
     if spec is not None and spec.max_batch is not None and batch_size > spec.max_batch:
         log.info("batch size %d capped to pool %s's max_batch %d", batch_size, spec.name, spec.max_batch)
         batch_size = spec.max_batch
