@@ -110,6 +110,7 @@ class WarmState:
         self.state = "warming"
         self.progress: dict = {"done": 0, "total": None, "eta_s": None}
         self.report: dict | None = None
+        self.ready_at: float | None = None  # epoch seconds
         self.state_file = state_file
         self._write()
 
@@ -119,7 +120,7 @@ class WarmState:
 
     def ready(self, report: dict | None) -> None:
         """Warm-up done: take jobs."""
-        self.state, self.report = "ready", report
+        self.state, self.report, self.ready_at = "ready", report, time.time()
         self._write()
 
     def _write(self) -> None:
@@ -322,7 +323,7 @@ def run_worker(args: argparse.Namespace) -> int:
     def describe() -> dict:
         return {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
                 "recipe": getattr(renderer, "recipe", None), "batch_size": batch_size,
-                "state": warm.state, "warmup": {**warm.progress, "report": warm.report},
+                "state": warm.state, "warmup": {**warm.progress, "report": warm.report, "ready_at": warm.ready_at},
                 "buckets": list(getattr(loaded, "buckets", None) or ()),
                 "recompiles": _compiles(loaded, warm), "eager_renders": getattr(loaded, "eager_renders", 0),
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,
