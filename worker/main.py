@@ -3,12 +3,14 @@
 Data flow: **worker** pulls batches from its pool's queue → pipeline → storage → job-state
 store. Start-up: check ``--pool``/``--model`` against the declared pools (``RENDERFARM_POOLS``;
 a declared pool's model must match, its ``max_batch`` caps the batch size), probe the device,
-load the pipeline once, warm it up with one render,
-register with a heartbeat, then consume. SIGTERM is Celery's warm shutdown: no new batch is
-taken, the current one finishes, unstarted prefetched messages go back to the queue (kombu
-restores unacknowledged messages when the channel closes), the worker leaves the registry and
-exits 0. Should a batch still be held at exit (a second signal: cold shutdown), its jobs are
-released to ``queued`` and republished instead of waiting for their leases to expire.
+load the pipeline once, size the batch, register with a heartbeat as ``warming``, warm up every
+batch bucket × declared size (:func:`pipeline.warm.warm_up`; the compile cache is restored before
+and saved after), then report ``ready`` and consume: the Celery consumer starts only then.
+SIGTERM is Celery's warm shutdown: no new batch is taken, the current one finishes, unstarted
+prefetched messages go back to the queue (kombu restores unacknowledged messages when the
+channel closes), the worker leaves the registry and exits 0. Should a batch still be held at
+exit (a second signal: cold shutdown), its jobs are released to ``queued`` and republished
+instead of waiting for their leases to expire.
 
 Health: a circuit breaker (``worker.breaker``) stops consumption after
 ``breaker_failures`` consecutive failed batches, or at once on an error of this worker's
@@ -68,10 +70,11 @@ def _job_id(request) -> str | None:
 
 
 def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int]:
-    """The warm renderer for ``args.model`` (the null renderer, or a diffusers pipeline), the
-    device profile, and the batch size: the flag, the setting, or measured from memory at the
-    declared pool's largest size and steps. It loads only the declared pool's upscalers, or
-    without a declared pool those of ``RENDERFARM_UPSCALERS``."""
+    """The loaded (not yet warmed) renderer for ``args.model`` (the null renderer, or a diffusers
+    pipeline), the device profile, and the batch size: the flag, the setting, or measured from memory
+    at the declared pool's largest size and steps, then capped by the pool's ``max_batch`` when it
+    declares one. It loads only the declared pool's upscalers, or without a declared pool those of
+    ``RENDERFARM_UPSCALERS``."""
     if args.model == NULL_MODEL:
         batch_size = args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
         return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size
@@ -79,13 +82,74 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
 
     pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
                                                  steps=spec.steps, use_pe=spec.use_pe,
-                                                 batch_invariant=spec.batch_invariant, upscalers=spec.upscalers)
+                                                 batch_invariant=spec.batch_invariant, upscalers=spec.upscalers,
+                                                 sizes=spec.sizes, guidance_scale=spec.guidance_scale)
     # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)
-    renderer.warmup()
-    batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile, pool=pool)
+    batch_size = args.batch_size or settings.batch_size
+    if not batch_size:  # measured eagerly: the sizing shapes need no compiled graph (warm-up builds those)
+        from pipeline import compile_count
+
+        with compile_count.eager():
+            renderer.warmup()  # first-call allocations stay out of the measured peaks
+            batch_size = batch_size_from_memory(renderer, profile, pool=pool)
+    if spec is not None and spec.max_batch is not None and batch_size > spec.max_batch:
+        log.info("batch size %d capped to pool %s's max_batch %d", batch_size, spec.name, spec.max_batch)
+        batch_size = spec.max_batch
     return renderer, profile, batch_size
+
+
+class WarmState:
+    """The worker's start-up state for its heartbeat and probe: ``warming`` with progress
+    ``{done, total, eta_s}`` (renders; seconds), then ``ready``; the warm-up report once done.
+    With ``state_file`` set (``RENDERFARM_WORKER_STATE_FILE``) the state is also written there, one
+    word, for the chart's exec probes (``grep -qx ready FILE``)."""
+
+    def __init__(self, state_file: str = "") -> None:
+        self.state = "warming"
+        self.progress: dict = {"done": 0, "total": None, "eta_s": None}
+        self.report: dict | None = None
+        self.ready_at: float | None = None  # epoch seconds
+        self.state_file = state_file
+        self._write()
+
+    def update(self, done: int, total: int, eta_s: float | None) -> None:
+        """``on_progress`` of :func:`pipeline.warm.warm_up`."""
+        self.progress = {"done": done, "total": total, "eta_s": None if eta_s is None else round(eta_s, 1)}
+
+    def ready(self, report: dict | None) -> None:
+        """Warm-up done: take jobs."""
+        self.state, self.report, self.ready_at = "ready", report, time.time()
+        self._write()
+
+    def _write(self) -> None:
+        if not self.state_file:
+            return
+        tmp = f"{self.state_file}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(self.state + "\n")
+        os.replace(tmp, self.state_file)  # atomic: a probe never reads half a word
+
+
+def _warm(renderer, batch_size: int, warm: WarmState, heartbeat: Heartbeat) -> dict | None:
+    """Warm ``renderer`` up before the queue is consumed (:func:`pipeline.warm.warm_up`: every batch
+    bucket × declared size), beating with the progress; None for the null renderer."""
+    if not hasattr(renderer, "capabilities"):  # the null renderer has nothing to warm
+        return None
+    from pipeline.warm import warm_plan, warm_up
+
+    plan = warm_plan(renderer, getattr(renderer, "pool", None), batch_size)
+    # the compile cache: restore here, before the first compile (load_cache_artifacts)
+    def on_progress(done: int, total: int, eta_s: float | None) -> None:
+        warm.update(done, total, eta_s)
+        heartbeat.beat_quietly()
+
+    report = warm_up(renderer, plan, on_progress=on_progress)
+    # the compile cache: save here, after the last compile (save_cache_artifacts)
+    from pipeline import compile_count
+
+    return {**report, "compiles_before_ready": compile_count.compiles()}
 
 
 class ReservedJobs:
@@ -134,12 +198,10 @@ def run_worker(args: argparse.Namespace) -> int:
     queue = keys.queue(pool)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
-    renderer, device_info, batch_size = _load_renderer(args, settings, spec)
-    if spec is not None and batch_size > spec.max_batch:
-        log.info("batch size %d capped to pool %s's max_batch %d", batch_size, pool, spec.max_batch)
-        batch_size = spec.max_batch
-    renderer = wrap_renderer(renderer)
-    log.info("worker %s: model %s ready in %.1fs, batch size %d, queue %s",
+    warm = WarmState(settings.worker_state_file)
+    loaded, device_info, batch_size = _load_renderer(args, settings, spec)
+    renderer = wrap_renderer(loaded)
+    log.info("worker %s: model %s loaded in %.1fs, batch size %d, queue %s",
              name, args.model, time.perf_counter() - t0, batch_size, queue)
 
     client = state_client(settings.state_url)
@@ -261,6 +323,9 @@ def run_worker(args: argparse.Namespace) -> int:
     def describe() -> dict:
         return {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
                 "recipe": getattr(renderer, "recipe", None), "batch_size": batch_size,
+                "state": warm.state, "warmup": {**warm.progress, "report": warm.report, "ready_at": warm.ready_at},
+                "buckets": list(getattr(loaded, "buckets", None) or ()),
+                "recompiles": _compiles(loaded, warm), "eager_renders": getattr(loaded, "eager_renders", 0),
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,
                 "images_done": runner.images_done, "jobs_failed": runner.jobs_failed,
                 "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),
@@ -273,8 +338,11 @@ def run_worker(args: argparse.Namespace) -> int:
     if problem := credentials_problem(storage):
         breaker.trip(problem)
     heartbeat.beat()
-    heartbeat.start()
-    watchdog.start()
+    heartbeat.start()  # registered as warming: /v1/workers shows the progress, the queue waits
+    warm.ready(_warm(loaded, batch_size, warm, heartbeat))
+    heartbeat.beat_quietly()
+    log.info("worker %s ready in %.1fs", name, time.perf_counter() - t0)
+    watchdog.start()  # renders from here on: the warm-up's compiles are not stalls
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
     celery_heartbeat.start()
     install_malformed_message_guard()
@@ -298,6 +366,16 @@ def run_worker(args: argparse.Namespace) -> int:
         _release(store, app, runner)
     log.info("worker %s stopped", name)
     return 0
+
+
+def _compiles(renderer, warm: WarmState) -> int | None:
+    """TorchDynamo compilations since the warm-up ended (0 is the goal: :mod:`pipeline.compile_count`);
+    None before it ends or for the null renderer."""
+    if warm.report is None or "compiles_before_ready" not in warm.report:
+        return None
+    from pipeline import compile_count
+
+    return compile_count.compiles() - warm.report["compiles_before_ready"]
 
 
 def _release(store: JobStore, app, runner: BatchRunner) -> None:
