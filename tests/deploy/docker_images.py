@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -181,6 +182,20 @@ def _project(filename: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _stable_port(key: str) -> int:
+    """A loopback port derived from ``key`` (20000…39999) when it is free, else any free one.
+
+    The index URL is a build argument, and a build argument that changes invalidates the layer
+    cache of every RUN after it: the same port on every run keeps a rebuild cached."""
+    port = 20000 + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 20000
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            return free_port()
+
+
 class WheelIndex:
     """A PEP 503 simple index on 127.0.0.1 (``python -m http.server``) with every package the
     images install: the on-disk CPU torch wheel (pip's find-links here, e.g. /opt/wheels), the
@@ -225,7 +240,7 @@ class WheelIndex:
             project = root / "simple" / _project(f.name)
             project.mkdir(parents=True, exist_ok=True)
             (project / f.name).symlink_to(f)
-        port = free_port()
+        port = _stable_port(self.files.name)
         self.log = open(self.run_dir / "wheel-index.log", "ab")  # noqa: SIM115 (closed in __exit__)
         self.proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port),
                                       "--directory", str(root)], stdout=self.log, stderr=subprocess.STDOUT)

@@ -203,6 +203,9 @@ class PodRunner:
     def start_all(self) -> list[Pod]:
         """Start one pod of every Deployment and StatefulSet, in document order."""
         self._check_service_ports()
+        stale = self.dockerd.docker("ps", "-aq", "--filter", "label=renderfarm.test/pod").stdout.split()
+        if stale:  # left by a run that was killed; the data root (and so they) outlive it
+            self.dockerd.docker("rm", "-f", "-v", *stale, check=False)
         for name, addr in self.services.items():
             self.log(f"service {name}.{self.namespace}.svc → {addr}")
         return [self.start(d) for d in self.docs if d.get("kind") in WORKLOADS]

@@ -42,7 +42,9 @@ REDIS_DB = 9
 BUCKET = "renders-images"
 IMAGES = {"api": ("api.Dockerfile", "renderfarm/api:0.1.0"),
           "worker-cpu": ("worker-cpu.Dockerfile", "renderfarm/worker-cpu:0.1.0")}
-N_SIGTERM = 32  # 512x512, 50 steps: batches of 8 take seconds, so SIGTERM finds jobs in flight
+# 256x256, 10 steps: a batch takes seconds here, well inside the pool's 90 s grace period
+# (longestBatchSeconds 60 + margin), and 32 jobs are many batches, so SIGTERM finds jobs in flight
+N_SIGTERM = 32
 REQUEST = {"prompt": "a lighthouse at dusk", "model": "tiny", "width": 64, "height": 64, "num_inference_steps": 2}
 
 
@@ -212,7 +214,7 @@ def test_sigterm_stops_the_worker_cleanly_and_loses_no_job(chart, api_key) -> No
     runner, docs = chart
     worker = _pod(runner, "worker")
     with RenderClient(api_url=_api_url(runner), api_key=api_key) as client:
-        accepted = client.submit_batch([{**REQUEST, "width": 512, "height": 512, "num_inference_steps": 50, "seed": i}
+        accepted = client.submit_batch([{**REQUEST, "width": 256, "height": 256, "num_inference_steps": 10, "seed": i}
                                          for i in range(N_SIGTERM)])
         deadline = time.monotonic() + 120
         while not any(j.state in ("running", "succeeded") for j in client.batch_jobs(accepted.batch_id)):
