@@ -83,6 +83,8 @@ def images(dockerd: docker_images.Dockerd) -> dict[str, tuple[float, int]]:
             args = {"PYTHON_IMAGE": base, "PIP_INDEX_URL": index.url, "TORCH_INDEX_URL": index.url}
             seconds = docker_images.build(dockerd, dockerfile, tag, args)
             built[name] = (seconds, dockerd.image_size(tag))
+    # the images these tags replaced (and their layers) would pile up in the cached data root
+    dockerd.docker("image", "prune", "--force", timeout=600)
     for name, (seconds, size) in built.items():
         say(f"image {name:<11} built in {seconds:7.1f} s, {size / 1e6:8.1f} MB")
     return built
