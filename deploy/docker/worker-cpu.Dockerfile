@@ -7,6 +7,10 @@
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
+# Where pip finds packages; a build without the internet points it at a local index
+# (tests/deploy/test_images.py serves one on 127.0.0.1 with --network host).
+ARG PIP_INDEX_URL=https://pypi.org/simple
+
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG OPEN_CLIP_VERSION=3.3.0
@@ -20,9 +24,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     RENDERFARM_CACHE_DIR=/models/renderfarm \
     HF_HOME=/models/huggingface
 
+# PYTHON_IMAGE may also be a plain Debian bookworm (e.g. one made by debootstrap, as
+# tests/deploy/test_images.py does offline): it has no Python, so python3, its venv module
+# and `python` come from apt there; the python:*-slim images have all three already.
 # tini: PID 1 that forwards SIGTERM, so Celery's warm shutdown finishes the current batch.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends tini \
+    && { command -v python >/dev/null \
+         || apt-get install -y --no-install-recommends python3 python3-venv python-is-python3; } \
     && rm -rf /var/lib/apt/lists/* \
     && python -m venv /opt/venv \
     && useradd --uid 10001 --user-group --create-home --home-dir /home/renderfarm renderfarm \
