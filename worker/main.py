@@ -25,6 +25,7 @@ per job (Flower).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import socket
@@ -43,6 +44,7 @@ from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.connect import state_client
 from infra.state.jobs import JobStore
+from infra.storage.inputs import load_input
 from infra.storage.s3 import Storage
 from pipeline.memory import current_bytes
 from pipeline.null import NULL_MODEL, NullRenderer
@@ -148,6 +150,9 @@ def run_worker(args: argparse.Namespace) -> int:
     upload_threads = 8
     # put_once retries outages for upload_retry_s; one connection per upload thread (+ a spare for deletes)
     storage = Storage(settings, max_attempts=3, max_pool_connections=upload_threads + 2)
+    inner = getattr(renderer, "inner", renderer)  # img2img and inpainting read their inputs from the bucket only
+    if hasattr(inner, "input_loader"):
+        inner.input_loader = functools.partial(load_input, storage, max_pixels=settings.input_max_pixels)
     app = make_celery(settings)
     consumer: dict = {}
     reserved = ReservedJobs()
