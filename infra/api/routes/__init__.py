@@ -20,6 +20,7 @@ from infra.api.routes import (
     health,
     jobs,
     metrics,
+    openai_edits,
     openai_images,
     queues,
     uploads,
@@ -30,4 +31,5 @@ from infra.api.routes import (
 #: Every router, in the order their routes appear in ``/openapi.json``.
 ROUTERS: tuple[APIRouter, ...] = (jobs.router, batches.router, catalog.router, deadletter.router, workers.router,
                                   queues.router, health.router, metrics.router, gallery.router, dashboard.router,
-                                  webhooks.router, uploads.router, a1111.router, openai_images.router)
+                                  webhooks.router, uploads.router, a1111.router, openai_images.router,
+                                  openai_edits.router)
