@@ -40,6 +40,29 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+#: Pillow format → the extension the API's content-addressed keys use (infra.storage.inputs.INPUT_FORMATS).
+KEY_EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
+
+
+def local_input_key(path: str | Path) -> str:
+    """The key ``POST /v1/uploads`` will answer for a local file, computed here:
+    ``inputs/<sha256>.<ext>`` (the format read from the file's header by Pillow).
+
+    Raises:
+        ValueError: not a PNG, JPEG or WebP file. OSError: the file cannot be read.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            fmt = img.format or ""
+    except UnidentifiedImageError:
+        raise ValueError(f"{path}: not an image Pillow can identify") from None
+    if fmt not in KEY_EXTENSIONS:
+        raise ValueError(f"{path}: image format {fmt or 'unknown'} is not accepted; use PNG, JPEG or WebP")
+    return f"inputs/{file_sha256(path)}.{KEY_EXTENSIONS[fmt]}"
+
+
 def upload_local_inputs(requests: Sequence[Any], upload: Callable[[Path], str]) -> list[Any]:
     """``requests`` (RenderRequests or dicts) with each local ``init_image`` / ``mask_image``
     replaced by the key ``upload(path)`` answers; each distinct path is uploaded once per call.
