@@ -76,3 +76,22 @@ def test_a_catalog_of_products_with_photos(client, tmp_path):
                         poll_s=0.3)
     assert (mixed["rendered"], mixed["failed"]) == (1, 1), mixed
     assert [f["id"] for f in mixed["failures"]] == ["bad"]
+
+
+def test_cli_submit_with_a_photo_and_a_mask(client, tmp_path):
+    _photo(tmp_path / "photo.png", 7)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[16:48, 16:48] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    base = [sys.executable, "-m", "infra.cli", "submit", "--prompt", "the mug in a snowy scene", "--model", "tiny",
+            "--width", "64", "--height", "64", "--steps", "4", "--init-image", str(tmp_path / "photo.png")]
+    done = subprocess.run([*base, "--mask", str(tmp_path / "mask.png"), "--strength", "0.6", "--wait",
+                           "--timeout", "300"], capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr
+    batch_id = done.stdout.split()[0]
+    [job] = client.wait(batch_id, timeout=60)
+    assert job.request.mode == "inpaint" and job.request.strength == 0.6
+    assert job.request.init_image == f"inputs/{file_sha256(tmp_path / 'photo.png')}.png"
+    refused = subprocess.run([*base, "--lora", "brand:0.8"], capture_output=True, text=True, timeout=120,
+                             env=os.environ.copy())
+    assert refused.returncode == 2 and "no adapter 'brand'" in refused.stderr, refused.stderr
