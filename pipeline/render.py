@@ -33,6 +33,7 @@ from pipeline.schedulers import scheduler_for, scheduler_name
 from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make_sync_free
 
 if TYPE_CHECKING:
+    from pipeline.lora import AdapterCache
     from pipeline.memory import BatchLimits
     from pipeline.warm import PoolOptions
 
@@ -77,6 +78,8 @@ class Renderer:
     pool: PoolOptions
     #: Reads an input image by its object key (set by the worker; None: txt2img only).
     input_loader: InputLoader | None = None
+    #: The adapters requests may name (:class:`pipeline.lora.AdapterCache`, set by the worker; None: none).
+    adapters: AdapterCache | None = None
 
     def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
                  batch_invariant: bool | None = None, use_pe: bool = False, upscale=None) -> None:
@@ -177,6 +180,10 @@ class Renderer:
             return self._render_split(requests, on_step)
         self._prepare()
         pipe = self.modes.for_mode(first.mode)
+        if self.adapters is not None:
+            self.adapters.apply(first.loras)
+        elif first.loras:
+            raise ValueError(f"this worker declares no adapters; the request names {[a.name for a in first.loras]}")
         pipe.scheduler = make_sync_free(scheduler_for(pipe, first.scheduler), host_timesteps=self.host_timesteps)
         # seeds were checked above
         generators = [torch.Generator(self.generator_device).manual_seed(cast(int, r.seed)) for r in requests]
@@ -198,6 +205,12 @@ class Renderer:
                                                   negative_prompts=[r.negative_prompt for r in requests],
                                                   seeds=[cast(int, r.seed) for r in requests])
         return images
+
+    def lora_hashes(self, request: RenderRequest) -> dict[str, str]:
+        """Short hashes of the adapters ``request`` names (for the ``Lora hashes`` infotext field)."""
+        if self.adapters is None or not request.loras:
+            return {}
+        return self.adapters.hashes([a.name for a in request.loras])
 
     def upscale_stage(self):
         """The upscaling stage (made on first use on this renderer's device when none was given)."""

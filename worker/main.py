@@ -53,6 +53,7 @@ from worker.breaker import CircuitBreaker
 from worker.errors import credentials_problem
 from worker.faults import wrap_renderer
 from worker.heartbeat import Heartbeat
+from worker.inputs import make_adapters
 from worker.observe import CeleryHeartbeat, CeleryVisibility
 from worker.runner import BatchRunner, job_ids_from_messages
 from worker.tasks import install_render_task
@@ -153,6 +154,7 @@ def run_worker(args: argparse.Namespace) -> int:
     inner = getattr(renderer, "inner", renderer)  # img2img and inpainting read their inputs from the bucket only
     if hasattr(inner, "input_loader"):
         inner.input_loader = functools.partial(load_input, storage, max_pixels=settings.input_max_pixels)
+        inner.adapters = make_adapters(inner, spec.loras if spec is not None else settings.loras, storage, settings)
     app = make_celery(settings)
     consumer: dict = {}
     reserved = ReservedJobs()

@@ -24,7 +24,7 @@ DB = 11
 SIZE = 64
 MAX_BYTES = 200_000
 MAX_PIXELS = 1_000_000
-LORAS = [{"name": "brand", "source": "tiny-lora-brand"}]
+LORAS = [{"name": "brand", "source": "tiny-lora-brand"}, {"name": "style", "source": "tiny-lora-style"}]
 
 
 def png(width: int = SIZE, height: int = SIZE, *, seed: int = 0, mode: str = "RGB", fmt: str = "PNG") -> bytes:
@@ -138,3 +138,23 @@ def test_every_mode_renders_in_one_batch(worker, env, tmp_path: Path):
         with pytest.raises(RenderFarmError) as refused:
             client.upload(mask.with_suffix(".txt")) if mask.with_suffix(".txt").write_text("no") else None
         assert refused.value.status_code == 422
+
+
+def test_a_batch_of_mixed_modes_and_adapters(worker, env, tmp_path: Path, http):
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png(seed=8))
+    brand = [{"name": "brand", "weight": 0.8}]
+    jobs = [_job(seed=1, loras=brand), _job(seed=2), _job(seed=3, init_image=photo, strength=0.5, loras=brand),
+            _job(seed=4, loras=[{"name": "style", "weight": 0.5}, *brand]), _job(seed=5, init_image=photo),
+            _job(seed=6, loras=brand)]
+    with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
+        done = client.wait(client.submit_batch(jobs).batch_id, timeout=600)
+        assert [(j.state, j.attempts) for j in done] == [("succeeded", 1)] * len(jobs), [j.error for j in done]
+        params = [parse_parameters(read_parameters(client.fetch_bytes(j)) or "") for j in done]
+    assert [p.get("Lora weights") for p in params] == ["brand: 0.8", None, "brand: 0.8", "style: 0.5, brand: 0.8",
+                                                      None, "brand: 0.8"]
+    hashes = [p.get("Lora hashes") for p in params]
+    assert hashes[0] == hashes[2] == hashes[5] and len(hashes[0].split(": ")[1]) == 12
+    assert hashes[3].startswith("style: ") and hashes[1] is None
+    assert [p.get("Mode") for p in params] == [None, None, "img2img", None, "img2img", None]
+    assert [item["name"] for item in http.get("/sdapi/v1/loras").json()] == ["brand", "style"]
