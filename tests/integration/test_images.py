@@ -158,3 +158,18 @@ def test_a_batch_of_mixed_modes_and_adapters(worker, env, tmp_path: Path, http):
     assert hashes[3].startswith("style: ") and hashes[1] is None
     assert [p.get("Mode") for p in params] == [None, None, "img2img", None, "img2img", None]
     assert [item["name"] for item in http.get("/sdapi/v1/loras").json()] == ["brand", "style"]
+
+
+def test_an_input_that_fails_at_the_worker_fails_its_job_alone(worker, env, http, s3_server):
+    """An object whose metadata passes the API's check but whose bytes do not decode: the worker's
+    group bisects, the bad job fails with the reason, its batch-mates succeed once."""
+    photo = upload(http, png(seed=21)).json()["key"]
+    s3_server.client().put_object(Bucket=env["RENDERFARM_S3_BUCKET"], Key="inputs/broken.png", Body=b"\x89PNG broken",
+                                  Metadata={"width": str(SIZE), "height": str(SIZE)})
+    jobs = [_job(seed=s, init_image=key, strength=0.5)
+            for s, key in ((1, photo), (2, "inputs/broken.png"), (3, photo), (4, photo))]
+    with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
+        done = client.wait(client.submit_batch(jobs).batch_id, timeout=600)
+    assert [j.state for j in done] == ["succeeded", "failed", "succeeded", "succeeded"], [j.error for j in done]
+    assert [j.attempts for j in done if j.state == "succeeded"] == [1, 1, 1]
+    assert "not an image" in done[1].error.message or "decode" in done[1].error.message, done[1].error
