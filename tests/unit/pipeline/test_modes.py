@@ -99,3 +99,12 @@ def test_a_renderer_without_a_loader_refuses_inputs(offline_cache, tiny_pipe):
 
     with pytest.raises(ValueError, match="no input loader"):
         Renderer(tiny_pipe, model="tiny").render([_request("tiny", init_image="photo.png")])
+
+
+def test_kolors_renders_img2img_from_its_components(renderers):
+    renderer = renderers("tiny-kolors")
+    steps: list[tuple[int, int]] = []
+    [image] = renderer.render([_request("tiny-kolors", init_image="photo.png", strength=0.5)],
+                              on_step=lambda done, total: steps.append((done, total)))
+    assert image.size == (SIZE, SIZE) and steps[-1] == (2, 2) and renderer.modes.shares_weights("img2img")
+    assert FAMILIES["kolors"].modes == ("txt2img", "img2img")
