@@ -68,25 +68,30 @@ class Capabilities(NamedTuple):
     schedulers: tuple[str, ...]
     size_multiple: int
     batch_invariant: bool = True
+    modes: tuple[str, ...] = ("txt2img",)
 
 
 _ANY_SCHEDULER = get_args(SchedulerName)
 _OWN_SCHEDULER = ("default",)
+_ALL_MODES = ("txt2img", "img2img", "inpaint")
 #: Family → capabilities. Sources: the diffusers pipelines' ``__call__`` signatures (0.42) and the
 #: model cards (FLUX.1-schnell is guidance-distilled; FLUX.1-dev takes a distilled guidance
 #: embedding; FLUX.1 pipelines use a negative prompt only with ``true_cfg_scale``, which the farm
-#: does not pass; FLUX.2's pipeline has no negative prompt).
+#: does not pass; FLUX.2's pipeline has no negative prompt). Modes: diffusers' AutoPipelineForImage2Image
+#: and AutoPipelineForInpainting mappings (0.42): SD 1/2, SDXL, SD3 and FLUX.1 have both; Kolors has an
+#: img2img pipeline only; FLUX.2's image input is reference editing, not strength-based img2img, and
+#: ERNIE-Image has neither.
 FAMILIES: dict[str, Capabilities] = {
-    "sd1": Capabilities(True, True, _ANY_SCHEDULER, 8),
-    "sd2": Capabilities(True, True, _ANY_SCHEDULER, 8),
-    "sdxl": Capabilities(True, True, _ANY_SCHEDULER, 8),
-    "sd3": Capabilities(True, True, _OWN_SCHEDULER, 16),
-    "flux-schnell": Capabilities(False, False, _OWN_SCHEDULER, 16),
-    "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16),
+    "sd1": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES),
+    "sd2": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES),
+    "sdxl": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES),
+    "sd3": Capabilities(True, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
+    "flux-schnell": Capabilities(False, False, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
+    "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
     "flux2": Capabilities(False, True, _OWN_SCHEDULER, 16),
     "ernie-image": Capabilities(True, True, _OWN_SCHEDULER, 16, batch_invariant=False),
     # Kolors: an SDXL-style UNet (any scheduler) conditioned by ChatGLM3 (prompts padded to 256 tokens).
-    "kolors": Capabilities(True, True, _ANY_SCHEDULER, 8),
+    "kolors": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=("txt2img", "img2img")),
 }
 #: Offline model name → family (the names ``pipeline.models`` builds; a test keeps them equal).
 OFFLINE_FAMILIES: dict[str, str] = {
@@ -126,6 +131,11 @@ def capability_errors(request: Any, family: "str | Capabilities | None") -> list
         errors.append({"type": "unsupported_scheduler", "field": "scheduler", "input": request.scheduler,
                        "msg": f"{name} cannot use scheduler {request.scheduler!r}; it can use "
                               f"{', '.join(caps.schedulers)}"})
+    mode = getattr(request, "mode", "txt2img")
+    if mode not in caps.modes:
+        errors.append({"type": "unsupported_mode", "field": "mask_image" if mode == "inpaint" else "init_image",
+                       "input": mode, "msg": f"{name} cannot render mode {mode!r}; it can render "
+                                             f"{', '.join(caps.modes)}"})
     for side in ("width", "height"):
         value = getattr(request, side)
         if value % caps.size_multiple:
@@ -138,6 +148,29 @@ def pool_for_model(model: str) -> str:
     """The pool name of a model spec: a lowercase slug, e.g. ``stabilityai/sd-turbo`` → ``stabilityai--sd-turbo``."""
     slug = re.sub(r"[^a-z0-9._-]+", "-", model.lower().replace("/", "--")).strip("-.")
     return slug[:100] or "default"
+
+
+class LoraSpec(BaseModel):
+    """One adapter a pool allows: the ``name`` requests use, and its ``source``: a hub id, a local
+    path, or ``s3://<key>`` in the farm's bucket (a safetensors file in diffusers' or kohya's key
+    layout, as diffusers' ``load_lora_weights`` reads); ``weight_name`` picks a file inside a hub
+    repository or directory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+                      description="The name requests use (loras[].name, <lora:name:weight>).")
+    source: str = Field(min_length=1, max_length=1000, description="Hub id, local path or s3://<key>.")
+    weight_name: str | None = Field(None, max_length=300, description="File inside a hub repository or directory.")
+
+
+def lora_errors(request: Any, allowed: Sequence[LoraSpec], where: str) -> list[dict[str, Any]]:
+    """An error dict (type ``unknown_lora``, field ``loras``) for each adapter ``request`` names
+    that ``allowed`` lacks; ``where`` names the declaration (a pool, or RENDERFARM_LORAS)."""
+    names = {spec.name for spec in allowed}
+    return [{"type": "unknown_lora", "field": "loras", "input": lora.name,
+             "msg": f"{where} has no adapter {lora.name!r} (it has: {', '.join(map(repr, sorted(names))) or 'none'})"}
+            for lora in getattr(request, "loras", ()) if lora.name not in names]
 
 
 class PoolSpec(BaseModel):
@@ -184,6 +217,8 @@ class PoolSpec(BaseModel):
     upscalers: tuple[str, ...] = Field((), description="Upscaler specs its workers load on request (offline names "
                                                        "such as esrgan-x4-arch, weight files, hub files); a request "
                                                        "for another is refused at submit.")
+    loras: tuple[LoraSpec, ...] = Field((), description="Adapters its workers load on request (load_lora_weights); "
+                                                        "a request naming another is refused at submit.")
 
     @field_validator("family")
     @classmethod
@@ -238,7 +273,7 @@ class NoPoolError(ValueError):
 
     ``errors`` holds one dict per refused request (at most :attr:`MAX_ERRORS`): ``index`` (its
     position in the submission), ``type`` (``no_pool_for_model``, ``over_max_pixels``,
-    ``unknown_upscaler``, or one of :func:`capability_errors`' ``unsupported_*`` /
+    ``unknown_upscaler``, ``unknown_lora``, or one of :func:`capability_errors`' ``unsupported_*`` /
     ``size_not_multiple``), ``field`` (``model``, ``upscaler``, the request field a capability
     check names, or None for the size), ``msg`` and ``input``.
     """
@@ -259,11 +294,15 @@ class Router:
         pools: the declared pools; empty means one pool per model.
         upscalers: the upscaler specs a request may name when no pool is declared
             (``RENDERFARM_UPSCALERS``); a declared pool's own ``upscalers`` apply instead.
+        loras: the adapters a request may name when no pool is declared (``RENDERFARM_LORAS``);
+            a declared pool's own ``loras`` apply instead.
     """
 
-    def __init__(self, pools: Sequence[PoolSpec] = (), upscalers: Sequence[str] = OFFLINE_UPSCALERS):
+    def __init__(self, pools: Sequence[PoolSpec] = (), upscalers: Sequence[str] = OFFLINE_UPSCALERS,
+                 loras: Sequence[LoraSpec] = ()):
         self.pools = check_unique(pools)
         self.upscalers = tuple(upscalers)
+        self.loras = tuple(loras)
         self._by_name = {pool.name: pool for pool in self.pools}
         self._by_model: dict[str, list[PoolSpec]] = {}
         for pool in self.pools:  # sorted by max_pixels; the sort is stable, so ties keep declaration order
@@ -323,7 +362,9 @@ class Router:
                                    f"may name while no pool is declared (it has: "
                                    f"{', '.join(map(repr, self.upscalers)) or 'none'})"}
             family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
-            errors = capability_errors(request, family)
+            errors = capability_errors(request, family) + (
+                lora_errors(request, spec.loras, f"pool {spec.name!r}") if spec is not None
+                else lora_errors(request, self.loras, "RENDERFARM_LORAS (no pool is declared)"))
             if errors:
                 return "", errors[0]
         return pool, error

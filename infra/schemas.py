@@ -30,6 +30,8 @@ SchedulerName = Literal[
 ]
 
 MAX_SEED = 2**32 - 1
+#: diffusers' default strength per mode (StableDiffusionImg2ImgPipeline 0.8, StableDiffusionInpaintPipeline 1.0).
+DEFAULT_STRENGTH: dict[str, float] = {"img2img": 0.8, "inpaint": 1.0}
 #: A job or batch id: 32 lowercase hex digits (a UUID4's hex, :func:`infra.api.submission.new_id`).
 FARM_ID_RE = re.compile(r"[0-9a-f]{32}")
 
@@ -46,9 +48,50 @@ CATALOG_KEY_FIELD = "catalog_key"
 MAX_LOOKUP_KEYS = 10_000
 CONTENT_TYPES: dict[str, str] = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
 
+RenderMode = Literal["txt2img", "img2img", "inpaint"]
+#: Where uploaded and fetched input images live in the farm's bucket: ``inputs/<sha256>.<ext>``.
+INPUT_KEY_PREFIX = "inputs/"
+#: An image reference: an object key in the farm's bucket, or an ``https`` URL the API fetches once.
+IMAGE_REF_RE = re.compile(r"(?:https://\S{1,2000}|[A-Za-z0-9][A-Za-z0-9._/-]{0,1023})")
+#: An adapter name as pools declare it (and as A1111's ``<lora:name:weight>`` writes it).
+LORA_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: Most adapters one request may combine.
+MAX_LORAS = 8
+
+
+def is_url(ref: str) -> bool:
+    """Whether an image reference is a URL (the API fetches it) rather than an object key."""
+    return ref.startswith("https://")
+
+
+class LoraRef(BaseModel):
+    """One adapter of a request: a ``name`` its pool declares and its ``weight`` (the scale
+    diffusers' ``set_adapters`` applies; 1.0 is the adapter as trained, -4…4)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=100, description="An adapter the pool declares.")
+    weight: float = Field(1.0, ge=-4.0, le=4.0, description="Adapter scale, -4…4 (1: as trained).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not LORA_NAME_RE.fullmatch(v):
+            raise ValueError(f"adapter name must be 1–100 of A-Z a-z 0-9 . _ - starting alphanumeric, got {v[:100]!r}")
+        return v
+
 
 class RenderRequest(BaseModel):
-    """One text-to-image render.
+    """One render: text to image, image to image, or inpainting (:attr:`mode`, from the fields present).
+
+    ``init_image`` and ``mask_image`` are image references (an object key in the farm's bucket,
+    e.g. ``inputs/<sha256>.png`` from ``POST /v1/uploads``, or an ``https`` URL that the API
+    fetches once and replaces by such a key); workers read them from the bucket only. A mask is
+    white where the image is repainted (diffusers' convention) and must have the init image's
+    size. ``strength`` (0 < strength ≤ 1, diffusers' meaning: the fraction of the denoising
+    schedule that is run, so about ``num_inference_steps × strength`` steps) applies to img2img
+    and inpainting; None means diffusers' defaults (0.8 img2img, 1.0 inpaint: :data:`DEFAULT_STRENGTH`).
+    ``loras`` are adapters the pool declares, with their weights.
 
     Sizes are pixels; ``width`` and ``height`` must be multiples of 8 in 64…2048 (the VAE
     downsamples by 8). They are the diffusion size: with ``upscale`` (2 or 4) and an ``upscaler``
@@ -77,6 +120,55 @@ class RenderRequest(BaseModel):
                                                             "the result is width·upscale × height·upscale.")
     upscaler: str | None = Field(None, min_length=1, max_length=300,
                                  description="The upscaler (one its pool declares), e.g. an ESRGAN network.")
+    init_image: str | None = Field(None, max_length=2048,
+                                   description="img2img/inpaint input: an object key in the farm's bucket "
+                                               "(POST /v1/uploads answers one) or an https URL the API fetches once.")
+    mask_image: str | None = Field(None, max_length=2048,
+                                   description="Inpainting mask (white = repaint), the init image's size; "
+                                               "a key or https URL like init_image. Needs init_image.")
+    strength: float | None = Field(None, gt=0.0, le=1.0,
+                                   description="0 < strength ≤ 1: how much of the init image is re-noised "
+                                               "(diffusers' meaning; default 0.8 img2img, 1.0 inpaint).")
+    loras: list[LoraRef] = Field(default_factory=list, max_length=MAX_LORAS,
+                                 description="Adapters (names the pool declares) and weights, at most 8.")
+
+    @property
+    def mode(self) -> RenderMode:
+        """``inpaint`` with a mask, ``img2img`` with an init image alone, else ``txt2img``."""
+        if self.mask_image is not None:
+            return "inpaint"
+        return "img2img" if self.init_image is not None else "txt2img"
+
+    @property
+    def effective_strength(self) -> float | None:
+        """The strength the pipeline runs with: the request's, else the mode's default (None for txt2img)."""
+        if self.mode == "txt2img":
+            return None
+        return self.strength if self.strength is not None else DEFAULT_STRENGTH[self.mode]
+
+    @field_validator("init_image", "mask_image")
+    @classmethod
+    def _image_ref(cls, v: str | None, info) -> str | None:
+        if v is not None and (not IMAGE_REF_RE.fullmatch(v) or ".." in v.split("/")):
+            raise ValueError(f"{info.field_name} must be an object key in the farm's bucket (letters, digits, "
+                             f"'.', '_', '-', '/') or an https:// URL, got {v[:80]!r}")
+        return v
+
+    @field_validator("loras")
+    @classmethod
+    def _unique_loras(cls, v: list[LoraRef]) -> list[LoraRef]:
+        names = [lora.name for lora in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each adapter may appear once, got {names}")
+        return v
+
+    @model_validator(mode="after")
+    def _inputs_pair(self) -> "RenderRequest":
+        if self.init_image is None and self.mask_image is not None:
+            raise ValueError("mask_image needs init_image (inpainting repaints the masked part of an init image)")
+        if self.init_image is None and self.strength is not None:
+            raise ValueError("strength needs init_image (it is how much of the init image is re-noised)")
+        return self
 
     @field_validator("prompt")
     @classmethod

@@ -27,7 +27,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from infra.pools import OFFLINE_UPSCALERS, PoolSpec, check_unique
+from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec, check_unique
 
 #: The variable naming the client settings file ("" = none); read before any setting.
 ENV_FILE_VAR = "RENDERFARM_ENV_FILE"
@@ -107,6 +107,13 @@ class Settings(BaseSettings):
     upscalers: str = Field(",".join(OFFLINE_UPSCALERS), description="Comma-separated upscaler specs a request may "
                            "name while no pool is declared (a declared pool lists its own); the default is the "
                            "offline builds, so no request makes a worker download a file it names.")
+    loras: Annotated[list[LoraSpec], NoDecode] = Field(
+        default_factory=list, description="Adapters a request may name while no pool is declared, a JSON list of "
+                                          "{name, source, weight_name}; a declared pool lists its own (loras).")
+    input_max_bytes: int = Field(8 * 2**20, ge=1024, description="Largest input image (upload or fetched URL), "
+                                                                  "bytes; larger → 413.")
+    input_max_pixels: int = Field(4096 * 4096, ge=64 * 64, description="Most decoded pixels of an input image (a "
+                                  "decompression-bomb guard next to Pillow's MAX_IMAGE_PIXELS); more → 422.")
     dispatch_interval_s: float = Field(0.2, gt=0, le=10, description="Seconds between two dispatcher passes "
                                                                       "(a submission wakes it at once).")
     dispatch_depth: float = Field(2.0, gt=0, le=100, description="A pool's Celery queue is kept at most this many "
@@ -226,6 +233,13 @@ class Settings(BaseSettings):
             return {}
         return {"aws_access_key_id": self.aws_access_key_id,
                 "aws_secret_access_key": self.aws_secret_access_key.get_secret_value()}
+
+    @field_validator("loras", mode="before")
+    @classmethod
+    def _loras_json(cls, v: Any) -> Any:
+        if isinstance(v, str):  # RENDERFARM_LORAS: a JSON list; empty means none
+            return json.loads(v) if v.strip() else []
+        return v
 
     @field_validator("pools", mode="before")
     @classmethod

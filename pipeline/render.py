@@ -29,28 +29,36 @@ from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.invariance import make_batch_invariant, make_per_sample
 from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
+from pipeline.modes import InputLoader, ModePipelines, mode_arguments
 from pipeline.schedulers import scheduler_for, scheduler_name
 from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make_sync_free
 
 if TYPE_CHECKING:
+    from pipeline.lora import AdapterCache
     from pipeline.memory import BatchLimits
     from pipeline.warm import PoolOptions
 
-CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler])
+CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler][, mode])
 ShapeKey = tuple[int, int, int, bool]  # (images, width, height, classifier-free guidance on)
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def compat_key(request: RenderRequest) -> CompatKey:
     """``(model, width, height, num_inference_steps, guidance_scale, scheduler)``, followed by
-    ``(upscale, upscaler)`` for a request that asks for upscaling.
+    ``(upscale, upscaler)`` for a request that asks for upscaling, and by
+    ``((mode, strength, adapters),)`` for an img2img or inpainting request or one with adapters
+    (``adapters``: the sorted ``(name, weight)`` pairs; :mod:`pipeline.modes`).
 
     Requests with equal keys can share one pipeline call (and one upscale batch); prompts,
-    negative prompts and seeds may differ.
+    negative prompts, seeds and input images may differ.
     """
     r = request
-    key = (r.model, r.width, r.height, r.num_inference_steps, r.guidance_scale, r.scheduler)
-    return key if r.upscale is None else (*key, r.upscale, r.upscaler)
+    key: CompatKey = (r.model, r.width, r.height, r.num_inference_steps, r.guidance_scale, r.scheduler)
+    if r.upscale is not None:
+        key = (*key, r.upscale, r.upscaler)
+    if r.mode != "txt2img" or r.loras:
+        key = (*key, (r.mode, r.effective_strength, tuple(sorted((a.name, a.weight) for a in r.loras))))
+    return key
 
 
 class Renderer:
@@ -79,6 +87,10 @@ class Renderer:
     max_batch_size: int
     limits: BatchLimits
     pool: PoolOptions
+    #: Reads an input image by its object key (set by the worker; None: txt2img only).
+    input_loader: InputLoader | None = None
+    #: The adapters requests may name (:class:`pipeline.lora.AdapterCache`, set by the worker; None: none).
+    adapters: AdapterCache | None = None
 
     def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
                  batch_invariant: bool | None = None, use_pe: bool = False, upscale=None) -> None:
@@ -101,6 +113,7 @@ class Renderer:
             self.batch_invariant = False
         elif self.batch_invariant:
             self.invariance = "cpu-kernels" if on_cpu else "per-sample"
+        self.modes = ModePipelines(pipe)
         install_pinned_noise()
         self._prepare()
 
@@ -199,7 +212,11 @@ class Renderer:
                 self.shape_key(len(requests), first.width, first.height, first.guidance_scale) not in self.warmed:
             self.eager_renders += 1
         self._prepare()
-        pipe = self.pipe
+        pipe = self.modes.for_mode(first.mode)
+        if self.adapters is not None:
+            self.adapters.apply(first.loras)
+        elif first.loras:
+            raise ValueError(f"this worker declares no adapters; the request names {[a.name for a in first.loras]}")
         pipe.scheduler = make_sync_free(scheduler_for(pipe, first.scheduler), host_timesteps=self.host_timesteps)
         # seeds were checked above
         generators = [torch.Generator(self.generator_device).manual_seed(cast(int, r.seed)) for r in requests]
@@ -210,7 +227,8 @@ class Renderer:
                         else first.num_inference_steps)
             return callback_kwargs
 
-        kwargs = call_arguments(pipe, requests, generators=generators, step_end=step_end, use_pe=self.use_pe)
+        kwargs = call_arguments(self.pipe, requests, generators=generators, step_end=step_end, use_pe=self.use_pe)
+        kwargs = mode_arguments(pipe, requests, self.input_loader, base=kwargs)
         with torch.inference_mode():
             result = pipe(**kwargs)
         images = list(result.images)
@@ -220,6 +238,12 @@ class Renderer:
                                                   negative_prompts=[r.negative_prompt for r in requests],
                                                   seeds=[cast(int, r.seed) for r in requests])
         return images
+
+    def lora_hashes(self, request: RenderRequest) -> dict[str, str]:
+        """Short hashes of the adapters ``request`` names (for the ``Lora hashes`` infotext field)."""
+        if self.adapters is None or not request.loras:
+            return {}
+        return self.adapters.hashes([a.name for a in request.loras])
 
     def upscale_stage(self):
         """The upscaling stage (made on first use on this renderer's device when none was given)."""

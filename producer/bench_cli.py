@@ -76,11 +76,23 @@ def _two_stage(args: argparse.Namespace) -> int:
                            two_stage_table, args.json)
 
 
+def _modes(args: argparse.Namespace) -> int:
+    from pipeline.bench.modes import ModesConfig, modes_table, run_modes_bench
+
+    config = ModesConfig(model=args.model, width=args.width, height=args.height, steps=args.steps,
+                         strength=args.strength, repeats=args.repeats, device=args.device,
+                         adapters=args.adapters)
+    return _run_and_report("bench pipeline --modes", lambda log: run_modes_bench(config, log=log), modes_table,
+                           args.json)
+
+
 def _pipeline(args: argparse.Namespace) -> int:
     from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench
 
     if args.two_stage:
         return _two_stage(args)
+    if args.modes:
+        return _modes(args)
     config = PipelineBenchConfig(
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
         recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,
@@ -186,6 +198,11 @@ def _register_pipeline(sub) -> None:
                         "the SD x4 upscaler's architecture with random weights)")
     p.add_argument("--upscale-steps", type=int, default=20,
                    help="--two-stage: the diffusion upscaler's denoising steps (default 20)")
+    p.add_argument("--modes", action="store_true",
+                   help="txt2img against img2img and inpainting at --strength (denoiser calls, s/img), then "
+                        "adapter switches (seconds, recompiles)")
+    p.add_argument("--strength", type=float, default=0.5, help="--modes: img2img/inpaint strength (default 0.5)")
+    p.add_argument("--adapters", type=int, default=2, help="--modes: offline LoRAs to switch between (0: none)")
     p.set_defaults(func=lambda args: sys.exit(_pipeline(args)))
 
 

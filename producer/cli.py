@@ -14,10 +14,35 @@ from pydantic import ValidationError
 
 from infra.schemas import BatchStatus, RenderRequest
 from producer.client import NotFoundError, RenderClient, RenderFarmError
+from producer.inputs import is_local
 from producer.prompts import load_prompts
 
 
-def _requests_from_args(args: argparse.Namespace) -> list[RenderRequest]:
+def _lora(text: str) -> dict:
+    """``name:weight`` (or ``name``: weight 1) → a ``loras`` entry. Raises ValueError naming the flag."""
+    name, _, weight = text.rpartition(":") if ":" in text else (text, "", "1")
+    try:
+        return {"name": name, "weight": float(weight)}
+    except ValueError:
+        raise ValueError(f"--lora {text!r}: expected NAME:WEIGHT, e.g. brand:0.8") from None
+
+
+def _inputs_from_args(args: argparse.Namespace, client: RenderClient) -> dict:
+    """The image fields of ``--init-image``/``--mask`` (local files uploaded first, keys and https
+    URLs as given), ``--strength`` and ``--lora``."""
+    fields: dict = {}
+    for flag, target in (("init_image", "init_image"), ("mask", "mask_image")):
+        ref = getattr(args, flag, None)
+        if ref is not None:
+            fields[target] = client.upload(ref) if is_local(ref) else ref
+    if getattr(args, "strength", None) is not None:
+        fields["strength"] = args.strength
+    if getattr(args, "lora", None):
+        fields["loras"] = [_lora(x) for x in args.lora]
+    return fields
+
+
+def _requests_from_args(args: argparse.Namespace, extra: dict | None = None) -> list[RenderRequest]:
     prompts = list(args.prompt or [])
     if args.prompts:
         prompts.extend(load_prompts(args.prompts))
@@ -27,7 +52,7 @@ def _requests_from_args(args: argparse.Namespace) -> list[RenderRequest]:
         "model": args.model, "width": args.width, "height": args.height, "num_inference_steps": args.steps,
         "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt,
         "scheduler": args.scheduler, "output_format": args.format, "upscale": args.upscale,
-        "upscaler": args.upscaler}.items() if v is not None}
+        "upscaler": args.upscaler, **(extra or {})}.items() if v is not None}
     return [RenderRequest(prompt=p, seed=None if args.seed is None else args.seed + i, **common)
             for i, p in enumerate(prompts)]
 
@@ -43,8 +68,8 @@ def _print_error(exc: Exception) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     try:
-        requests = _requests_from_args(args)
         with RenderClient() as client:
+            requests = _requests_from_args(args, _inputs_from_args(args, client))
             accepted = client.submit_batch(requests, priority=args.priority)
             print(accepted.batch_id)
             if args.wait:
@@ -114,6 +139,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--upscale", type=int, choices=[2, 4],
                    help="upscale the rendered images by 2 or 4 (with --upscaler)")
     p.add_argument("--upscaler", help="an upscaler the pool declares, e.g. esrgan-x4-arch")
+    p.add_argument("--init-image", help="img2img/inpainting input: a local file (uploaded), an https URL or a key")
+    p.add_argument("--mask", help="inpainting mask (white = repaint), the init image's size; a file, URL or key")
+    p.add_argument("--strength", type=float, help="0 < strength ≤ 1: how much of the init image is re-noised")
+    p.add_argument("--lora", action="append", metavar="NAME:WEIGHT", help="an adapter the pool declares (repeatable)")
     p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
     p.add_argument("--wait", action="store_true", help="wait for the batch with a progress bar")
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait")

@@ -37,6 +37,7 @@ from infra.schemas import (
     RenderRequest,
 )
 from infra.settings import get_settings
+from producer.inputs import upload_local_inputs
 
 
 class NotFoundError(LookupError):
@@ -149,12 +150,25 @@ class RenderClient:
     # ---- submission -----------------------------------------------------------------------
     def submit(self, request: RenderRequest | dict) -> JobAccepted:
         """Submit one render. Raises ``pydantic.ValidationError`` before sending anything invalid."""
-        request = RenderRequest.model_validate(request)
+        request = RenderRequest.model_validate(upload_local_inputs([request], self.upload)[0])
         return JobAccepted.model_validate(self._call("POST", "/v1/jobs", content=request.model_dump_json()))
+
+    def upload(self, path: str | Path) -> str:
+        """Upload one input image (``POST /v1/uploads``); returns its content-addressed key
+        (``inputs/<sha256>.<ext>``) for ``init_image`` / ``mask_image``.
+
+        Raises:
+            OSError: the file cannot be read. RenderFarmError: 413 over the byte limit, 415 an
+                unsupported format, 422 not an image or too many pixels.
+        """
+        data = Path(path).read_bytes()
+        return self._call("POST", "/v1/uploads", idempotent=True, files={"file": (Path(path).name, data)})["key"]
 
     def submit_batch(self, requests: Sequence[RenderRequest | dict], *, priority: str = "normal",
                      idempotency_key: str | None = None, webhook_url: str | None = None) -> BatchAccepted:
-        """Submit up to 10,000 renders as one batch, in one HTTP request.
+        """Submit up to 10,000 renders as one batch, in one HTTP request. A dict request whose
+        ``init_image`` or ``mask_image`` is a local file (a Path, or a path that exists) has it
+        uploaded first (:meth:`upload`, once per file) and replaced by its key.
 
         Without an ``idempotency_key`` the client makes one, so that a retry after a lost answer
         returns the batch the first attempt created.
@@ -163,6 +177,7 @@ class RenderClient:
             pydantic.ValidationError: naming the job index, field and rule; nothing is sent.
             RenderFarmError: the API refused the batch.
         """
+        requests = upload_local_inputs(requests, self.upload)
         body = BatchSubmission(jobs=list(requests), priority=priority,
                                idempotency_key=idempotency_key or f"client-{uuid.uuid4().hex}", webhook_url=webhook_url)
         return BatchAccepted.model_validate(self._call(

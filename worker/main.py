@@ -27,6 +27,7 @@ per job (Flower).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import socket
@@ -45,6 +46,7 @@ from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.connect import state_client
 from infra.state.jobs import JobStore
+from infra.storage.inputs import load_input
 from infra.storage.s3 import Storage
 from pipeline.memory import current_bytes
 from pipeline.null import NULL_MODEL, NullRenderer
@@ -53,6 +55,7 @@ from worker.breaker import CircuitBreaker
 from worker.errors import credentials_problem
 from worker.faults import wrap_renderer
 from worker.heartbeat import Heartbeat
+from worker.inputs import make_adapters
 from worker.observe import CeleryHeartbeat, CeleryVisibility
 from worker.runner import BatchRunner, job_ids_from_messages
 from worker.tasks import install_render_task
@@ -210,6 +213,10 @@ def run_worker(args: argparse.Namespace) -> int:
     upload_threads = 8
     # put_once retries outages for upload_retry_s; one connection per upload thread (+ a spare for deletes)
     storage = Storage(settings, max_attempts=3, max_pool_connections=upload_threads + 2)
+    inner = getattr(renderer, "inner", renderer)  # img2img and inpainting read their inputs from the bucket only
+    if hasattr(inner, "input_loader"):
+        inner.input_loader = functools.partial(load_input, storage, max_pixels=settings.input_max_pixels)
+        inner.adapters = make_adapters(inner, spec.loras if spec is not None else settings.loras, storage, settings)
     app = make_celery(settings)
     consumer: dict = {}
     reserved = ReservedJobs()

@@ -419,7 +419,8 @@ class BatchRunner:
     def _upload(self, job: StartedJob, image: Image.Image) -> StoredImage:
         stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
                              model=self.renderer.model, retry_s=self.upload_retry_s,
-                             scheduler=self._scheduler_name(job.request.scheduler))
+                             scheduler=self._scheduler_name(job.request.scheduler),
+                             lora_hashes=getattr(self.renderer, "lora_hashes", lambda request: None)(job.request))
         if stored.written:
             self._redis(self.on_written, job.job_id)
         return stored

@@ -10,14 +10,17 @@ Field names, defaults and meanings follow the webui's ``StableDiffusionTxt2ImgPr
 ``seed`` −1 draws a random seed, and the images of one call get consecutive seeds, as the webui
 gives them; ``batch_size`` × ``n_iter`` images in all; ``sampler_name`` (or the deprecated
 ``sampler_index``) and ``scheduler`` map onto a farm scheduler (:mod:`infra.storage.samplers`);
-``override_settings.sd_model_checkpoint`` picks the model. Fields the webui has and the farm does
-not use at their defaults are accepted and ignored, as the webui ignores unknown ones; features
-the farm cannot render (hires fix, face restoration, tiling, variation seeds, styles, scripts)
-are refused with a 422 naming the field, rather than silently dropped.
+``override_settings.sd_model_checkpoint`` picks the model; ``<lora:name:weight>`` tags in the prompt
+(the webui's extra-networks syntax; weight 1 when omitted) become the request's ``loras``. Fields
+the webui has and the farm does not use at their defaults are accepted and ignored, as the webui
+ignores unknown ones; features the farm cannot render (hires fix, face restoration, tiling,
+variation seeds, styles, scripts) are refused with a 422 naming the field, rather than silently
+dropped.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,6 +36,31 @@ MAX_IMAGES = 100
 #: RenderRequest field → the A1111 field that fills it (for error locations).
 A1111_FIELD = {"num_inference_steps": "steps", "guidance_scale": "cfg_scale", "scheduler": "sampler_name",
                "model": "override_settings"}
+
+
+#: ``<lora:name>`` or ``<lora:name:weight>``, as the webui's extra networks write them.
+LORA_TAG_RE = re.compile(r"<lora:([^:>]+)(?::([^:>]+))?>")
+
+
+def split_lora_tags(prompt: str) -> tuple[str, list[dict[str, Any]]]:
+    """The prompt without its ``<lora:…>`` tags (whitespace around them collapsed), and the
+    adapters they name as ``{"name", "weight"}`` dicts in order (a repeated name: its last weight).
+
+    Raises:
+        ValueError: a weight that is not a number.
+    """
+    loras: dict[str, float] = {}
+    for match in LORA_TAG_RE.finditer(prompt):
+        name, weight = match.group(1).strip(), match.group(2)
+        try:
+            loras[name] = float(weight) if weight is not None else 1.0
+        except ValueError:
+            raise ValueError(f"<lora:{name}:{weight}>: the weight must be a number") from None
+    if not loras:
+        return prompt, []
+    text = re.sub(r"[ \t]{2,}", " ", LORA_TAG_RE.sub("", prompt)).strip(" ,")
+    return text, [{"name": n, "weight": w} for n, w in loras.items()]
+
 
 
 class Txt2ImgRequest(BaseModel):
@@ -102,11 +130,13 @@ class Txt2ImgRequest(BaseModel):
 
         Raises:
             samplers.SamplerError: unknown sampler or schedule.
+            ValueError: a ``<lora:…>`` tag's weight is not a number.
             pydantic.ValidationError: a value the farm refuses (``loc`` names the A1111 field,
                 see :func:`a1111_errors`).
         """
         scheduler = samplers.scheduler_for(self.sampler_name or self.sampler_index, self.scheduler)
-        common = {"prompt": self.prompt, "negative_prompt": self.negative_prompt, "model": model,
+        prompt, loras = split_lora_tags(self.prompt)
+        common = {"prompt": prompt, "loras": loras, "negative_prompt": self.negative_prompt, "model": model,
                   "width": self.width, "height": self.height, "num_inference_steps": self.steps,
                   "guidance_scale": self.cfg_scale, "scheduler": scheduler, "output_format": "png",
                   "metadata": {"api": "a1111"}}
@@ -146,6 +176,15 @@ class SdModel(BaseModel):
     sha256: str | None = None
     filename: str
     config: str | None = None
+
+
+class LoraItem(BaseModel):
+    """One entry of ``GET /sdapi/v1/loras``: an adapter requests may name, and where it loads from."""
+
+    name: str
+    alias: str
+    path: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class SamplerItem(BaseModel):

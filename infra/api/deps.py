@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import KeyStore, current_tenant
+from infra.api.inputs import InputError, InputResolver
 from infra.api.limits import RateLimiter
 from infra.api.submission import SubmissionInFlight, Submitter
 from infra.api.webhook_policy import WebhookRefused, check_webhook_url
@@ -76,11 +77,14 @@ class Farm:
         self.quotas = Quotas(self.redis, max_jobs=settings.quota_outstanding_jobs,
                              max_gpu_s=settings.quota_gpu_seconds, max_bytes=settings.quota_outstanding_bytes)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
-                                   upscalers=settings.upscaler_names,
+                                   upscalers=settings.upscaler_names, loras=settings.loras,
                                    quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,
                                    drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))),
                                    durable=DurableAck(self.redis, settings.durable_ack,
                                                       timeout_ms=settings.durable_ack_timeout_ms))
+        self.inputs = InputResolver(self.storage, max_bytes=settings.input_max_bytes,
+                                    max_pixels=settings.input_max_pixels,
+                                    allow_private=settings.webhook_allow_private)
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
         self.catalog = CatalogIndex(self.store, self.locate_image, exists=self.storage.exists)
@@ -127,7 +131,17 @@ class Farm:
         the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size; over
         the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it); a duplicate
         of an idempotent submission still in flight, a 409 with ``Retry-After``; Redis not
-        confirming the batch durable in time (``RENDERFARM_DURABLE_ACK``), a 503."""
+        confirming the batch durable in time (``RENDERFARM_DURABLE_ACK``), a 503. Input images are
+        resolved first (:mod:`infra.api.inputs`): a refused one is a 422 on its field (413 over the
+        byte limit, 415 an unsupported format), and nothing is recorded."""
+        try:
+            requests = self.inputs.resolve(requests)
+        except InputError as exc:
+            loc = ("body", *(("jobs", exc.index) if batch else ()), exc.field)
+            if exc.status == 422:
+                raise RequestValidationError([{"type": "invalid_input_image", "loc": loc,
+                                               "msg": exc.reason, "input": None}]) from None
+            raise HTTPException(exc.status, f"{'.'.join(map(str, loc[1:]))}: {exc.reason}") from None
         try:
             return self.submitter.submit(requests, **kwargs)
         except QuotaExceeded as exc:

@@ -20,7 +20,7 @@ from celery import Celery
 from infra import keys
 from infra.api import webhooks
 from infra.broker.dispatch import enqueue
-from infra.pools import OFFLINE_UPSCALERS, PoolSpec, Router
+from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec, Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
 from infra.state.durable import DurableAck
@@ -71,6 +71,7 @@ class Submitter:
         default_model: model for requests that name none.
         pools: the declared pools (:mod:`infra.pools`); empty = one pool per model.
         upscalers: the upscalers a request may name while no pool is declared (``RENDERFARM_UPSCALERS``).
+        loras: the adapters a request may name while no pool is declared (``RENDERFARM_LORAS``).
         on_enqueued: called with the pools that received jobs (the API wakes its dispatcher).
         quotas: per-tenant quotas on outstanding jobs, GPU-seconds and bytes of job records
             (None: counted, no limit).
@@ -86,13 +87,13 @@ class Submitter:
                  on_enqueued: Callable[[set[str]], None] | None = None, quotas: Quotas | None = None,
                  s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None,
                  claim_s: int = 30, durable: DurableAck | None = None,
-                 upscalers: Sequence[str] = OFFLINE_UPSCALERS):
+                 upscalers: Sequence[str] = OFFLINE_UPSCALERS, loras: Sequence[LoraSpec] = ()):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
         self.redis = client
         self.idempotency_ttl_s = idempotency_ttl_s
-        self.router = Router(pools, upscalers)
+        self.router = Router(pools, upscalers, loras)
         self.on_enqueued = on_enqueued
         self.quotas = quotas if quotas is not None else Quotas(client)
         self.s_per_mpx_step = s_per_mpx_step
@@ -119,7 +120,8 @@ class Submitter:
         """Estimated GPU-seconds of ``request`` on ``pool`` (its ``s_per_mpx_step``)."""
         spec = self.router.spec(pool)
         rate = spec.s_per_mpx_step if spec is not None and spec.s_per_mpx_step else self.s_per_mpx_step
-        return job_cost_s(request.width, request.height, request.num_inference_steps, rate)
+        steps = request.num_inference_steps * (request.effective_strength or 1.0)  # img2img runs steps × strength
+        return job_cost_s(request.width, request.height, max(1, round(steps)), rate)
 
     def _new_job(self, batch_id: str, request: RenderRequest, pool: str) -> NewJob:
         """A job of ``batch_id`` (an id in its shard) with its quota costs: estimated GPU-seconds,

@@ -53,10 +53,15 @@ def _unquote(value: str) -> str:
 
 
 def format_parameters(request: RenderRequest, *, model: str, job_id: str | None = None,
-                      scheduler: str | None = None) -> str:
+                      scheduler: str | None = None, lora_hashes: dict[str, str] | None = None) -> str:
     """The A1111 infotext for a rendered request. ``request.seed`` must be set. ``scheduler`` is
     the farm name of the scheduler the image was rendered with (default: ``request.scheduler``);
-    a worker passes the model's own scheduler's name for ``default``."""
+    a worker passes the model's own scheduler's name for ``default``.
+
+    An img2img or inpainting image adds A1111's ``Denoising strength`` and the farm's ``Mode``,
+    ``Init image`` and ``Mask image`` (object keys, which name the inputs' SHA-256); adapters add
+    ``Lora weights`` (``name: weight``, the farm's) and, where the worker knows them, A1111's
+    ``Lora hashes`` (``name: <first 12 hex digits of the file's SHA-256>``, A1111's AutoV3 short hash)."""
     lines = [request.prompt]
     if request.negative_prompt:
         lines.append(f"Negative prompt: {request.negative_prompt}")
@@ -71,6 +76,17 @@ def format_parameters(request: RenderRequest, *, model: str, job_id: str | None 
     if request.upscale is not None:  # the names of AUTOMATIC1111's extras tab
         fields["Postprocess upscale by"] = str(request.upscale)
         fields["Postprocess upscaler"] = request.upscaler or ""
+    if request.mode != "txt2img":
+        fields["Denoising strength"] = f"{request.effective_strength:g}"
+        fields["Mode"] = request.mode
+        fields["Init image"] = request.init_image or ""
+        if request.mask_image is not None:
+            fields["Mask image"] = request.mask_image
+    if request.loras:
+        fields["Lora weights"] = ", ".join(f"{a.name}: {a.weight:g}" for a in request.loras)
+        if lora_hashes:
+            fields["Lora hashes"] = ", ".join(f"{a.name}: {lora_hashes[a.name]}" for a in request.loras
+                                              if a.name in lora_hashes)
     if job_id:
         fields["Job id"] = job_id
     lines.append(", ".join(f"{k}: {_quote(v)}" for k, v in fields.items()))
@@ -104,6 +120,10 @@ def request_from_parameters(text: str) -> RenderRequest:
         seed=int(p["Seed"]), scheduler=samplers.from_label(p.get("Sampler", ""), p.get("Schedule type")),
         upscale=int(p["Postprocess upscale by"]) if "Postprocess upscale by" in p else None,
         upscaler=p.get("Postprocess upscaler"),
+        init_image=p.get("Init image"), mask_image=p.get("Mask image"),
+        strength=float(p["Denoising strength"]) if "Denoising strength" in p else None,
+        loras=[{"name": n.strip(), "weight": float(w)} for n, _, w in
+               (item.partition(":") for item in p["Lora weights"].split(","))] if "Lora weights" in p else [],
     )
 
 

@@ -28,7 +28,8 @@ class StoredImage:
 
 
 def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: str, request: RenderRequest,
-                model: str, retry_s: float = 60.0, scheduler: str | None = None) -> StoredImage:
+                model: str, retry_s: float = 60.0, scheduler: str | None = None,
+                lora_hashes: dict[str, str] | None = None) -> StoredImage:
     """Encode ``image`` (RGB, ``request.width`` × ``request.height`` pixels, times ``request.upscale``
     when set) and write it once to
     ``{batch_id}/{job_id}.{ext}``.
@@ -40,13 +41,14 @@ def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: 
         scheduler: the farm name of the scheduler that rendered it, as the infotext names it
             (default ``request.scheduler``; the worker names the model's own for ``default``).
         retry_s: how long the upload rides out a storage outage, seconds.
+        lora_hashes: adapter name → short hash, for the infotext's ``Lora hashes``.
     Returns:
         the result to record (its ``bytes`` is the stored object's size, also when an earlier
         write was kept).
     Raises:
         botocore errors: storage refused the write, or stayed unreachable for ``retry_s``.
     """
-    parameters = format_parameters(request, model=model, job_id=job_id, scheduler=scheduler)
+    parameters = format_parameters(request, model=model, job_id=job_id, scheduler=scheduler, lora_hashes=lora_hashes)
     body, content_type = encode_image(image, request.output_format, parameters)
     key = object_key(batch_id, job_id, request.output_format)
     metadata = object_metadata({"job-id": job_id, "batch-id": batch_id, "seed": str(request.seed),

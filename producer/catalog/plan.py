@@ -4,7 +4,11 @@ Place in the data flow: items + template → **plan** → the run, which looks t
 in the farm's catalog index and submits only what has no image.
 
 Content-addressed keys: an item's key is the SHA-256 of its model, prompt, negative prompt,
-parameters (size, steps, guidance, scheduler, format) and seed. Its seed is the item's ``seed``
+parameters (size, steps, guidance, scheduler, format), seed and, for an item with an ``image``
+(and ``mask``) column, the input images' content keys (``inputs/<sha256>.<ext>``, hashed here from
+the local files; an https URL counts by its text) and ``strength``: a re-run after a photo changed
+renders that item again, and only that one. Local paths are relative to the catalog's folder; the
+run uploads them (:mod:`producer.inputs`) before submitting. Its seed is the item's ``seed``
 field, or else derived from that same content, so a re-run computes the same keys.
 """
 
@@ -13,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +26,15 @@ from pydantic import ValidationError
 from infra.schemas import CATALOG_KEY_FIELD, RenderRequest
 from producer.catalog.items import CatalogError, Item, read_catalog
 from producer.catalog.templates import Template, TemplateFieldError
+from producer.inputs import local_input_key
 
 #: Item fields that set request parameters (field name → RenderRequest field).
 PARAM_FIELDS = {"seed": "seed", "width": "width", "height": "height", "steps": "num_inference_steps",
                 "num_inference_steps": "num_inference_steps", "guidance_scale": "guidance_scale",
                 "negative_prompt": "negative_prompt", "scheduler": "scheduler", "output_format": "output_format",
-                "model": "model", "upscale": "upscale", "upscaler": "upscaler"}
+                "model": "model", "upscale": "upscale", "upscaler": "upscaler", "strength": "strength"}
+#: Item columns that name input images (local paths relative to the catalog, or https URLs).
+IMAGE_COLUMNS = {"image": "init_image", "mask": "mask_image"}
 #: The request fields a content key covers (with ``seed``, and ``upscale``/``upscaler`` when set);
 #: metadata is not part of it.
 KEY_FIELDS = ("model", "prompt", "negative_prompt", "width", "height", "num_inference_steps", "guidance_scale",
@@ -38,6 +45,9 @@ def _canonical(request: RenderRequest, with_seed: bool) -> bytes:
     data = {k: getattr(request, k) for k in KEY_FIELDS}
     if request.upscale is not None:  # only then, so that the keys of catalogs without upscaling stay as they were
         data["upscale"], data["upscaler"] = request.upscale, request.upscaler
+    if request.mode != "txt2img":  # only then, so that the keys of text-only catalogs stay as they were
+        data["init_image"], data["mask_image"] = request.init_image, request.mask_image
+        data["strength"] = request.effective_strength
     if with_seed:
         data["seed"] = request.seed
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -65,14 +75,38 @@ class Plan:
     request: RenderRequest | None = None
     key: str | None = None
     error: dict[str, str] | None = None
+    inputs: dict[str, Path] = field(default_factory=dict)  # input key → local file to upload
 
 
 def _value(v: Any) -> Any:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False) if isinstance(v, (dict, list)) else v
 
 
+def _inputs(values: Mapping[str, Any], base_dir: Path) -> tuple[dict[str, str], dict[str, Path]]:
+    """The item's image columns as request fields (keys or URLs) and the local files behind the keys.
+    Raises ValueError naming the column: a missing file, or not a PNG, JPEG or WebP."""
+    fields, files = {}, {}
+    for column, target in IMAGE_COLUMNS.items():
+        ref = values.get(column)
+        if ref is None:
+            continue
+        ref = str(ref)
+        if ref.startswith("https://"):
+            fields[target] = ref
+            continue
+        path = (base_dir / ref).resolve()
+        if not path.is_file():
+            raise ValueError(f"column {column!r}: no file {str(path)!r}")
+        try:
+            key = local_input_key(path)
+        except ValueError as exc:
+            raise ValueError(f"column {column!r}: {exc}") from None
+        fields[target], files[key] = key, path
+    return fields, files
+
+
 def plan_item(item: Item, template: Template, defaults: Mapping[str, Any],
-              negative: Template | None = None) -> Plan:
+              negative: Template | None = None, base_dir: Path = Path(".")) -> Plan:
     """The request and content key of one item, or the reason it has none.
 
     ``defaults`` are RenderRequest fields from the command line (``model`` is required, so that
@@ -95,6 +129,11 @@ def plan_item(item: Item, template: Template, defaults: Mapping[str, Any],
         if name in values:
             params[target] = values[name]
     try:
+        inputs, files = _inputs(values, base_dir)
+    except (ValueError, OSError) as exc:
+        return Plan(item, error={"type": "InputError", "message": f"item {item.id!r} (line {item.line}): {exc}"})
+    params.update(inputs)
+    try:
         request = RenderRequest.model_validate({**params, "seed": None})
         seed = params.get("seed")
         seed = derive_seed(request) if seed is None else seed
@@ -104,11 +143,11 @@ def plan_item(item: Item, template: Template, defaults: Mapping[str, Any],
         return Plan(item, error={"type": "ValidationError", "message": message})
     key = content_key(request)
     metadata = {CATALOG_KEY_FIELD: key, "catalog_item": item.id[:1024]}
-    return Plan(item, request.model_copy(update={"metadata": metadata}), key)
+    return Plan(item, request.model_copy(update={"metadata": metadata}), key, inputs=files)
 
 
 def plan_items(items: Sequence[Item], template: Template, defaults: Mapping[str, Any],
-               negative: Template | None = None) -> list[Plan]:
+               negative: Template | None = None, base_dir: Path = Path(".")) -> list[Plan]:
     """:func:`plan_item` for every item.
 
     Raises:
@@ -118,7 +157,7 @@ def plan_items(items: Sequence[Item], template: Template, defaults: Mapping[str,
         for name in (tmpl.fields if tmpl else ()):
             if not any(name in it.fields for it in items if not it.problem):
                 raise CatalogError(f"{tmpl.option} {tmpl.text!r}: no item has a field {name!r}")
-    return [plan_item(item, template, defaults, negative) for item in items]
+    return [plan_item(item, template, defaults, negative, base_dir) for item in items]
 
 
 def prepare_catalog(path: str | Path, template: str, *, model: str, params: Mapping[str, Any] | None = None,
@@ -132,5 +171,5 @@ def prepare_catalog(path: str | Path, template: str, *, model: str, params: Mapp
     tmpl = Template(template)
     negative = Template(negative_template, "--negative-template") if negative_template is not None else None
     fmt, items = read_catalog(path, input_format)
-    plans = plan_items(items, tmpl, {"model": model, **(params or {})}, negative)
+    plans = plan_items(items, tmpl, {"model": model, **(params or {})}, negative, Path(path).parent)
     return plans, {"catalog": str(path), "format": fmt, "template": template, "model": model}

@@ -36,16 +36,26 @@ class RunState(Protocol):
     wall_s: float
 
 
+def _inputs_of(plan: Plan) -> dict[str, str]:
+    request = plan.request
+    if request is None:
+        return {}
+    return {column: value for column, value in (("image", request.init_image), ("mask", request.mask_image))
+            if value is not None}
+
+
 def manifest(plans: list[Plan], located: dict[str, dict | None]) -> list[dict[str, Any]]:
     """Per item whose content key has an image in ``located`` (catalog key → lookup entry with
     ``result_key`` and ``url``), in item order: ``index``, ``line``, ``id``, ``key`` (content
-    key), ``job_id``, ``s3_key`` and ``url``."""
+    key), ``job_id``, ``s3_key`` and ``url``; for an item with input images, ``inputs``: column →
+    the input's key (``inputs/<sha256>.<ext>``, naming its hash) or URL."""
     out = []
     for plan in plans:
         entry = located.get(plan.key) if plan.key else None
         if entry and entry.get("result_key"):
             out.append({"index": plan.item.index, "line": plan.item.line, "id": plan.item.id, "key": plan.key,
-                        "job_id": entry.get("job_id"), "s3_key": entry["result_key"], "url": entry.get("url")})
+                        "job_id": entry.get("job_id"), "s3_key": entry["result_key"], "url": entry.get("url"),
+                        **({"inputs": inputs} if (inputs := _inputs_of(plan)) else {})})
     return out
 
 

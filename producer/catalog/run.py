@@ -104,6 +104,9 @@ class CatalogRun:
         self.waiting: dict[str, set[str]] = defaultdict(set)         # batch id → keys
         self.prev_job: dict[str, str] = {}                           # key → its failed/canceled job
         self.submitted_ok = 0
+        self.inputs = {p.key: p.inputs for p in self.plans if p.key and p.inputs}  # key → local input files
+        self.uploaded: set[str] = set()                              # input keys uploaded in this run
+        self.refused: dict[str, dict] = {}                           # input key → why the API refused it
 
     # -- steps ---------------------------------------------------------------------------------
     def _lookup(self, keys: list[str], pool: ThreadPoolExecutor) -> list[str]:
@@ -131,10 +134,42 @@ class CatalogRun:
         if batch_id not in self.batches:
             self.batches.append(batch_id)
 
+    def _upload_inputs(self, keys: list[str]) -> dict[str, dict]:
+        """Upload the local input images of the items about to be submitted, each file once per
+        run; returns ``{key: error}`` for the items whose file the API refused (they fail alone)."""
+        failed: dict[str, dict] = {}
+        for key in keys:
+            for input_key, path in self.inputs.get(key, {}).items():
+                if input_key in self.refused:
+                    failed[key] = self.refused[input_key]
+                    continue
+                if input_key in self.uploaded:
+                    continue
+                try:
+                    answered = self.client.upload(path)
+                except RenderFarmError as exc:
+                    self.refused[input_key] = failed[key] = {"type": "InputRefused",
+                                                             "message": f"{path}: HTTP {exc.status_code}: {exc.detail}"}
+                    continue
+                if answered != input_key:
+                    self.refused[input_key] = failed[key] = {
+                        "type": "InputChanged", "message": f"{path}: uploaded as {answered}, planned as {input_key} "
+                                                           "(the file changed during the run)"}
+                    continue
+                self.uploaded.add(input_key)
+        return failed
+
     def _submit(self, keys: list[str]) -> tuple[list[tuple[str, str, str]], dict[str, dict]]:
         """POST one chunk; returns ``([(key, job_id, batch_id)…], {key: error})``. A 413 splits
         the chunk in halves; a 422 fails its items with the API's reason."""
         ident = hashlib.sha256("\n".join(f"{k}:{self.prev_job.get(k, '')}" for k in keys).encode()).hexdigest()
+        refused = self._upload_inputs(keys) if self.inputs else {}
+        if refused:
+            keys = [k for k in keys if k not in refused]
+            if not keys:
+                return [], refused
+            ok, errors = self._submit(keys)
+            return ok, {**refused, **errors}
         try:
             accepted = self.client.submit_batch([self.requests[k] for k in keys], priority=self.priority,
                                                 idempotency_key=f"catalog-{ident}")

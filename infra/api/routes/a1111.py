@@ -1,5 +1,6 @@
 """``/sdapi/v1``: the AUTOMATIC1111 web UI's API, so that its many clients (``webuiapi`` on PyPI,
-the tools built on the stable-diffusion-webui API) render on the farm unchanged.
+the tools built on the stable-diffusion-webui API) render on the farm unchanged: txt2img, and
+img2img with inpainting (:mod:`infra.api.a1111_img2img`).
 
 Place in the data flow: an A1111 client → **``POST /sdapi/v1/txt2img`` here** → the body's
 mapping onto render requests (:mod:`infra.api.a1111_models`) → the farm's submission path, then
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
+from typing import cast
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +30,9 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from infra.api import sync
+from infra.api.a1111_img2img import Img2ImgRequest
 from infra.api.a1111_models import (
+    LoraItem,
     Progress,
     ProgressState,
     SamplerItem,
@@ -41,6 +45,7 @@ from infra.api.a1111_models import (
 from infra.api.deps import FarmDep, Tenant
 from infra.storage import samplers
 from infra.storage.images import parse_parameters, read_parameters
+from infra.storage.inputs import InputRefused, store_input
 
 router = APIRouter(prefix="/sdapi/v1", tags=["a1111"])
 
@@ -77,6 +82,14 @@ async def txt2img(body: Txt2ImgRequest, request: Request, farm: FarmDep, tenant:
         raise _invalid(exc.field, str(exc), getattr(body, exc.field)) from None
     except ValidationError as exc:
         raise RequestValidationError(a1111_errors(exc.errors())) from None
+    except ValueError as exc:  # a <lora:…> tag
+        raise _invalid("prompt", str(exc), body.prompt) from None
+    return await _render_and_answer(body, requests, first_seed, request, farm, tenant)
+
+
+async def _render_and_answer(body: Txt2ImgRequest, requests: list, first_seed: int, request: Request, farm,
+                             tenant: str):
+    """Render ``requests`` over the queue and answer as the webui does (images, parameters, info)."""
     started = datetime.now(timezone.utc)
     try:
         jobs = await sync.render(farm, requests, tenant=tenant, timeout_s=farm.settings.sync_timeout_s,
@@ -106,7 +119,60 @@ async def txt2img(body: Txt2ImgRequest, request: Request, farm: FarmDep, tenant:
         "batch_id": jobs[0].batch_id, "job_ids": [j.job_id for j in jobs],
     }
     encoded = [sync.b64(data) for data in images] if body.send_images else []
-    return Txt2ImgResponse(images=encoded, parameters=body.model_dump(mode="json"), info=json.dumps(info))
+    keep_inputs = getattr(body, "include_init_images", True)  # the webui answers without them by default
+    parameters = body.model_dump(mode="json", exclude=None if keep_inputs else {"init_images", "mask"})
+    return Txt2ImgResponse(images=encoded, parameters=parameters, info=json.dumps(info))
+
+
+@router.post("/img2img", response_model=Txt2ImgResponse)
+async def img2img(body: Img2ImgRequest, request: Request, farm: FarmDep, tenant: Tenant):
+    """Render ``batch_size`` × ``n_iter`` images from ``init_images[0]`` (and ``mask``:
+    inpainting) at ``denoising_strength``, answered as txt2img is. The images are checked and
+    stored like uploads (413 over ``RENDERFARM_INPUT_MAX_BYTES``, 415 a format other than PNG,
+    JPEG or WebP, 422 not an image or too many pixels, naming ``init_images`` or ``mask``); a
+    field the farm renders differently is a 422 naming it (:mod:`infra.api.a1111_img2img`)."""
+    problems = body.unsupported()
+    if problems:
+        raise RequestValidationError([{"type": "value_error", "loc": ("body", field), "msg": msg, "input": None}
+                                      for field, msg in problems])
+    model = body.checkpoint
+    if model is not None and model not in await run_in_threadpool(farm.known_models):
+        raise _invalid("override_settings", f"sd_model_checkpoint {model!r} is not served by this farm", model)
+    keys: dict[str, str | None] = {"init_images": None, "mask": None}
+    for field in keys:
+        try:
+            data = body.init_bytes() if field == "init_images" else body.mask_bytes()
+            if data is not None:
+                stored = await run_in_threadpool(store_input, farm.storage, data,
+                                                 max_bytes=farm.settings.input_max_bytes,
+                                                 max_pixels=farm.settings.input_max_pixels)
+                keys[field] = stored.key
+        except InputRefused as exc:
+            if exc.status != 422:
+                return _error(exc.status, ValueError(f"{field}: {exc.reason}"))
+            raise _invalid(field, exc.reason) from None
+        except ValueError as exc:
+            raise _invalid(field, str(exc)) from None
+    first_seed = body.first_seed()
+    try:
+        requests = body.image_requests(first_seed, model, cast(str, keys["init_images"]), keys["mask"])
+    except samplers.SamplerError as exc:
+        raise _invalid(exc.field, str(exc), getattr(body, exc.field)) from None
+    except ValidationError as exc:
+        raise RequestValidationError(a1111_errors(exc.errors())) from None
+    except ValueError as exc:  # a <lora:…> tag
+        raise _invalid("prompt", str(exc), body.prompt) from None
+    return await _render_and_answer(body, requests, first_seed, request, farm, tenant)
+
+
+@router.get("/loras", response_model=list[LoraItem])
+def loras(farm: FarmDep, tenant: Tenant) -> list[LoraItem]:
+    """The adapters requests may name (``<lora:name:weight>``): ``RENDERFARM_LORAS`` and every
+    declared pool's, once per name (the first declaration's source)."""
+    seen: dict[str, LoraItem] = {}
+    for spec in (*farm.settings.loras, *(lora for pool in farm.settings.pools for lora in pool.loras)):
+        seen.setdefault(spec.name, LoraItem(name=spec.name, alias=spec.name, path=spec.source))
+    return list(seen.values())
 
 
 @router.get("/sd-models", response_model=list[SdModel])

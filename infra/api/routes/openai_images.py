@@ -43,7 +43,7 @@ router = APIRouter(prefix=PREFIX, tags=["openai"])
 NO_RETRY = {"x-should-retry": "false"}
 #: Images API fields the farm knows but cannot honour (refused as unsupported, not unknown).
 UNSUPPORTED = frozenset({"style", "partial_images", "output_compression", "complexity", "frame_count",
-                         "frame_duration_ms", "svg", "mask", "image"})
+                         "frame_duration_ms", "svg", "mask", "image", "input_fidelity"})
 #: RenderRequest field → the request field that fills it (for ``param`` in errors).
 PARAM_OF = {"width": "size", "height": "size", "num_inference_steps": "steps", "output_format": "output_format"}
 
@@ -161,6 +161,11 @@ async def generations(request: Request, farm: FarmDep, tenant: Tenant, body: Ann
         requests = asked.render_requests(asked.model)
     except ValidationError as exc:
         return _bad_request(exc)
+    return await render_and_answer(request, farm, tenant, asked, requests)
+
+
+async def render_and_answer(request: Request, farm, tenant: str, asked: ImagesRequest, requests: list[RenderRequest]):
+    """Render ``requests`` over the queue and answer with OpenAI's ``ImagesResponse`` (or its error shape)."""
     try:
         jobs = await sync.render(farm, requests, tenant=tenant, timeout_s=farm.settings.sync_timeout_s,
                                  disconnected=request.is_disconnected)

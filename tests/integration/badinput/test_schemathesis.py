@@ -136,3 +136,45 @@ def test_the_synchronous_routes_render_through_the_worker(fuzz_api):
         TALLY[f"explicit POST {path}"][str(response.status_code)] += 1
         assert response.status_code == 200, (path, response.text[:500])
         assert (response.json().get("images") or response.json().get("data")), response.text[:500]
+
+
+def _image(size=(64, 64), fmt="PNG", mode="RGB") -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, size).save(buf, fmt)
+    return buf.getvalue()
+
+
+def test_the_bad_input_images_are_4xx_on_every_route(fuzz_api):
+    """The input-image cases by hand on each route that takes images (generated bodies rarely
+    reach them): not an image, a decompression bomb (over RENDERFARM_INPUT_MAX_PIXELS), an
+    unsupported format, a mask of another size, a private URL, strength out of range."""
+    import base64
+
+    headers = {"X-API-Key": fuzz_api.key}
+    bomb, gif, text = _image((5000, 4000), mode="1"), _image((8, 8), "GIF"), b"not an image at all"
+    photo = httpx.post(fuzz_api.url + "/v1/uploads", files={"file": ("p.png", _image())}, headers=headers).json()["key"]
+    small = httpx.post(fuzz_api.url + "/v1/uploads", files={"file": ("m.png", _image((32, 32), mode="L"))},
+                       headers=headers).json()["key"]
+    job = {"prompt": "x", "width": 64, "height": 64}
+    b64 = {name: base64.b64encode(data).decode() for name, data in (("bomb", bomb), ("gif", gif), ("text", text))}
+    calls = {
+        "upload not an image": ("/v1/uploads", {"files": {"file": ("a", text)}}, 422),
+        "upload bomb": ("/v1/uploads", {"files": {"file": ("a", bomb)}}, 422),
+        "upload gif": ("/v1/uploads", {"files": {"file": ("a", gif)}}, 415),
+        "job mask size": ("/v1/jobs", {"json": {**job, "init_image": photo, "mask_image": small}}, 422),
+        "job private url": ("/v1/jobs", {"json": {**job, "init_image": "https://10.1.2.3/a.png"}}, 422),
+        "job strength": ("/v1/jobs", {"json": {**job, "init_image": photo, "strength": 1.01}}, 422),
+        "a1111 bomb": ("/sdapi/v1/img2img", {"json": {"prompt": "x", "init_images": [b64["bomb"]]}}, 422),
+        "a1111 gif": ("/sdapi/v1/img2img", {"json": {"prompt": "x", "init_images": [b64["gif"]]}}, 415),
+        "openai not an image": ("/v1/images/edits", {"files": {"image": ("a.png", text)}, "data": {"prompt": "x"}},
+                                400),
+        "openai bomb": ("/v1/images/edits", {"files": {"image": ("a.png", bomb)}, "data": {"prompt": "x"}}, 400),
+    }
+    for name, (path, kwargs, status) in calls.items():
+        response = httpx.post(fuzz_api.url + path, headers=headers, timeout=60, **kwargs)
+        TALLY[f"explicit POST {path}"][str(response.status_code)] += 1
+        assert response.status_code == status, (name, response.text[:300])

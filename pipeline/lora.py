@@ -1,0 +1,186 @@
+"""LoRA adapters per request: loaded on first use, kept in an LRU, set per group.
+
+Place in the data flow: worker → pipeline: before each group's call, :class:`pipeline.render.Renderer`
+asks :meth:`AdapterCache.apply` for the group's adapters (they are part of the compat key, so a
+group shares one set). An adapter is one its pool declares (``infra.pools.LoraSpec``: a name and a
+source). On first use it is loaded with diffusers' ``load_lora_weights`` ("LoRA" in diffusers'
+docs; the PEFT backend) under its name; :meth:`apply` then calls ``set_adapters`` with the group's
+names and weights, or ``disable_lora`` for a group without adapters. The loaded adapters are an
+LRU bounded by count and by bytes (the files' sizes): the least recently used is removed with
+``delete_adapters`` before a load would pass either bound. Adapters inject layers into the
+denoiser module the img2img and inpainting pipelines share (:mod:`pipeline.modes`), so they apply
+in every mode.
+
+Sources: an offline name (``tiny-lora-<anything>``: random weights in diffusers' key layout, made
+with ``peft`` for the pinned pipeline's denoiser, rank 4 on the attention projections, built once
+into the cache directory), a local file or directory, ``s3://<key>`` (the worker's ``fetch`` copies
+the object to a local file: this package reads no bucket), or a hub id.
+
+Each adapter's hash is the first 12 hex digits of its file's SHA-256 (A1111's short hash of a LoRA
+file), for the ``Lora hashes`` of the images' parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+OFFLINE_PREFIX = "tiny-lora-"
+WEIGHT_FILE = "pytorch_lora_weights.safetensors"
+
+
+class AdapterSource(NamedTuple):
+    """Where a declared adapter loads from: ``source`` (offline name, path, ``s3://key`` or hub id)
+    and ``weight_name`` (a file inside a directory or hub repository, or None)."""
+
+    source: str
+    weight_name: str | None = None
+
+
+def build_offline_lora(name: str, pipe, cache_dir: Path, *, rank: int = 4) -> Path:
+    """An offline random-weight LoRA for ``pipe``'s denoiser, saved once under ``cache_dir``
+    (``loras/<name>/pytorch_lora_weights.safetensors``) in diffusers' key layout; returns the file.
+
+    The weights are seeded by the name, so a name always builds the same adapter; ``lora_B`` is
+    drawn (std 0.5) rather than zero so that the adapter visibly changes the images.
+    """
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
+
+    from pipeline.models.families import denoiser_of
+
+    path = Path(cache_dir) / "loras" / name / WEIGHT_FILE
+    if path.is_file():
+        return path
+    attr, denoiser = denoiser_of(pipe)
+    generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big"))
+    config = LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian",
+                        target_modules=["to_q", "to_k", "to_v", "to_out.0"])
+    model = inject_adapter_in_model(config, copy.deepcopy(denoiser), adapter_name="default")
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if "lora_" in param_name:
+                param.copy_(torch.randn(param.shape, generator=generator) * (0.5 if "lora_B" in param_name else 0.1))
+    layers = get_peft_model_state_dict(model, adapter_name="default")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    type(pipe).save_lora_weights(str(path.parent), **{f"{attr}_lora_layers": layers}, safe_serialization=True)
+    return path
+
+
+def short_hash(path: Path) -> str:
+    """The first 12 hex digits of a file's SHA-256 (A1111's short hash of a LoRA file)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
+class AdapterCache:
+    """The adapters of one pinned pipeline (see the module docstring).
+
+    Args:
+        pipe: the pinned pipeline (with diffusers' LoRA loader mixin).
+        sources: adapter name → :class:`AdapterSource`: the only adapters it loads.
+        max_count: most adapters loaded at once. max_bytes: most bytes of adapter files loaded at once.
+        cache_dir: where offline adapters are built. fetch: ``s3://`` key → local file (the worker's).
+    Attributes:
+        loads, evictions: counters. last_switch_s: seconds of the last :meth:`apply` that changed
+            the adapter set (loads included).
+    """
+
+    def __init__(self, pipe, sources: Mapping[str, AdapterSource], *, max_count: int = 8,
+                 max_bytes: int = 1 << 30, cache_dir: Path | None = None,
+                 fetch: Callable[[str], Path] | None = None) -> None:
+        self.pipe = pipe
+        self.sources = dict(sources)
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "renderfarm"
+        self.fetch = fetch
+        self._loaded: OrderedDict[str, tuple[int, str]] = OrderedDict()  # name → (bytes, short hash), LRU order
+        self._active: tuple[tuple[str, float], ...] = ()
+        self.loads = self.evictions = 0
+        self.last_switch_s = 0.0
+
+    @property
+    def loaded(self) -> list[str]:
+        """Loaded adapter names, least recently used first."""
+        return list(self._loaded)
+
+    @property
+    def loaded_bytes(self) -> int:
+        """Bytes of the loaded adapters' files."""
+        return sum(size for size, _ in self._loaded.values())
+
+    def hashes(self, names: Sequence[str]) -> dict[str, str]:
+        """Short hashes of the loaded adapters among ``names``."""
+        return {n: self._loaded[n][1] for n in names if n in self._loaded}
+
+    def apply(self, loras: Sequence[Any]) -> None:
+        """Make ``loras`` (objects with ``name`` and ``weight``) the pipeline's active adapters;
+        none: adapters off.
+
+        Raises:
+            ValueError: an adapter this cache has no source for, or one larger than ``max_bytes``.
+            OSError / diffusers errors: its file cannot be read or loaded.
+        """
+        wanted = tuple((lora.name, float(lora.weight)) for lora in loras)
+        if wanted == self._active:
+            for name, _ in wanted:
+                self._loaded.move_to_end(name)
+            return
+        started = time.perf_counter()
+        if not wanted:
+            self.pipe.disable_lora()
+        else:
+            names = [name for name, _ in wanted]
+            for name in names:
+                self._ensure(name, keep=names)
+            self.pipe.enable_lora()
+            self.pipe.set_adapters(names, adapter_weights=[weight for _, weight in wanted])
+        self._active = wanted
+        self.last_switch_s = time.perf_counter() - started
+
+    def _path(self, name: str) -> tuple[str | Path, str | None]:
+        spec = self.sources.get(name)
+        if spec is None:
+            raise ValueError(f"adapter {name!r} is not declared for this worker (declared: "
+                             f"{', '.join(sorted(self.sources)) or 'none'})")
+        if spec.source.startswith(OFFLINE_PREFIX):
+            return build_offline_lora(spec.source, self.pipe, self.cache_dir), None
+        if spec.source.startswith("s3://"):
+            if self.fetch is None:
+                raise ValueError(f"adapter {name!r} is in the bucket, and this renderer cannot read it")
+            return self.fetch(spec.source[len("s3://"):]), None
+        return spec.source, spec.weight_name
+
+    def _ensure(self, name: str, *, keep: Sequence[str]) -> None:
+        if name in self._loaded:
+            self._loaded.move_to_end(name)
+            return
+        source, weight_name = self._path(name)
+        local = Path(source) if Path(source).exists() else None
+        file = local / (weight_name or WEIGHT_FILE) if local is not None and local.is_dir() else local
+        size = file.stat().st_size if file is not None and file.is_file() else 0
+        if size > self.max_bytes:
+            raise ValueError(f"adapter {name!r} is {size:,} bytes, over the cache's {self.max_bytes:,}")
+        while self._loaded and (len(self._loaded) >= self.max_count or self.loaded_bytes + size > self.max_bytes):
+            victim = next((n for n in self._loaded if n not in keep), None)
+            if victim is None:
+                break
+            self.pipe.delete_adapters(victim)
+            del self._loaded[victim]
+            self.evictions += 1
+        kwargs = {"weight_name": weight_name} if weight_name else {}
+        if file is not None and file.is_file():
+            self.pipe.load_lora_weights(str(file.parent), weight_name=file.name, adapter_name=name)
+        else:
+            self.pipe.load_lora_weights(str(source), adapter_name=name, **kwargs)
+        self._loaded[name] = (size, short_hash(file) if file is not None and file.is_file() else "")
+        self.loads += 1

@@ -1,0 +1,45 @@
+"""What a worker's renderer reads besides its model: declared LoRA adapters, and (in worker.main)
+input images, both from the farm's bucket only.
+
+Place in the data flow: worker start-up → **here**: the pool's declared adapters (or, without a
+declared pool, ``RENDERFARM_LORAS``) become the renderer's :class:`pipeline.lora.AdapterCache`,
+whose ``s3://<key>`` sources are copied from the bucket into ``<cache_dir>/loras/s3/`` once (by
+the key's SHA-256, so two keys never share a file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from infra.pools import LoraSpec
+from infra.settings import Settings
+from infra.storage.s3 import Storage
+
+#: Most adapters and bytes of adapter files a worker keeps loaded (the LRU's bounds).
+MAX_ADAPTERS = 8
+MAX_ADAPTER_BYTES = 1 << 30
+
+
+def make_adapters(renderer, specs: Sequence[LoraSpec], storage: Storage, settings: Settings):
+    """An :class:`pipeline.lora.AdapterCache` for ``renderer``'s pipeline with ``specs``, or None
+    when none is declared (a request naming an adapter then fails: the API refuses it first)."""
+    if not specs or getattr(renderer, "pipe", None) is None:
+        return None
+    from pipeline.lora import AdapterCache, AdapterSource
+
+    folder = Path(settings.cache_dir) / "loras" / "s3"
+
+    def fetch(key: str) -> Path:
+        path = folder / hashlib.sha256(key.encode()).hexdigest() / "pytorch_lora_weights.safetensors"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".part")
+            tmp.write_bytes(storage.get(key))
+            tmp.replace(path)
+        return path
+
+    sources = {s.name: AdapterSource(s.source, s.weight_name) for s in specs}
+    return AdapterCache(renderer.pipe, sources, max_count=MAX_ADAPTERS, max_bytes=MAX_ADAPTER_BYTES,
+                        cache_dir=Path(settings.cache_dir), fetch=fetch)
