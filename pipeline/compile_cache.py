@@ -311,7 +311,10 @@ def import_artifacts(blob: bytes | None, key: CacheKey, *, seconds: float = 0.0)
     except Exception as exc:  # torch could not deserialize it: as good as corrupt, but say what torch said
         return CacheOutcome(key.name, "error", f"load_cache_artifacts failed: {type(exc).__name__}: {exc}",
                             len(blob), seconds + time.perf_counter() - started)
-    entries = sum(len(v) for v in getattr(info, "artifacts", {}).values()) if info is not None else 0
+    if info is None:  # torch logs why and returns None (its own checksum, a format of another version)
+        return CacheOutcome(key.name, "error", "load_cache_artifacts rejected the mega-cache (see torch's warning)",
+                            len(blob), seconds + time.perf_counter() - started)
+    entries = sum(len(v) for v in getattr(info, "artifacts", {}).values())
     return CacheOutcome(key.name, "hit", f"loaded {entries} cache entries and {kernels} compiled kernels",
                         len(blob), seconds + time.perf_counter() - started)
 
