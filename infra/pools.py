@@ -144,7 +144,9 @@ class PoolSpec(BaseModel):
     """One declared pool, an item of ``RENDERFARM_POOLS``.
 
     ``max_pixels`` is the largest ``width × height`` (pixels) the pool accepts; ``max_batch`` the
-    most jobs one worker renders per batch (a worker caps its batch size to it). ``queue``, when
+    most jobs one worker renders per batch (a worker caps its batch size to it; None: the batch
+    size the worker measures from its memory). ``sizes`` (each within ``max_pixels``) and
+    ``guidance_scale`` say what its workers warm up (pipeline.warm.warm_plan). ``queue``, when
     given, must be ``renderfarm.<name>``: it is the queue the worker started with ``--pool name``
     consumes.
 
@@ -158,7 +160,8 @@ class PoolSpec(BaseModel):
     model: str = Field(min_length=1, max_length=200, description="The model spec its workers pin.")
     device_class: str = Field("cpu", min_length=1, max_length=40, description="cpu, cuda, …")
     max_pixels: int = Field(2048 * 2048, ge=64 * 64, description="Largest width × height, pixels.")
-    max_batch: int = Field(8, ge=1, le=256, description="Most jobs per batch.")
+    max_batch: int | None = Field(None, ge=1, le=256, description="Most jobs per batch (None: the worker's batch "
+                                  "size, measured from its device memory and capped by its recipe).")
     queue: str | None = Field(None, description="renderfarm.<name> (filled in when absent).")
     family: str | None = Field(None, description="Model family (FAMILIES); an offline model name implies it.")
     steps: int | None = Field(None, ge=1, le=150, description="The num_inference_steps the pool's jobs typically ask "
@@ -171,6 +174,13 @@ class PoolSpec(BaseModel):
                                             "turns it off).")
     batch_invariant: bool | None = Field(None, description="Identical pixels alone and in any batch (None: the "
                                                            "device's default: on for CPUs, off for GPUs).")
+    sizes: tuple[tuple[int, int], ...] = Field((), description="The (width, height) sizes, pixels, its jobs ask "
+                                               "for: a worker compiles and warms each at every batch bucket before "
+                                               "it takes jobs; others run uncompiled (default: the family's native "
+                                               "square, capped by max_pixels).")
+    guidance_scale: float | None = Field(None, ge=0.0, le=30.0, description="The guidance its jobs ask for, warmed "
+                                         "up with (above 1 classifier-free guidance doubles the denoiser's batch; "
+                                         "default: the request default).")
     upscalers: tuple[str, ...] = Field((), description="Upscaler specs its workers load on request (offline names "
                                                        "such as esrgan-x4-arch, weight files, hub files); a request "
                                                        "for another is refused at submit.")
@@ -193,6 +203,14 @@ class PoolSpec(BaseModel):
         if not POOL_NAME_RE.match(v):
             raise ValueError(f"pool name must be 1–100 of a-z, 0-9, '.', '_', '-', starting alphanumeric; got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "PoolSpec":
+        for width, height in self.sizes:
+            if width < 64 or height < 64 or width * height > self.max_pixels:
+                raise ValueError(f"pool {self.name!r}: size {width}x{height} must be at least 64x64 and within "
+                                 f"max_pixels {self.max_pixels}")
+        return self
 
     @model_validator(mode="after")
     def _queue(self) -> "PoolSpec":

@@ -238,6 +238,13 @@ class WorkerInfo(BaseModel):
     healthy: bool = True
     breaker: dict | None = None
     images_per_s: float | None = Field(None, description="Images finished per second over the last few minutes.")
+    state: str | None = Field(None, description="warming (compiling and rendering every batch bucket × declared "
+                              "size; takes no jobs) or ready.")
+    warmup: dict | None = Field(None, description="Warm-up progress {done, total (renders), eta_s (seconds)}, and "
+                                "once ready its report (seconds, renders, compiles, per-shape seconds, plan).")
+    buckets: list[int] = Field(default_factory=list, description="The batch buckets it compiled (images).")
+    recompiles: int | None = Field(None, description="torch.compile compilations since the warm-up (0 expected).")
+    eager_renders: int | None = Field(None, description="Pipeline calls at a shape outside the warm-up, run eagerly.")
     compile_cache: dict | None = Field(None, description="The shared compile cache at start-up: key, outcome (hit, "
                                        "miss, corrupt, mismatch, error), reason, bytes, seconds, saved, and "
                                        "Inductor's FX graph cache hits and misses after the warm-up (counters).")

@@ -129,6 +129,8 @@ class Settings(BaseSettings):
                                   "seconds, is wedged: the worker gives its jobs up and exits 70 for its supervisor "
                                   "to restart it (worker/watchdog.py); 0 = never.")
     upload_retry_s: float = Field(60.0, ge=0, description="How long an upload rides out a storage outage, seconds.")
+    worker_state_file: str = Field("", description="A file the worker writes its start-up state to (warming, then "
+                                   "ready) for exec probes, e.g. the chart's 'grep -qx ready FILE'; empty = none.")
     breaker_failures: int = Field(5, ge=1, description="Consecutive failed batches after which a worker stops "
                                                        "consuming and reports itself unhealthy.")
     breaker_cooldown_s: float = Field(300.0, ge=0, description="Seconds after which a tripped worker tries one "

@@ -1,15 +1,12 @@
 """Getting a loaded pipeline ready: restore the compile cache, warm up every bucket, save what compiled.
 
 Place in the data flow: ``renderfarm worker`` (and ``renderfarm bench ready``) → load the pipeline
-(:func:`pipeline.warm.prepare_renderer`) → **here** → consume. Storage is the caller's: the worker
-passes functions that get and put blobs in S3 (``infra.storage.compile_cache``), the bench passes
-functions over files, so nothing here knows S3.
-
-The warm-up plan and the warm-up itself are ``pipeline.warm.warm_plan`` / ``warm_up`` (static
-batch buckets × the pool's sizes, the pool's steps and guidance). Where this checkout's
-``pipeline.warm`` does not have them yet, :func:`plan_for` and :func:`warm` fall back to a plan of
-buckets 1 and 2 (capped by the batch size) at the pool's largest square size, rendered once each
-when the recipe compiles (else one small render, as before).
+(:func:`pipeline.warm.prepare_renderer`) → **here** → consume. The warm-up itself is
+:func:`pipeline.warm.warm_up` (every static batch bucket × declared size of a
+:class:`pipeline.warm.WarmPlan`); this module wraps it with the shared compile cache
+(:mod:`pipeline.compile_cache`): restore before the first compile, save after the last one.
+Storage is the caller's: the worker passes functions that get and put blobs in S3
+(``infra.storage.compile_cache``), the bench passes functions over files, so nothing here knows S3.
 """
 
 from __future__ import annotations
@@ -17,9 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from pipeline import warm as _warm
 from pipeline.compile_cache import (
     CacheKey,
     CacheOutcome,
@@ -29,51 +24,13 @@ from pipeline.compile_cache import (
     import_artifacts,
     log_outcome,
 )
+from pipeline.warm import WarmPlan, warm_up
 
 log = logging.getLogger("renderfarm.worker")
 
 Fetch = Callable[[CacheKey], "bytes | None"]
 Store = Callable[[CacheKey, bytes], None]
-
-
-@dataclass(frozen=True)
-class FallbackPlan:
-    """A warm-up plan of the shape of ``pipeline.warm.WarmPlan``: batch sizes ascending, (width,
-    height) pixels, denoising steps and the guidance scale."""
-
-    buckets: tuple[int, ...]
-    sizes: tuple[tuple[int, int], ...]
-    steps: int
-    guidance_scale: float
-
-
-def plan_for(renderer, pool, batch_size: int):
-    """The warm-up plan for ``renderer`` serving ``pool`` (a :class:`pipeline.warm.PoolOptions` or
-    None) at batches of up to ``batch_size`` images: ``pipeline.warm.warm_plan`` where it exists."""
-    if hasattr(_warm, "warm_plan"):
-        return _warm.warm_plan(renderer, pool, batch_size)
-    width, height, _ = _warm.sizing_shape(renderer, pool)
-    steps = getattr(pool, "steps", None) or 1
-    guidance = 7.5 if renderer.capabilities.guidance_scale else 0.0
-    buckets = tuple(b for b in (1, 2) if b <= max(1, batch_size))
-    return FallbackPlan(buckets, ((width, height),), steps, guidance)
-
-
-def warm(renderer, plan, on_progress: Callable[[int, int], None] | None = None) -> dict:
-    """Render every (bucket × size) of ``plan`` once; returns ``{"seconds", "renders"}`` (and what
-    ``pipeline.warm.warm_up`` adds where it exists). ``on_progress(done, total)`` after each render."""
-    if hasattr(_warm, "warm_up"):
-        return _warm.warm_up(renderer, plan, on_progress=on_progress)
-    started = time.perf_counter()
-    if not compiles_anything(renderer):  # nothing to compile: one small render loads kernels and allocators
-        return {"seconds": renderer.warmup(), "renders": 1}
-    shapes = [(b, w, h) for w, h in plan.sizes for b in plan.buckets]
-    for i, (bucket, width, height) in enumerate(shapes):
-        requests = _warm.sizing_requests(renderer, bucket, width=width, height=height, steps=plan.steps)
-        renderer.render([r.model_copy(update={"guidance_scale": plan.guidance_scale}) for r in requests])
-        if on_progress:
-            on_progress(i + 1, len(shapes))
-    return {"seconds": time.perf_counter() - started, "renders": len(shapes)}
+Progress = Callable[[int, int, "float | None"], None]
 
 
 def compiles_anything(renderer) -> bool:
@@ -116,23 +73,36 @@ def save(key: CacheKey, outcome: CacheOutcome, store: Store) -> None:
     log.info("compile cache saved: %s (%d bytes, %.2fs)", key.name, len(blob), time.perf_counter() - started)
 
 
-def get_ready(renderer, profile: dict, plan, *, fetch: Fetch | None, store: Store | None,
-              on_progress: Callable[[int, int], None] | None = None) -> dict:
+def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, store: Store | None,
+              on_progress: Progress | None = None) -> dict:
     """Restore, warm up, save: the start-up between loading and consuming.
 
-    Returns ``{"warm_up": <warm()'s report>, "compile_cache": <CacheOutcome.to_dict()> or None,
-    "counters": compile_counters() after the warm-up}``. ``compile_cache`` is None when the recipe
-    compiles nothing, or no ``fetch`` was given. Storage failures never raise here.
+    Args:
+        renderer: the loaded :class:`pipeline.render.Renderer`.
+        profile: its device profile as a dict (part of the cache key).
+        plan: the warm-up plan (:func:`pipeline.warm.warm_plan`).
+        fetch / store: the blob storage (None: no compile cache).
+        on_progress: ``(done, total, eta_s)``, passed to :func:`pipeline.warm.warm_up`.
+    Returns:
+        ``{"warm_up": <warm_up()'s report>, "compile_cache": <CacheOutcome.to_dict()> with
+        ``counters`` (:func:`pipeline.compile_cache.compile_counters` after the warm-up), or None
+        when the recipe compiles nothing or no ``fetch`` was given}``.
+    Raises:
+        whatever :func:`pipeline.warm.warm_up` raises; storage failures never raise here.
     """
-    outcome = None
+    outcome, key = None, None
     if fetch is not None and compiles_anything(renderer):
         key = cache_key(renderer.model, renderer.recipe, profile, plan)
         outcome = restore(key, fetch)
-    report = warm(renderer, plan, on_progress=on_progress)
-    if outcome is not None and store is not None:
+    report = warm_up(renderer, plan, on_progress=on_progress)
+    if outcome is None or key is None:
+        return {"warm_up": report, "compile_cache": None}
+    if store is not None:
         save(key, outcome, store)
-    return {"warm_up": report, "compile_cache": outcome.to_dict() if outcome else None,
-            "counters": compile_counters()}
+    counters = compile_counters()
+    log.info("compile cache %s: Inductor FX graph cache %d hit(s), %d miss(es) after the warm-up", outcome.outcome,
+             counters["fxgraph_cache_hit"], counters["fxgraph_cache_miss"])
+    return {"warm_up": report, "compile_cache": {**outcome.to_dict(), "counters": counters}}
 
 
-__all__ = ["FallbackPlan", "compiles_anything", "get_ready", "plan_for", "restore", "save", "warm"]
+__all__ = ["compiles_anything", "get_ready", "restore", "save"]

@@ -24,6 +24,7 @@ import PIL.Image
 import torch
 
 from infra.schemas import RenderRequest
+from pipeline.buckets import split
 from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.invariance import make_batch_invariant, make_per_sample
 from pipeline.memory import guard_vae_decode
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from pipeline.warm import PoolOptions
 
 CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler])
+ShapeKey = tuple[int, int, int, bool]  # (images, width, height, classifier-free guidance on)
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
@@ -61,7 +63,16 @@ class Renderer:
     requests that ask for ``upscale`` (None: one is made on first use, on ``device``, allowing any
     upscaler). The invariance actually in force is :attr:`invariance` (``"cpu-kernels"``,
     ``"per-sample"`` or ``"none"`` with the reason in :attr:`invariance_note`).
+
+    Static batch buckets (:mod:`pipeline.buckets`): with :attr:`buckets` set (by
+    :func:`pipeline.warm.warm_up`), a group is rendered as one pipeline call per bucket, largest
+    first; :attr:`warmed` holds the :meth:`shape_key` of every shape warmed, and a call outside it
+    (a size the pool did not declare) runs eagerly and is counted in :attr:`eager_renders`.
     """
+
+    buckets: tuple[int, ...] | None = None  # None: one call per group, whatever its size
+    warmed: frozenset[ShapeKey] | None = None  # None: not warmed up (nothing is counted as eager)
+    eager_renders = 0  # pipeline calls at a shape outside `warmed`
 
     # set by pipeline.warm.prepare_renderer after construction
     recipe: dict[str, Any]
@@ -140,12 +151,14 @@ class Renderer:
     def render(
         self, requests: Sequence[RenderRequest], on_step: Callable[[int, int], None] | None = None
     ) -> list[PIL.Image.Image]:
-        """Render ``requests`` in one pipeline call; returns RGB PIL images (width × height) in order,
+        """Render ``requests`` in one pipeline call per bucket (one call without :attr:`buckets`);
+        returns RGB PIL images (width × height) in order,
         or ``upscale`` times that for requests that ask for upscaling (one batched upscale call after
         the decode, on the same device: :mod:`pipeline.upscale.stage`).
 
         ``on_step(done, total)`` is called after each denoising iteration, ``done`` = 1 … ``total``
-        (``total`` = ``num_inference_steps`` for single-stage schedulers).
+        (``total`` = ``num_inference_steps`` for single-stage schedulers, times the number of bucket
+        calls the group is split into).
 
         Raises:
             ValueError: the requests have different :func:`compat_key`, a seed is missing, a
@@ -165,6 +178,26 @@ class Renderer:
 
         if self._zeros_for_empty_negative() and len({bool(r.negative_prompt) for r in requests}) > 1:
             return self._render_split(requests, on_step)
+        chunks = split(requests, self.buckets) if self.buckets else [list(requests)]
+        images: list[PIL.Image.Image] = []
+        for i, chunk in enumerate(chunks):
+            progress = on_step if len(chunks) == 1 else _group_progress(on_step, i, len(chunks))
+            images += self._render_call(chunk, progress)
+        return images
+
+    @staticmethod
+    def shape_key(images: int, width: int, height: int, guidance_scale: float) -> ShapeKey:
+        """What a compiled graph is specialised on: ``(images, width, height, guidance > 1)``
+        (classifier-free guidance, on above 1 as in diffusers' pipelines, doubles the denoiser's batch)."""
+        return images, width, height, guidance_scale > 1
+
+    def _render_call(self, requests: Sequence[RenderRequest],
+                     on_step: Callable[[int, int], None] | None) -> list[PIL.Image.Image]:
+        """One pipeline call for ``requests`` (checked by :meth:`render`)."""
+        first = requests[0]
+        if self.warmed is not None and \
+                self.shape_key(len(requests), first.width, first.height, first.guidance_scale) not in self.warmed:
+            self.eager_renders += 1
         self._prepare()
         pipe = self.pipe
         pipe.scheduler = make_sync_free(scheduler_for(pipe, first.scheduler), host_timesteps=self.host_timesteps)
@@ -209,3 +242,12 @@ class Renderer:
             idx = [i for i, r in enumerate(requests) if bool(r.negative_prompt) == has_negative]
             images.update(zip(idx, self.render([requests[i] for i in idx], on_step)))
         return [images[i] for i in range(len(requests))]
+
+
+def _group_progress(on_step: Callable[[int, int], None] | None, index: int,
+                    count: int) -> Callable[[int, int], None] | None:
+    """``on_step`` for the ``index``-th of ``count`` bucket calls of one group: steps counted over
+    the whole group (``index × total + done`` of ``count × total``)."""
+    if on_step is None:
+        return None
+    return lambda done, total: on_step(index * total + done, count * total)

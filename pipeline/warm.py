@@ -18,19 +18,21 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from infra.schemas import RenderRequest
+from pipeline import compile_count
+from pipeline.buckets import bucket_sizes
 from pipeline.capabilities import check_pool_family
 from pipeline.device import probe
 from pipeline.memory import BatchLimits, PeakMeasurement, batch_size_for_stages, check_allocator_env, measure_per_image
 from pipeline.models.families import FAMILY_SPECS, family_of_name
 from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
-from pipeline.recipes import apply_overrides, recipe_for
+from pipeline.recipes import apply_overrides, recipe_for, resolve_conflicts
 from pipeline.render import Renderer
 from pipeline.upscale import UpscaleStage
 
@@ -47,6 +49,8 @@ class PoolOptions:
     use_pe: bool = False
     batch_invariant: bool | None = None
     upscalers: tuple[str, ...] | None = None  # the upscalers a worker may load (None: any)
+    sizes: tuple[tuple[int, int], ...] = ()  # (width, height) its jobs ask for; () = the family's native square
+    guidance_scale: float | None = None  # its jobs' usual guidance (None: the request default where taken)
 
 
 def peek_family(model: str) -> str | None:
@@ -97,8 +101,9 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     family = pool.family or peek_family(model)
     recipe = apply_overrides(recipe_for(profile, recipe_name, family, model), overrides,
                              allow_approximate=recipe_name != "exact")
-    if pool.batch_invariant is not None:
-        recipe = replace(recipe, batch_invariant=pool.batch_invariant)
+    if pool.batch_invariant is not None:  # the pool's choice counts as configured (resolve_conflicts)
+        recipe = resolve_conflicts(replace(recipe, batch_invariant=pool.batch_invariant,
+                                           overridden=tuple(sorted({*recipe.overridden, "batch_invariant"}))))
     target = profile.torch_device
     pipe = load_pipeline(model, device="cpu" if recipe.cpu_offload else target, torch_dtype=DTYPES[recipe.dtype],
                          use_pe=pool.use_pe)
@@ -112,9 +117,9 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     renderer.max_batch_size = recipe.max_batch_size
     renderer.limits = BatchLimits()
     renderer.pool = pool
-    log.info("loaded %s (%s) on %s with recipe %s in %.1fs (applied: %s; skipped: %s; batch invariance: %s)",
+    log.info("loaded %s (%s) on %s with recipe %s in %.1fs (applied: %s; skipped: %s; batch invariance: %s%s)",
              model, renderer.family, target, recipe.name, time.perf_counter() - t0, sorted(report["applied"]),
-             report["skipped"], renderer.invariance)
+             report["skipped"], renderer.invariance, "".join(f"; adjusted: {a}" for a in recipe.adjusted))
     return renderer, profile.to_dict()
 
 
@@ -170,5 +175,131 @@ def batch_size_from_memory(renderer: Renderer, profile: dict, *, width: int | No
     return size
 
 
-__all__ = ["PoolOptions", "batch_size_from_memory", "peek_family", "prepare_renderer", "sizing_requests",
-           "sizing_shape"]
+@dataclass(frozen=True)
+class WarmPlan:
+    """What a worker renders before it takes jobs: every bucket at every size, once.
+
+    ``buckets``: batch sizes (images), ascending, e.g. ``(1, 2, 4)``; ``sizes``: ``(width, height)``
+    in pixels; ``steps``: the warm renders' ``num_inference_steps``; ``guidance_scale``: theirs
+    (classifier-free guidance above 1 doubles the denoiser's batch, so it is part of the shape).
+    """
+
+    buckets: tuple[int, ...]
+    sizes: tuple[tuple[int, int], ...]
+    steps: int
+    guidance_scale: float
+
+    @property
+    def renders(self) -> int:
+        """Pipeline calls the plan makes: ``len(buckets) × len(sizes)``."""
+        return len(self.buckets) * len(self.sizes)
+
+    def to_dict(self) -> dict:
+        """JSON-able form (lists), for reports and the heartbeat."""
+        return {"buckets": list(self.buckets), "sizes": [list(s) for s in self.sizes], "steps": self.steps,
+                "guidance_scale": self.guidance_scale}
+
+
+def warm_plan(renderer: Renderer, pool: PoolOptions | None, batch_size: int) -> WarmPlan:
+    """The warm-up plan of a worker whose batch size is ``batch_size`` (images, ≥ 1).
+
+    Buckets: powers of two up to ``batch_size`` (:func:`pipeline.buckets.bucket_sizes`). Sizes: the
+    pool's declared ``sizes``, else the family's native square capped by ``max_pixels``, rounded down
+    to the pipeline's size multiple. Steps: the pool's ``steps``, else 2 (the compiled shapes do not
+    depend on the step count). Guidance: the pool's ``guidance_scale``, else the request default
+    (7.5) where the pipeline takes guidance, else 0.
+
+    Raises:
+        ValueError: ``batch_size`` < 1.
+    """
+    pool = pool or getattr(renderer, "pool", None) or PoolOptions()
+    multiple = renderer.capabilities.size_multiple
+    sizes = tuple((int(w), int(h)) for w, h in pool.sizes)
+    if not sizes:
+        spec = FAMILY_SPECS.get(renderer.family or "")
+        side = spec.native if spec else 512
+        if pool.max_pixels:
+            side = min(side, math.isqrt(pool.max_pixels))
+        side = max(multiple, side // multiple * multiple)
+        sizes = ((side, side),)
+    if pool.guidance_scale is not None:
+        guidance = float(pool.guidance_scale)
+    else:
+        guidance = float(RenderRequest.model_fields["guidance_scale"].default) \
+            if renderer.capabilities.guidance_scale else 0.0
+    return WarmPlan(buckets=bucket_sizes(batch_size), sizes=tuple(dict.fromkeys(sizes)), steps=pool.steps or 2,
+                    guidance_scale=guidance)
+
+
+def warm_up(renderer: Renderer, plan: WarmPlan,
+            on_progress: Callable[[int, int, float | None], None] | None = None) -> dict:
+    """Render every (bucket × size) of ``plan`` once, so that ``torch.compile`` compiles each static
+    shape now and never inside a job; then hold the compiled graphs (a shape outside the plan runs
+    eagerly, :func:`pipeline.compile_count.hold_compiled`). Where the recipe compiled nothing, eager
+    kernels are not specialised on shapes, and one small render (:meth:`Renderer.warmup`: 64², 1
+    step) loads kernels and allocators instead.
+
+    ``on_progress(done, total, eta_s)`` is called before the first render (0, total, None) and after
+    each one; ``eta_s`` (seconds) extrapolates the seconds per image so far to the images left.
+    Sets ``renderer.buckets`` (the group split) and, when compiled, ``renderer.warmed`` (the shapes
+    warmed; a render outside them counts in ``renderer.eager_renders``).
+
+    Returns:
+        ``{"seconds", "renders", "images", "compiled", "compiles", "fx_graph_cache": {"hits", "misses"},
+        "shapes": [{"batch", "width", "height", "seconds", "compiles"}, …], "plan": plan.to_dict()}``:
+        seconds are wall time; ``compiles`` counts TorchDynamo compilations during warm-up.
+    Raises:
+        whatever a render raises (the worker cannot serve a shape it cannot render).
+    """
+    compile_count.install()
+    compile_count.allow_graphs(2 * plan.renders + 2)
+    renderer.buckets = plan.buckets
+    compiled = "compile" in (getattr(renderer, "recipe", None) or {}).get("report", {}).get("applied", {})
+    compiles0, cache0 = compile_count.compiles(), compile_count.fx_graph_cache()
+    started = time.perf_counter()
+    shapes: list[dict] = []
+    if not compiled:  # eager kernels are not specialised on shapes: one small render loads them
+        if on_progress is not None:
+            on_progress(0, 1, None)
+        seconds = renderer.warmup()
+        shapes.append({"batch": 1, "width": 64, "height": 64, "seconds": round(seconds, 3), "compiles": 0})
+        if on_progress is not None:
+            on_progress(1, 1, 0.0)
+    else:
+        _render_plan(renderer, plan, shapes, on_progress, started)
+        renderer.warmed = frozenset(renderer.shape_key(b, w, h, plan.guidance_scale)
+                                    for w, h in plan.sizes for b in plan.buckets)
+        compile_count.hold_compiled()
+    cache1 = compile_count.fx_graph_cache()
+    report = {"seconds": round(time.perf_counter() - started, 3), "renders": len(shapes),
+              "images": sum(s["batch"] for s in shapes), "compiled": compiled,
+              "compiles": compile_count.compiles() - compiles0,
+              "fx_graph_cache": {k: cache1[k] - cache0[k] for k in cache1}, "shapes": shapes,
+              "plan": plan.to_dict()}
+    log.info("warm-up: %d renders (%d images) in %.1fs, %d compiles", report["renders"], report["images"],
+             report["seconds"], report["compiles"])
+    return report
+
+
+def _render_plan(renderer: Renderer, plan: WarmPlan, shapes: list[dict],
+                 on_progress: Callable[[int, int, float | None], None] | None, started: float) -> None:
+    """Render every (bucket × size) of ``plan`` once, appending one timing row per render to ``shapes``."""
+    images_total, done_images = len(plan.sizes) * sum(plan.buckets), 0
+    if on_progress is not None:
+        on_progress(0, plan.renders, None)
+    for width, height in plan.sizes:
+        for bucket in plan.buckets:
+            t0, c0 = time.perf_counter(), compile_count.compiles()
+            renderer.render([RenderRequest(prompt="warm-up", model=renderer.model, seed=i, width=width, height=height,
+                                           num_inference_steps=plan.steps, guidance_scale=plan.guidance_scale)
+                             for i in range(bucket)])
+            shapes.append({"batch": bucket, "width": width, "height": height,
+                           "seconds": round(time.perf_counter() - t0, 3), "compiles": compile_count.compiles() - c0})
+            done_images += bucket
+            if on_progress is not None:
+                elapsed = time.perf_counter() - started
+                on_progress(len(shapes), plan.renders, elapsed / done_images * (images_total - done_images))
+
+
+__all__ = ["PoolOptions", "WarmPlan", "batch_size_from_memory", "peek_family", "prepare_renderer",
+           "sizing_requests", "sizing_shape", "warm_plan", "warm_up"]

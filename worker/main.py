@@ -3,13 +3,15 @@
 Data flow: **worker** pulls batches from its pool's queue → pipeline → storage → job-state
 store. Start-up: check ``--pool``/``--model`` against the declared pools (``RENDERFARM_POOLS``;
 a declared pool's model must match, its ``max_batch`` caps the batch size), probe the device,
-load the pipeline once, restore the shared compile cache from S3 (``pipeline.ready``), warm it
-up, save the compile cache when the warm-up compiled, register with a heartbeat (which reports
-the cache's outcome as ``compile_cache``), then consume. SIGTERM is Celery's warm shutdown: no new batch is
-taken, the current one finishes, unstarted prefetched messages go back to the queue (kombu
-restores unacknowledged messages when the channel closes), the worker leaves the registry and
-exits 0. Should a batch still be held at exit (a second signal: cold shutdown), its jobs are
-released to ``queued`` and republished instead of waiting for their leases to expire.
+load the pipeline once, size the batch, register with a heartbeat as ``warming``, warm up every
+batch bucket × declared size (:func:`pipeline.warm.warm_up`; the shared compile cache in S3 is restored
+before and saved after, :mod:`pipeline.ready`, and reported in the heartbeat as
+``compile_cache``), then report ``ready`` and consume: the Celery consumer starts only then.
+SIGTERM is Celery's warm shutdown: no new batch is taken, the current one finishes, unstarted
+prefetched messages go back to the queue (kombu restores unacknowledged messages when the
+channel closes), the worker leaves the registry and exits 0. Should a batch still be held at
+exit (a second signal: cold shutdown), its jobs are released to ``queued`` and republished
+instead of waiting for their leases to expire.
 
 Health: a circuit breaker (``worker.breaker``) stops consumption after
 ``breaker_failures`` consecutive failed batches, or at once on an error of this worker's
@@ -69,41 +71,85 @@ def _job_id(request) -> str | None:
     return job_id if isinstance(job_id, str) else None
 
 
-def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int, dict]:
-    """The warm renderer for ``args.model`` (the null renderer, or a diffusers pipeline), the
-    device profile, the batch size (the flag, the setting, or measured from memory at the
-    declared pool's largest size and steps) and what getting ready did (``compile_cache``: the
-    outcome of the shared compile cache, or None). It loads only the declared pool's upscalers,
-    or without a declared pool those of ``RENDERFARM_UPSCALERS``.
-
-    Between loading and the batch sizing: restore the compile cache from S3, warm up every
-    bucket of the warm-up plan, and save the artifacts when the warm-up compiled
-    (:func:`pipeline.ready.get_ready`); a missing, corrupt or mismatched artifact or an S3 error
-    only means compiling, with one log line."""
+def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int]:
+    """The loaded (not yet warmed) renderer for ``args.model`` (the null renderer, or a diffusers
+    pipeline), the device profile, and the batch size: the flag, the setting, or measured from memory
+    at the declared pool's largest size and steps, then capped by the pool's ``max_batch`` when it
+    declares one. It loads only the declared pool's upscalers, or without a declared pool those of
+    ``RENDERFARM_UPSCALERS``."""
     if args.model == NULL_MODEL:
         batch_size = args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
-        return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size, {"compile_cache": None}
-    from pipeline.ready import get_ready, plan_for
+        return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size
     from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
     pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
                                                  steps=spec.steps, use_pe=spec.use_pe,
-                                                 batch_invariant=spec.batch_invariant, upscalers=spec.upscalers)
+                                                 batch_invariant=spec.batch_invariant, upscalers=spec.upscalers,
+                                                 sizes=spec.sizes, guidance_scale=spec.guidance_scale)
     # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)
-    cache = CompileCacheStore(Storage(settings, max_attempts=3))
-    plan = plan_for(renderer, pool, args.batch_size or settings.batch_size or renderer.max_batch_size)
-    ready = get_ready(renderer, profile, plan, fetch=lambda key: cache.get(key.name),
-                      store=lambda key, blob: cache.put(key.name, blob, key.fields))
-    if ready["compile_cache"] is not None:
-        ready["compile_cache"]["counters"] = ready["counters"]
-        log.info("warm-up: %d render(s) in %.1fs; compile cache %s; Inductor FX graph cache %d hit(s), %d miss(es)",
-                 ready["warm_up"].get("renders", 0), ready["warm_up"].get("seconds", 0.0),
-                 ready["compile_cache"]["outcome"], ready["counters"]["fxgraph_cache_hit"],
-                 ready["counters"]["fxgraph_cache_miss"])
     batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile, pool=pool)
-    return renderer, profile, batch_size, ready
+    if spec is not None and spec.max_batch is not None and batch_size > spec.max_batch:
+        log.info("batch size %d capped to pool %s's max_batch %d", batch_size, spec.name, spec.max_batch)
+        batch_size = spec.max_batch
+    return renderer, profile, batch_size
+
+
+class WarmState:
+    """The worker's start-up state for its heartbeat and probe: ``warming`` with progress
+    ``{done, total, eta_s}`` (renders; seconds), then ``ready``; the warm-up report once done.
+    With ``state_file`` set (``RENDERFARM_WORKER_STATE_FILE``) the state is also written there, one
+    word, for the chart's exec probes (``grep -qx ready FILE``)."""
+
+    def __init__(self, state_file: str = "") -> None:
+        self.state = "warming"
+        self.progress: dict = {"done": 0, "total": None, "eta_s": None}
+        self.report: dict | None = None
+        self.state_file = state_file
+        self._write()
+
+    def update(self, done: int, total: int, eta_s: float | None) -> None:
+        """``on_progress`` of :func:`pipeline.warm.warm_up`."""
+        self.progress = {"done": done, "total": total, "eta_s": None if eta_s is None else round(eta_s, 1)}
+
+    def ready(self, report: dict | None) -> None:
+        """Warm-up done: take jobs."""
+        self.state, self.report = "ready", report
+        self._write()
+
+    def _write(self) -> None:
+        if not self.state_file:
+            return
+        tmp = f"{self.state_file}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(self.state + "\n")
+        os.replace(tmp, self.state_file)  # atomic: a probe never reads half a word
+
+
+def _warm(renderer, batch_size: int, warm: WarmState, heartbeat: Heartbeat, profile: dict,
+          cache: CompileCacheStore) -> dict | None:
+    """Warm ``renderer`` up before the queue is consumed (:func:`pipeline.warm.warm_up`: every batch
+    bucket × declared size), beating with the progress; None for the null renderer. The shared
+    compile cache is restored before the first compile and saved after a warm-up that compiled
+    (:func:`pipeline.ready.get_ready`); its outcome is the report's ``compile_cache`` (a missing,
+    corrupt or mismatched artifact, or S3 being away, only means compiling, with one log line)."""
+    if not hasattr(renderer, "capabilities"):  # the null renderer has nothing to warm
+        return None
+    from pipeline import compile_count
+    from pipeline.ready import get_ready
+    from pipeline.warm import warm_plan
+
+    plan = warm_plan(renderer, getattr(renderer, "pool", None), batch_size)
+
+    def on_progress(done: int, total: int, eta_s: float | None) -> None:
+        warm.update(done, total, eta_s)
+        heartbeat.beat_quietly()
+
+    ready = get_ready(renderer, profile, plan, fetch=lambda key: cache.get(key.name),
+                      store=lambda key, blob: cache.put(key.name, blob, key.fields), on_progress=on_progress)
+    return {**ready["warm_up"], "compiles_before_ready": compile_count.compiles(),
+            "compile_cache": ready["compile_cache"]}
 
 
 class ReservedJobs:
@@ -152,12 +198,10 @@ def run_worker(args: argparse.Namespace) -> int:
     queue = keys.queue(pool)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
-    renderer, device_info, batch_size, ready = _load_renderer(args, settings, spec)
-    if spec is not None and batch_size > spec.max_batch:
-        log.info("batch size %d capped to pool %s's max_batch %d", batch_size, pool, spec.max_batch)
-        batch_size = spec.max_batch
-    renderer = wrap_renderer(renderer)
-    log.info("worker %s: model %s ready in %.1fs, batch size %d, queue %s",
+    warm = WarmState(settings.worker_state_file)
+    loaded, device_info, batch_size = _load_renderer(args, settings, spec)
+    renderer = wrap_renderer(loaded)
+    log.info("worker %s: model %s loaded in %.1fs, batch size %d, queue %s",
              name, args.model, time.perf_counter() - t0, batch_size, queue)
 
     client = state_client(settings.state_url)
@@ -279,20 +323,27 @@ def run_worker(args: argparse.Namespace) -> int:
     def describe() -> dict:
         return {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
                 "recipe": getattr(renderer, "recipe", None), "batch_size": batch_size,
+                "state": warm.state, "warmup": {**warm.progress, "report": warm.report},
+                "buckets": list(getattr(loaded, "buckets", None) or ()),
+                "recompiles": _compiles(loaded, warm), "eager_renders": getattr(loaded, "eager_renders", 0),
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,
                 "images_done": runner.images_done, "jobs_failed": runner.jobs_failed,
                 "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),
                 "prefetch": {"limit": prefetch, "peak_jobs": reserved.peak,
                              "rss_kib_at_peak": reserved.rss_at_peak_kib},
-                "healthy": not breaker.open, "breaker": breaker.state(), "compile_cache": ready["compile_cache"]}
+                "healthy": not breaker.open, "breaker": breaker.state(),
+                "compile_cache": (warm.report or {}).get("compile_cache")}
 
     heartbeat = Heartbeat(client, name, describe, interval_s=settings.heartbeat_interval_s,
                           ttl_s=settings.heartbeat_ttl_s, on_beat=lambda: store.renew_leases(runner.current_jobs()))
     if problem := credentials_problem(storage):
         breaker.trip(problem)
     heartbeat.beat()
-    heartbeat.start()
-    watchdog.start()
+    heartbeat.start()  # registered as warming: /v1/workers shows the progress, the queue waits
+    warm.ready(_warm(loaded, batch_size, warm, heartbeat, device_info, CompileCacheStore(storage)))
+    heartbeat.beat_quietly()
+    log.info("worker %s ready in %.1fs", name, time.perf_counter() - t0)
+    watchdog.start()  # renders from here on: the warm-up's compiles are not stalls
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
     celery_heartbeat.start()
     install_malformed_message_guard()
@@ -316,6 +367,16 @@ def run_worker(args: argparse.Namespace) -> int:
         _release(store, app, runner)
     log.info("worker %s stopped", name)
     return 0
+
+
+def _compiles(renderer, warm: WarmState) -> int | None:
+    """TorchDynamo compilations since the warm-up ended (0 is the goal: :mod:`pipeline.compile_count`);
+    None before it ends or for the null renderer."""
+    if warm.report is None or "compiles_before_ready" not in warm.report:
+        return None
+    from pipeline import compile_count
+
+    return compile_count.compiles() - warm.report["compiles_before_ready"]
 
 
 def _release(store: JobStore, app, runner: BatchRunner) -> None:

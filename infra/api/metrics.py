@@ -64,8 +64,8 @@ class FarmCollector:
             for state in IMAGE_STATES:
                 images.add_metric([pool, state], float(fields.get(f"images:{state}", 0)))
         yield images
-        rows = {r["pool"]: r for r in queue_depths(self.client, live_workers(self.client, self.heartbeat_ttl_s),
-                                                     broker=self.broker)}
+        live = live_workers(self.client, self.heartbeat_ttl_s)
+        rows = {r["pool"]: r for r in queue_depths(self.client, live, broker=self.broker)}
         outstanding = GaugeMetricFamily("renderfarm_outstanding_jobs",
                                         "Queued + reserved (prefetched) + running jobs: the autoscaling signal",
                                         labels=["pool"])
@@ -76,6 +76,36 @@ class FarmCollector:
             workers.add_metric([pool], row.get("workers", 0))
         yield outstanding
         yield workers
+        yield from worker_families(live)
+
+
+def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per-worker figures from the heartbeats (``worker.main``'s ``describe``), labelled
+    ``{pool, worker}``: ``renderfarm_recompiles_total`` (TorchDynamo compiles after warm-up; 0 is
+    the goal), ``renderfarm_eager_renders_total`` (pipeline calls at a shape the warm-up did not
+    compile), ``renderfarm_warmup_seconds`` (the warm-up's wall time) and
+    ``renderfarm_worker_warming`` (1 while warming up, 0 once ready). A worker that does not report
+    a figure (the null model; an older worker) is left out of that family."""
+    recompiles = CounterMetricFamily("renderfarm_recompiles", "torch.compile compilations after warm-up",
+                                     labels=["pool", "worker"])
+    eager = CounterMetricFamily("renderfarm_eager_renders", "Pipeline calls at a shape not compiled at warm-up "
+                                "(a size the pool did not declare), run eagerly", labels=["pool", "worker"])
+    seconds = GaugeMetricFamily("renderfarm_warmup_seconds", "Wall time of the worker's warm-up, seconds",
+                                labels=["pool", "worker"])
+    warming = GaugeMetricFamily("renderfarm_worker_warming", "1 while the worker warms up (takes no jobs), 0 when "
+                                "ready", labels=["pool", "worker"])
+    for w in sorted(live, key=lambda w: str(w.get("name"))):
+        labels = [str(w.get("pool", "")), str(w.get("name", ""))]
+        if isinstance(w.get("recompiles"), int):
+            recompiles.add_metric(labels, float(w["recompiles"]))
+        if isinstance(w.get("eager_renders"), int):
+            eager.add_metric(labels, float(w["eager_renders"]))
+        report = (w.get("warmup") or {}).get("report") or {}
+        if isinstance(report.get("seconds"), (int, float)):
+            seconds.add_metric(labels, float(report["seconds"]))
+        if w.get("state") in ("warming", "ready"):
+            warming.add_metric(labels, 1.0 if w["state"] == "warming" else 0.0)
+    yield from (recompiles, eager, seconds, warming)
 
 
 def exposition(client: redis.Redis, heartbeat_ttl_s: float = 20.0,

@@ -64,14 +64,15 @@ class ReadyConfig:
 def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float) -> dict:
     """One phase in this process (see the module docstring); returns its measurements (seconds)."""
     imported = time.time()
+    from pipeline.compile_cache import compile_counters
     from pipeline.device import cpu_summary
-    from pipeline.ready import FallbackPlan, get_ready
-    from pipeline.warm import prepare_renderer
+    from pipeline.ready import get_ready
+    from pipeline.warm import WarmPlan, prepare_renderer
 
     started = time.perf_counter()
     renderer, profile = prepare_renderer(config.model, config.device, config.recipe, config.overrides)
     loaded = time.perf_counter()
-    plan = FallbackPlan(tuple(sorted(config.buckets)), tuple(config.sizes), config.steps, config.guidance_scale)
+    plan = WarmPlan(tuple(sorted(config.buckets)), tuple(config.sizes), config.steps, config.guidance_scale)
 
     def fetch(_key):
         return artifact.read_bytes() if phase == "cached" else None
@@ -85,7 +86,8 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
     return {"phase": phase, "ready_s": done - spawned_at, "import_s": imported - spawned_at,
             "load_s": loaded - started, "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
             "warm_up_s": ready["warm_up"].get("seconds"), "renders": ready["warm_up"].get("renders"),
-            "compile_cache": ready["compile_cache"], "counters": ready["counters"],
+            "compile_cache": ready["compile_cache"], "counters": compile_counters(),
+            "compiles": ready["warm_up"].get("compiles"),
             "recipe": renderer.recipe.get("name"), "compiled": (renderer.recipe.get("report") or {})
             .get("applied", {}).get("compile"), "device": profile,
             "cpu": cpu_summary() if profile.get("kind") == "cpu" else None}

@@ -5,10 +5,19 @@ last, after placement. Compilation is lazy: it happens at the worker's warm-up r
 
 Regional compilation (diffusers' ``compile_repeated_blocks``: FLUX's double and single blocks,
 SD3's and ERNIE-Image's transformer blocks) compiles one block graph and reuses it for every
-block: seconds instead of minutes of Inductor work, about the same speed. Shapes: with
-``compile_dynamic`` the graphs are compiled with dynamic shapes, so a new image size or batch
-size inside a job reuses them instead of recompiling; dynamo specialises sizes 0 and 1, so the
-warm-up renders batch 1 and batch 2 (two buckets: one image, several images).
+block: seconds instead of minutes of Inductor work, about the same speed. Shapes: static
+(``dynamic=False``) unless ``compile_dynamic``: one graph per batch bucket × declared image size,
+each compiled at the worker's warm-up (:func:`pipeline.warm.warm_up`), after which a shape no graph
+matches runs eagerly instead of recompiling (:func:`pipeline.compile_count.hold_compiled`). On one
+H100, ``dynamic=True`` had not finished compiling the SD 1.5 UNet after six minutes where a static
+compile took 77–82 s (README, "What the lent H100 measured"). ``compile_dynamic`` stays a knob.
+
+CUDA graphs (``compile_mode`` ``reduce-overhead`` or ``max-autotune`` on CUDA): a replay overwrites
+the previous replay's outputs, while schedulers keep earlier noise predictions between steps
+(DPM-Solver++ and UniPC keep ``model_outputs``) and a sliced VAE decode keeps each slice until the
+concatenation. So the module's ``forward`` is compiled (not its whole call), and hooks outside the
+compiled region mark a new step before every call (``torch.compiler.cudagraph_mark_step_begin()``)
+and clone the outputs after it: the two remedies PyTorch's CUDAGraph Trees documentation gives.
 """
 
 from __future__ import annotations
@@ -16,8 +25,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from typing import Any
+
+import torch
 
 from pipeline.optimize.quantize import Skip
+
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, regional: bool, dynamic: bool,
@@ -28,8 +42,16 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
         return Skip("torch.compile on the CPU needs a C++ compiler (g++/clang++); none on PATH")
     if kind in ("cuda", "xpu") and importlib.util.find_spec("triton") is None:
         return Skip(f"torch.compile on {kind} needs triton; not installed")
-    options = {"mode": mode, "dynamic": True if dynamic else None}
+    options: dict[str, Any] = {"mode": mode, "dynamic": bool(dynamic)}  # False: static shapes, never automatic dynamism
     done, failed = [], {}
+    graphs = kind == "cuda" and mode in CUDAGRAPH_MODES
+
+    def whole(module) -> None:
+        if graphs:  # compile forward only, so that the step mark and the clone run outside the graph
+            module.forward = torch.compile(module.forward, **options)
+            cudagraph_safe(module)
+        else:
+            module.compile(**options)
 
     def attempt(label: str, fn) -> None:  # one module failing to compile must not take the other with it
         try:
@@ -44,9 +66,38 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
             attempt(f"{denoiser_name} (regional: {', '.join(model._repeated_blocks)})",
                     lambda: model.compile_repeated_blocks(**options))
         else:
-            attempt(denoiser_name, lambda: model.compile(**options))
+            attempt(denoiser_name, lambda: whole(model))
     if vae and hasattr(getattr(pipe, "vae", None), "decoder"):
-        attempt("vae.decoder", lambda: pipe.vae.decoder.compile(**options))
+        attempt("vae.decoder", lambda: whole(pipe.vae.decoder))
     if not done:
         return Skip("; ".join(f"{k}: {v}" for k, v in failed.items()) or "nothing to compile")
-    return {"mode": mode, "dynamic": dynamic, "modules": done, **({"failed": failed} if failed else {})}
+    return {"mode": mode, "dynamic": dynamic, "modules": done, "cuda_graphs": graphs,
+            **({"failed": failed} if failed else {})}
+
+
+def cudagraph_safe(module: torch.nn.Module) -> torch.nn.Module:
+    """Hooks on ``module`` (outside its compiled ``forward``) for CUDA-graph replays: before each
+    call ``torch.compiler.cudagraph_mark_step_begin()``; after it, every output tensor cloned (a
+    tensor, a tuple or list of them, or a diffusers ``BaseOutput`` such as ``sample``), so that a
+    later replay cannot overwrite what the scheduler kept. Returns ``module``."""
+    def begin(_module, _args) -> None:
+        torch.compiler.cudagraph_mark_step_begin()
+
+    def clone(_module, _args, output: Any) -> Any:
+        return _cloned(output)
+
+    module.register_forward_pre_hook(begin)
+    module.register_forward_hook(clone)
+    return module
+
+
+def _cloned(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.clone()
+    if isinstance(output, (tuple, list)):
+        return type(output)(_cloned(o) for o in output)
+    if hasattr(output, "keys") and hasattr(output, "__setitem__"):  # diffusers BaseOutput (an OrderedDict)
+        for key in list(output.keys()):
+            output[key] = _cloned(output[key])
+        return output
+    return output

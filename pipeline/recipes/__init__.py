@@ -38,7 +38,7 @@ from pipeline.recipes.table import FAMILY_FITS, RECIPE_TABLE, RECIPES, FamilyFit
 
 __all__ = ["ATTENTION", "BASELINE", "COMPILE_MODES", "DTYPES", "FAMILY_FITS", "OPTIMIZATIONS", "QUANTIZATION",
            "RECIPES", "RECIPE_TABLE", "FamilyFit", "Optimization", "Recipe", "Rule", "apply_overrides",
-           "device_class", "overrides_from_env", "recipe_for", "select_recipe"]
+           "device_class", "overrides_from_env", "recipe_for", "resolve_conflicts", "select_recipe"]
 OVERRIDES_ENV = "RENDERFARM_RECIPE_OVERRIDES"
 BASELINE = Recipe()
 
@@ -70,8 +70,39 @@ def recipe_for(profile: DeviceProfile, name: str = "exact", family: str | None =
         raise ValueError(f"unknown recipe {name!r}; expected baseline, exact, fast or one of {sorted(RECIPES)}")
     r = _fit_family(_fit_device(RECIPES[base], profile), profile, family, reference)
     if name == "exact":
-        return replace(r.without_approximations(), name=f"{base}/exact")
-    return replace(r, name=f"{base}/fast") if name == "fast" else r
+        return resolve_conflicts(replace(r.without_approximations(), name=f"{base}/exact"))
+    return resolve_conflicts(replace(r, name=f"{base}/fast") if name == "fast" else r)
+
+
+COMPILE_VS_INVARIANCE = (
+    "batch_invariant off: torch.compile cannot trace the batch-invariant kernels (TorchDynamo fails on "
+    "aten.mkldnn_convolution's oneDNN tensor views in pipeline.invariance), and per-sample calls on "
+    "accelerators undo the static batch buckets that compile builds; with compile an image is "
+    "reproducible per bucket size, not across buckets")
+
+
+def resolve_conflicts(recipe: Recipe) -> Recipe:
+    """``recipe`` with knobs that cannot combine settled, the reason in :attr:`Recipe.adjusted`.
+
+    Compile (``compile_denoiser``/``compile_vae``) with ``batch_invariant``: the knob that was set by
+    configuration (:attr:`Recipe.overridden`) wins and the other is turned off; when neither or
+    only compile was configured, batch invariance is turned off (:data:`COMPILE_VS_INVARIANCE`).
+
+    Raises:
+        ValueError: both sides were set by configuration (an override or the pool).
+    """
+    compiles = recipe.compile_denoiser or recipe.compile_vae
+    if not (compiles and recipe.batch_invariant):
+        return recipe
+    set_compile = {"compile_denoiser", "compile_vae"} & set(recipe.overridden)
+    if "batch_invariant" in recipe.overridden:
+        if set_compile:
+            raise ValueError("batch_invariant=true cannot combine with compile_denoiser/compile_vae: "
+                             + COMPILE_VS_INVARIANCE.removeprefix("batch_invariant off: "))
+        return replace(recipe, compile_denoiser=False, compile_vae=False, compile_regional=False,
+                       adjusted=(*recipe.adjusted, "compile off: batch_invariant was configured; "
+                                 + COMPILE_VS_INVARIANCE.removeprefix("batch_invariant off: ")))
+    return replace(recipe, batch_invariant=False, adjusted=(*recipe.adjusted, COMPILE_VS_INVARIANCE))
 
 
 def _fit_device(r: Recipe, p: DeviceProfile) -> Recipe:
@@ -151,7 +182,7 @@ def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any] | str | None,
         if turned_on:
             raise ValueError(f"override(s) {', '.join(turned_on)} are approximate "
                              "(see recipes.OPTIMIZATIONS); allow approximate recipes for this pool first")
-    return new
+    return resolve_conflicts(new)
 
 
 def overrides_from_env(environ: Mapping[str, str] = os.environ) -> dict:

@@ -77,7 +77,7 @@ _BOOLS = ("channels_last", "fuse_qkv", "compile_denoiser", "compile_regional", "
           "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute", "batch_invariant")
 #: Old knob names still accepted in overrides.
 ALIASES = {"compile_unet": "compile_denoiser"}
-_NOT_KNOBS = ("name", "overridden", "reference_dtype", "family")
+_NOT_KNOBS = ("name", "overridden", "reference_dtype", "family", "adjusted")
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class Recipe:
     reference_dtype: str = "float32"
     family: str | None = None
     overridden: tuple[str, ...] = field(default=(), compare=False)  # knobs set by configuration
+    adjusted: tuple[str, ...] = field(default=(), compare=False)  # knobs changed by a conflict rule, with why
 
     def __post_init__(self) -> None:
         for name, choices in {**_CHOICES, "reference_dtype": DTYPES}.items():
@@ -157,6 +158,7 @@ class Recipe:
         """JSON-able form, with the approximations in force, for reports and ``GET /v1/workers``."""
         d = asdict(self)
         d["overridden"] = list(self.overridden)
+        d["adjusted"] = list(self.adjusted)
         d["approximations"] = self.approximations()
         return d
 

@@ -17,14 +17,17 @@ from pipeline.recipes.knobs import Recipe
 
 #: One recipe per device class, approximations included (the ``fast`` flavour).
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    # Hopper / Ampere with room: compile with max-autotune, tiny VAE in fast. The CPU kernels of
+    # Hopper / Ampere with room: static compile (one graph per batch bucket × declared size, built
+    # at warm-up; dynamic=True had not finished compiling the SD 1.5 UNet after six minutes on an
+    # H100 where a static compile took 77-82 s) with CUDA graphs (reduce-overhead: SD 1.5 at batch 1
+    # is host-bound, 0.66 s of CPU per 0.61 s image on that H100), tiny VAE in fast. The CPU kernels of
     # pipeline.invariance never run on CUDA; batch invariance there is the pool's choice
     # (per-sample calls, measured by pipeline.gpu_checks; off unless it costs under 10 %).
     Recipe("cuda-large", dtype="float32", attention="flash_attn", channels_last=True, fuse_qkv=True,
-           compile_denoiser=True, compile_vae=True, compile_dynamic=True, compile_mode="max-autotune-no-cudagraphs",
+           compile_denoiser=True, compile_vae=True, compile_mode="reduce-overhead",
            max_batch_size=16, memory_fraction=0.9, tiny_vae="auto", scheduler_precompute=True),
     Recipe("cuda-mid", dtype="float32", attention="sdpa", channels_last=True, fuse_qkv=True,
-           compile_denoiser=True, compile_vae=True, compile_dynamic=True, compile_mode="max-autotune-no-cudagraphs",
+           compile_denoiser=True, compile_vae=True, compile_mode="reduce-overhead",
            max_batch_size=8, memory_fraction=0.9, tiny_vae="auto", scheduler_precompute=True),
     # Fused QKV keeps the unfused weights too, so it is off where memory is short; no compile
     # (its workspace and warm-up do not pay on 8 GB cards that offload).

@@ -64,3 +64,33 @@ def test_the_schema_refuses_a_bad_optional_field(helm, pool):
     values = json.dumps([{"name": "p", "model": "tiny", **pool}])
     out = run_helm(helm, "template", "farm", str(CHART), "--set-json", f"pools={values}", check=False)
     assert out.returncode != 0 and "schema" in out.stderr.lower(), out.stderr
+
+
+def test_worker_probes_follow_the_state_file_the_worker_writes(render, tmp_path):
+    """The startup and readiness probes pass exactly when the file the worker writes says ready:
+    they run the probe command against a state file written by worker.main's WarmState."""
+    import subprocess
+
+    from worker.main import WarmState
+
+    (deployment,) = [d for d in by_kind(render(), "Deployment") if "-worker-" in d["metadata"]["name"]]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    path = env["RENDERFARM_WORKER_STATE_FILE"]
+    startup, readiness = container["startupProbe"], container["readinessProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 900  # startupSeconds' default
+    for probe in (startup, readiness):
+        command = probe["exec"]["command"]
+        assert path in command
+        local = [str(tmp_path / "state") if part == path else part for part in command]
+        warm = WarmState(str(tmp_path / "state"))
+        assert subprocess.run(local).returncode != 0  # warming: not started, not ready
+        warm.ready({"seconds": 1.0})
+        assert subprocess.run(local).returncode == 0
+
+
+def test_max_batch_left_unset_is_the_workers_measured_batch(render):
+    (spec,) = _declared(render("default", "--set-json", 'pools=[{"name": "p", "model": "tiny", "maxBatch": null, '
+                                                        '"sizes": [[512, 512], [384, 512]], "guidanceScale": 0}]'))
+    assert spec.max_batch is None
+    assert spec.sizes == ((512, 512), (384, 512)) and spec.guidance_scale == 0

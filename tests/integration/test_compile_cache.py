@@ -16,6 +16,7 @@ is compiled, which keeps a cold start to a few minutes on this 2-core machine.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,9 +79,16 @@ def start(env, run_dir, tmp_path_factory):
         proc.stop()
 
 
-def _entry(env: dict[str, str], name: str) -> dict:
-    workers = httpx.get(f"{env['RENDERFARM_API_URL']}/v1/workers", timeout=10).json()
-    return next(w for w in workers if w["name"] == name)
+def _entry(env: dict[str, str], name: str, timeout_s: float = 900.0) -> dict:
+    """The worker's /v1/workers entry once it is ``ready`` (it registers as ``warming`` first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        workers = httpx.get(f"{env['RENDERFARM_API_URL']}/v1/workers", timeout=10).json()
+        entry = next((w for w in workers if w["name"] == name), None)
+        if entry is not None and entry.get("state") == "ready":
+            return entry
+        assert time.monotonic() < deadline, f"worker {name} not ready after {timeout_s}s: {entry}"
+        time.sleep(1.0)
 
 
 def _log(proc: WorkerProcess) -> str:
@@ -109,7 +117,7 @@ def test_second_start_loads_and_compiles_nothing(env, api, store, start) -> None
     assert cache["saved"] is None, cache  # nothing to save
     log = _log(proc)
     assert f"compile cache hit: {cache['key']}" in log
-    assert "Inductor FX graph cache" in log and ", 0 miss(es)" in log
+    assert "compile cache hit: Inductor FX graph cache" in log and ", 0 miss(es) after the warm-up" in log
     proc.stop()
 
 
@@ -123,10 +131,12 @@ def test_corrupt_artifact_falls_back_and_serves(env, api, store, start) -> None:
     assert cache["outcome"] == "corrupt" and "SHA-256" in cache["reason"], cache
     assert cache["counters"]["fxgraph_cache_miss"] > 0, cache  # compiled instead
     assert f"compile cache corrupt: {artifact.key}" in _log(proc)
+    accepted = httpx.post(f"{env['RENDERFARM_API_URL']}/v1/jobs", timeout=30,
+                          json={"prompt": "after a corrupt cache", "model": "tiny", "width": 64, "height": 64,
+                                "num_inference_steps": 1, "seed": 7})
+    assert accepted.status_code == 202, accepted.text
     with RenderClient(env["RENDERFARM_API_URL"]) as client:
-        accepted = client.submit({"prompt": "after a corrupt cache", "model": "tiny", "width": 64, "height": 64,
-                                  "num_inference_steps": 1, "seed": 7})
-        [job] = client.wait(accepted.batch_id, timeout=300, progress=False)
+        [job] = client.wait(accepted.json()["batch_id"], timeout=300, progress=False)
     assert job.state == "succeeded", job
     repaired = store.get(artifact.key) or b""
     assert repaired != bytes(blob) and read_header(repaired)["key"] == artifact.key  # the save replaced it

@@ -127,6 +127,13 @@
     return typeof recipe === "object" ? recipe.name || JSON.stringify(recipe).slice(0, 40) : String(recipe);
   }
 
+  function stateText(w) {
+    if (w.state !== "warming") return w.state || "ready";
+    const p = w.warmup || {};
+    const eta = p.eta_s == null ? "" : ` · ~${Math.round(p.eta_s)} s left`;
+    return styled(`warming ${p.done ?? 0}/${p.total ?? "?"}${eta}`, "warn");
+  }
+
   function drawWorkers(workers) {
     fillTable(document.getElementById("workers"), workers, (w) => w.name, [
       { cell: (w) => w.name },
@@ -134,6 +141,9 @@
       { cell: (w) => deviceText(w.device) },
       { cell: (w) => recipeText(w.recipe) },
       { cell: (w) => w.batch_size, cls: "num" },
+      { cell: (w) => (w.buckets || []).join(" ") },
+      { cell: stateText },
+      { cell: (w) => (w.recompiles == null ? null : styled(String(w.recompiles), w.recompiles > 0 ? "num warn" : "num")) },
       { cell: (w) => styled(`${fixed(w.heartbeat_age_s, 1) ?? "?"} s`, w.heartbeat_age_s > 10 ? "num warn" : "num") },
       { cell: (w) => fixed(w.images_per_s, 2), cls: "num" },
       { cell: (w) => w.images_done ?? 0, cls: "num" },

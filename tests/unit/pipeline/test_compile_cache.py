@@ -21,12 +21,12 @@ from pipeline.compile_cache import (
     read_header,
     unpack,
 )
-from pipeline.ready import FallbackPlan
+from pipeline.warm import WarmPlan
 
 RECIPE = {"name": "cpu-amx/exact", "dtype": "float32", "compile_denoiser": True, "compile_vae": True,
           "compile_mode": "default", "max_batch_size": 8, "memory_fraction": 0.8, "report": {"applied": {}}}
 CPU = {"kind": "cpu", "name": "Some CPU", "compute_capability": None}
-PLAN = FallbackPlan((1, 2), ((64, 64),), 1, 7.5)
+PLAN = WarmPlan((1, 2), ((64, 64),), 1, 7.5)
 
 
 def _tar(members: dict[str, bytes]) -> bytes:
@@ -41,14 +41,14 @@ def _tar(members: dict[str, bytes]) -> bytes:
 
 def test_key_depends_on_what_is_compiled_and_nothing_else() -> None:
     key = cache_key("tiny", RECIPE, CPU, PLAN)
-    assert key.name == cache_key("tiny", dict(RECIPE), dict(CPU), FallbackPlan((1, 2), ((64, 64),), 1, 7.5)).name
+    assert key.name == cache_key("tiny", dict(RECIPE), dict(CPU), WarmPlan((1, 2), ((64, 64),), 1, 7.5)).name
     assert key.name.startswith("tiny-")
     # the batch cap, the memory bound and the steps do not change compiled code: same artifact
     assert cache_key("tiny", {**RECIPE, "max_batch_size": 16, "memory_fraction": 0.5}, CPU,
-                     FallbackPlan((1, 2), ((64, 64),), 20, 5.0)).name == key.name
-    others = [cache_key("tiny", RECIPE, CPU, FallbackPlan((1, 2, 4), ((64, 64),), 1, 7.5)),
-              cache_key("tiny", RECIPE, CPU, FallbackPlan((1, 2), ((64, 64), (128, 64)), 1, 7.5)),
-              cache_key("tiny", RECIPE, CPU, FallbackPlan((1, 2), ((64, 64),), 1, 0.0)),  # no guidance: half the batch
+                     WarmPlan((1, 2), ((64, 64),), 20, 5.0)).name == key.name
+    others = [cache_key("tiny", RECIPE, CPU, WarmPlan((1, 2, 4), ((64, 64),), 1, 7.5)),
+              cache_key("tiny", RECIPE, CPU, WarmPlan((1, 2), ((64, 64), (128, 64)), 1, 7.5)),
+              cache_key("tiny", RECIPE, CPU, WarmPlan((1, 2), ((64, 64),), 1, 0.0)),  # no guidance: half the batch
               cache_key("tiny", {**RECIPE, "compile_mode": "max-autotune"}, CPU, PLAN),
               cache_key("tiny", RECIPE, {**CPU, "name": "Other CPU"}, PLAN),
               cache_key("tiny", RECIPE, {"kind": "cuda", "name": "H100", "compute_capability": [9, 0]}, PLAN),

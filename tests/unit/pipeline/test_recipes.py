@@ -74,7 +74,9 @@ def test_cuda_recipes_per_family(profile, family):
     # denoiser knobs follow the family: UNets compile whole and take channels_last, transformers
     # compile their repeated blocks; ERNIE's attention has no fused projections
     if fast.compile_denoiser:
-        assert fast.compile_regional == spec.regional_compile and fast.compile_dynamic
+        # static batch buckets, with CUDA graphs (pipeline.warm.warm_up compiles each shape)
+        assert fast.compile_regional == spec.regional_compile and not fast.compile_dynamic
+        assert fast.compile_mode == "reduce-overhead"
     assert not (fast.channels_last and spec.denoiser == "transformer")
     assert not (fast.fuse_qkv and not spec.fuse_qkv)
     # weights that do not fit are offloaded; what fits stays resident
@@ -129,7 +131,8 @@ def test_table_is_data_and_every_rule_names_a_recipe():
 # --- exactness -------------------------------------------------------------------------------
 
 def test_every_knob_is_classified_with_a_source():
-    knobs = {f.name for f in dataclasses.fields(Recipe)} - {"name", "overridden", "reference_dtype", "family"}
+    not_knobs = {"name", "overridden", "reference_dtype", "family", "adjusted"}
+    knobs = {f.name for f in dataclasses.fields(Recipe)} - not_knobs
     assert knobs == {k for k, o in OPTIMIZATIONS.items() if o.knob}
     assert all(o.exactness in ("exact", "approximate") and o.source for o in OPTIMIZATIONS.values())
     for technique in ("feature_cache", "fewer_steps"):
@@ -267,3 +270,22 @@ def test_split_on_oom_halves_and_reports_the_size_that_worked():
     assert is_oom_error(RuntimeError("MPS backend out of memory")) and not is_oom_error(ValueError("x"))
     with pytest.raises(ValueError):
         split_on_oom(lambda items: (_ for _ in ()).throw(ValueError("not oom")), [1, 2])
+
+
+def test_compile_and_batch_invariance_are_settled_when_the_recipe_is_resolved():
+    """The invariant CPU kernels cannot be traced by TorchDynamo: asking for compile turns batch
+    invariance off with the reason in the recipe; asking for both is refused before any render."""
+    from pipeline.recipes import resolve_conflicts
+
+    exact = select_recipe(cpu(False))
+    assert exact.batch_invariant and not exact.adjusted
+    compiled = apply_overrides(exact, {"compile_denoiser": True, "compile_vae": True})
+    assert compiled.compile_denoiser and compiled.compile_vae and not compiled.batch_invariant
+    assert "mkldnn_convolution" in compiled.adjusted[0] and compiled.to_dict()["adjusted"] == list(compiled.adjusted)
+    with pytest.raises(ValueError, match="cannot combine"):
+        apply_overrides(exact, {"compile_vae": True, "batch_invariant": True})
+    # a pool that declares batch invariance (configured) keeps it over a compile it did not ask for
+    pool_set = dataclasses.replace(exact, compile_denoiser=True, overridden=("batch_invariant",))
+    kept = resolve_conflicts(pool_set)
+    assert kept.batch_invariant and not kept.compile_denoiser and kept.adjusted[0].startswith("compile off")
+    assert resolve_conflicts(exact) is exact  # nothing to settle

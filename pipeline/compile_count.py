@@ -1,0 +1,78 @@
+"""Counting torch.compile's compilations, and keeping them out of the hot path.
+
+Place in the data flow: worker start-up → :func:`pipeline.warm.warm_up` compiles every declared
+shape → :func:`hold_compiled` (here) → every later render reuses those graphs or runs eagerly.
+The counts go into the worker's heartbeat (``GET /v1/workers``) and from there to the API's
+``/metrics`` (``renderfarm_recompiles_total``).
+
+A compilation is counted when TorchDynamo starts one (``torch._dynamo.callback_handler``'s start
+callbacks, the hook behind ``torch._dynamo.callback.on_compile_start``; one call per outermost
+compilation of a frame). Inductor's FX-graph cache hits and misses come from
+``torch._dynamo.utils.counters["inductor"]`` (PyTorch's "Compile time caching in torch.compile"
+recipe names them), so a caller can tell a compile served from the cache from a cold one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+_lock = threading.Lock()
+_state = {"compiles": 0, "installed": False}
+
+
+def install() -> None:
+    """Register the compile-start callback once per process (idempotent; cheap without compile)."""
+    with _lock:
+        if _state["installed"]:
+            return
+        from torch._dynamo import callback_handler
+
+        callback_handler.register_start_callback(_on_start)
+        _state["installed"] = True
+
+
+def _on_start(_args) -> None:
+    with _lock:
+        _state["compiles"] += 1
+
+
+def compiles() -> int:
+    """TorchDynamo compilations started in this process since :func:`install` (an int ≥ 0)."""
+    with _lock:
+        return _state["compiles"]
+
+
+def fx_graph_cache() -> dict[str, int]:
+    """Inductor's FX-graph cache ``{"hits": int, "misses": int}`` in this process so far."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return {"hits": int(inductor["fxgraph_cache_hit"]), "misses": int(inductor["fxgraph_cache_miss"])}
+
+
+def allow_graphs(n: int) -> None:
+    """Let TorchDynamo keep at least ``n`` compiled graphs per function (one per static shape):
+    its ``recompile_limit`` (8 by default) would otherwise fall back to eager past the 8th bucket × size."""
+    import torch._dynamo.config as config
+
+    config.recompile_limit = max(int(config.recompile_limit), n)
+
+
+def hold_compiled() -> None:
+    """From now on, a call whose shapes no compiled graph matches runs eagerly instead of compiling:
+    ``torch.compiler.set_stance("eager_on_recompile")`` (PyTorch ≥ 2.6; process-wide). Graphs
+    compiled before still run. Without ``set_stance`` (older PyTorch) nothing changes."""
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is not None:
+        set_stance("eager_on_recompile")
+
+
+def release_compiled() -> None:
+    """Back to TorchDynamo's default stance (compile what is new); for tests and benchmarks."""
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is not None:
+        set_stance("default")

@@ -1,0 +1,57 @@
+"""Warm-up plans and static batch buckets on the tiny model (CPU): what a worker warms, how a group
+is split into buckets, and that progress counts the whole group."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infra.schemas import RenderRequest
+from pipeline.warm import PoolOptions, WarmPlan, warm_plan, warm_up
+
+
+def _requests(n: int, width: int = 64, height: int = 64, steps: int = 2) -> list[RenderRequest]:
+    return [RenderRequest(prompt=f"a red cube {i}", model="tiny", seed=100 + i, width=width, height=height,
+                          num_inference_steps=steps) for i in range(n)]
+
+
+def test_plan_buckets_sizes_steps_and_guidance(tiny_renderer):
+    plan = warm_plan(tiny_renderer, PoolOptions(max_pixels=256 * 256), 6)
+    # powers of two up to the batch size; the family's native square (512 for SD 1) capped by max_pixels
+    assert plan == WarmPlan(buckets=(1, 2, 4), sizes=((256, 256),), steps=2, guidance_scale=7.5)
+    declared = warm_plan(tiny_renderer, PoolOptions(sizes=((64, 64), (64, 96), (64, 64)), steps=4,
+                                                    guidance_scale=0.0), 16)
+    assert declared.buckets == (1, 2, 4, 8, 16) and declared.sizes == ((64, 64), (64, 96))
+    assert (declared.steps, declared.guidance_scale, declared.renders) == (4, 0.0, 10)
+    assert declared.to_dict()["sizes"] == [[64, 64], [64, 96]]
+    with pytest.raises(ValueError, match=">= 1"):
+        warm_plan(tiny_renderer, None, 0)
+
+
+def test_a_group_split_into_buckets_renders_each_image_as_its_bucket_does(tiny_renderer):
+    """7 → 4 + 2 + 1 would be slow here; 3 over (1, 2) → 2 + 1: the images are those of the two
+    bucket calls made alone, and progress runs once from 1 to the group's total."""
+    requests = _requests(3)
+    try:
+        tiny_renderer.buckets = (1, 2)
+        steps: list[tuple[int, int]] = []
+        grouped = tiny_renderer.render(requests, on_step=lambda done, total: steps.append((done, total)))
+        tiny_renderer.buckets = None
+        alone = tiny_renderer.render(requests[:2]) + tiny_renderer.render(requests[2:])
+    finally:
+        tiny_renderer.buckets = None
+    assert [np.asarray(a).tolist() == np.asarray(b).tolist() for a, b in zip(grouped, alone)] == [True] * 3
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def test_an_eager_recipe_warms_with_one_small_render(tiny_renderer):
+    progress: list[tuple] = []
+    plan = WarmPlan(buckets=(1, 2, 4), sizes=((64, 64),), steps=2, guidance_scale=7.5)
+    try:
+        report = warm_up(tiny_renderer, plan, on_progress=lambda *a: progress.append(a))
+        assert tiny_renderer.buckets == (1, 2, 4)
+        assert tiny_renderer.warmed is None  # nothing compiled: no shape runs "eagerly" by exception
+    finally:
+        tiny_renderer.buckets = None
+    assert report["compiled"] is False and report["renders"] == 1 and report["compiles"] == 0
+    assert progress == [(0, 1, None), (1, 1, 0.0)] and report["plan"]["buckets"] == [1, 2, 4]
