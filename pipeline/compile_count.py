@@ -14,7 +14,9 @@ recipe names them), so a caller can tell a compile served from the cache from a 
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 _lock = threading.Lock()
 _state = {"compiles": 0, "installed": False}
@@ -67,6 +69,20 @@ def hold_compiled() -> None:
     set_stance = getattr(torch.compiler, "set_stance", None)
     if set_stance is not None:
         set_stance("eager_on_recompile")
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Inside: compiled modules run eagerly and nothing compiles (``set_stance("force_eager")``),
+    e.g. the memory measurement that sizes the batch before warm-up, whose shapes need no graph."""
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:
+        yield
+        return
+    with set_stance("force_eager"):
+        yield
 
 
 def release_compiled() -> None:

@@ -89,7 +89,13 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)
-    batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile, pool=pool)
+    batch_size = args.batch_size or settings.batch_size
+    if not batch_size:  # measured eagerly: the sizing shapes need no compiled graph (warm-up builds those)
+        from pipeline import compile_count
+
+        with compile_count.eager():
+            renderer.warmup()  # first-call allocations stay out of the measured peaks
+            batch_size = batch_size_from_memory(renderer, profile, pool=pool)
     if spec is not None and spec.max_batch is not None and batch_size > spec.max_batch:
         log.info("batch size %d capped to pool %s's max_batch %d", batch_size, spec.name, spec.max_batch)
         batch_size = spec.max_batch
@@ -106,6 +112,7 @@ class WarmState:
         self.state = "warming"
         self.progress: dict = {"done": 0, "total": None, "eta_s": None}
         self.report: dict | None = None
+        self.ready_at: float | None = None  # epoch seconds
         self.state_file = state_file
         self._write()
 
@@ -115,7 +122,7 @@ class WarmState:
 
     def ready(self, report: dict | None) -> None:
         """Warm-up done: take jobs."""
-        self.state, self.report = "ready", report
+        self.state, self.report, self.ready_at = "ready", report, time.time()
         self._write()
 
     def _write(self) -> None:
@@ -323,7 +330,7 @@ def run_worker(args: argparse.Namespace) -> int:
     def describe() -> dict:
         return {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
                 "recipe": getattr(renderer, "recipe", None), "batch_size": batch_size,
-                "state": warm.state, "warmup": {**warm.progress, "report": warm.report},
+                "state": warm.state, "warmup": {**warm.progress, "report": warm.report, "ready_at": warm.ready_at},
                 "buckets": list(getattr(loaded, "buckets", None) or ()),
                 "recompiles": _compiles(loaded, warm), "eager_renders": getattr(loaded, "eager_renders", 0),
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,

@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -220,3 +221,22 @@ def test_workers_are_registered(api_server, workers, farm_env):
         assert w["heartbeat_age_s"] < 20 and w["pid"] > 0 and w["recipe"]["name"]
     health = httpx.get(f"{farm_env['RENDERFARM_API_URL']}/healthz").json()
     assert health == {"status": "ok", "checks": {"redis": "ok", "s3": "ok"}}
+
+
+def test_workers_report_their_warm_up_and_buckets(api_server, workers, farm_env):
+    """Each worker registers while warming and turns ready with its warm-up report: batch size 8
+    gives buckets 1, 2, 4, 8; the CPU recipe compiles nothing, so it warms with one render and
+    nothing recompiles afterwards."""
+    deadline = time.monotonic() + 120
+    while True:
+        listed = {w["name"]: w for w in httpx.get(f"{farm_env['RENDERFARM_API_URL']}/v1/workers").json()}
+        mine = [listed[w.name] for w in workers if w.name in listed]
+        if len(mine) == len(workers) and all(w["state"] == "ready" for w in mine):
+            break
+        assert all(w["state"] in ("warming", "ready") for w in mine), mine
+        assert time.monotonic() < deadline, f"workers still warming: {mine}"
+        time.sleep(0.5)
+    for w in mine:
+        assert w["buckets"] == [1, 2, 4, 8] and w["recompiles"] == 0 and w["eager_renders"] == 0
+        report = w["warmup"]["report"]
+        assert report["compiled"] is False and report["renders"] == 1 and report["plan"]["buckets"] == [1, 2, 4, 8]

@@ -145,7 +145,8 @@ def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
     monkeypatch.undo()
     pipe = tiny_pipeline(tmp_path)
     report = apply_recipe(pipe, recipe)  # compiles lazily: nothing is run here
-    assert report["applied"]["compile"] == {"mode": "default", "dynamic": False, "modules": ["unet", "vae.decoder"]}
+    assert report["applied"]["compile"] == {"mode": "default", "dynamic": False, "modules": ["unet", "vae.decoder"],
+                                            "cuda_graphs": False}  # CUDA graphs only on CUDA
     assert pipe.unet._compiled_call_impl is not None
 
 

@@ -1,0 +1,89 @@
+"""A compiling worker warms up before it takes jobs, through the real farm: a status API with a
+declared pool (its own Redis database), a ``tiny`` worker whose recipe compiles the VAE decoder
+with Inductor (static shapes), SeaweedFS.
+
+The pool declares one size (64²) and the worker batch size 2: buckets 1 and 2, compiled at
+warm-up. A batch submitted while the worker warms waits in the queue and starts after it is
+ready; a group of 3 renders as 2 + 1 without compiling; a size the pool did not declare runs
+eagerly and is counted. ``/v1/workers`` and ``/metrics`` show all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from infra.localstack import ApiServer, WorkerProcess, free_port
+from infra.schemas import RenderRequest
+from producer import RenderClient
+
+pytestmark = pytest.mark.integration
+DB = 12
+POOL = "cpu-tiny-warm"
+POOLS = [{"name": POOL, "model": "tiny", "device_class": "cpu", "max_pixels": 72 * 64, "max_batch": 2,
+          "sizes": [[64, 64]], "steps": 1, "guidance_scale": 7.5}]
+
+
+@pytest.fixture(scope="module")
+def env(farm_env, redis_server) -> dict[str, str]:
+    redis_server.client(DB).flushdb()
+    return {**farm_env, "RENDERFARM_REDIS_URL": redis_server.db_url(DB),
+            "RENDERFARM_API_URL": f"http://127.0.0.1:{free_port()}", "RENDERFARM_POOLS": json.dumps(POOLS),
+            "RENDERFARM_RECIPE_OVERRIDES": json.dumps({"compile_vae": True}),
+            "RENDERFARM_HEARTBEAT_INTERVAL_S": "0.5"}
+
+
+@pytest.fixture(scope="module")
+def api(env, run_dir) -> Iterator[ApiServer]:
+    with ApiServer(int(env["RENDERFARM_API_URL"].rsplit(":", 1)[1]), env, name="api-warm", run_dir=run_dir) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def worker(start_worker, api, env) -> WorkerProcess:
+    return start_worker("tiny", env, name="warm-1", batch_size=2, extra_args=["--pool", POOL])
+
+
+def _req(seed: int, width: int = 64, height: int = 64) -> RenderRequest:
+    return RenderRequest(prompt=f"a green hill {seed}", seed=seed, model="tiny", width=width, height=height,
+                         num_inference_steps=2)
+
+
+def _me(env, name: str) -> dict:
+    (me,) = [w for w in httpx.get(f"{env['RENDERFARM_API_URL']}/v1/workers").json() if w["name"] == name]
+    return me
+
+
+def test_jobs_wait_for_the_warm_up_and_nothing_recompiles_after_it(worker, env):
+    seen_states = {_me(env, worker.name)["state"]}  # registered before warm-up
+    with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
+        accepted = client.submit_batch([_req(i) for i in range(3)])  # 3 → buckets 2 + 1
+        jobs = client.wait(accepted.batch_id, timeout=900)
+        assert [j.state for j in jobs] == ["succeeded"] * 3, [(j.state, j.error) for j in jobs]
+        me = _me(env, worker.name)
+        seen_states.add(me["state"])
+        assert me["state"] == "ready" and me["buckets"] == [1, 2]
+        report = me["warmup"]["report"]
+        assert report["compiled"] and report["renders"] == 2 and report["compiles"] >= 2
+        assert me["warmup"]["done"] == me["warmup"]["total"] == 2
+        # the consumer starts after warm-up: no job of the batch started before the worker was ready
+        assert all(j.started_at.timestamp() >= me["warmup"]["ready_at"] - 0.5 for j in jobs)
+        assert me["recompiles"] == 0 and me["eager_renders"] == 0
+
+        odd = client.wait(client.submit_batch([_req(9, width=72)]).batch_id, timeout=600)  # not declared
+        assert odd[0].state == "succeeded" and (odd[0].result.width, odd[0].result.height) == (72, 64)
+    deadline = time.monotonic() + 30
+    while (me := _me(env, worker.name))["eager_renders"] != 1:  # the next heartbeat carries it
+        assert time.monotonic() < deadline, me
+        time.sleep(0.5)
+    assert me["recompiles"] == 0
+    assert seen_states <= {"warming", "ready"}
+    metrics = httpx.get(f"{env['RENDERFARM_API_URL']}/metrics").text
+    labels = f'pool="{POOL}",worker="{worker.name}"'
+    assert f"renderfarm_recompiles_total{{{labels}}} 0.0" in metrics
+    assert f"renderfarm_eager_renders_total{{{labels}}} 1.0" in metrics
+    assert f"renderfarm_warmup_seconds{{{labels}}}" in metrics
