@@ -337,6 +337,9 @@ class WorkerInfo(BaseModel):
     buckets: list[int] = Field(default_factory=list, description="The batch buckets it compiled (images).")
     recompiles: int | None = Field(None, description="torch.compile compilations since the warm-up (0 expected).")
     eager_renders: int | None = Field(None, description="Pipeline calls at a shape outside the warm-up, run eagerly.")
+    compile_cache: dict | None = Field(None, description="The shared compile cache at start-up: key, outcome (hit, "
+                                       "miss, corrupt, mismatch, error), reason, bytes, seconds, saved, and "
+                                       "Inductor's FX graph cache hits and misses after the warm-up (counters).")
 
 
 class QueueDepth(BaseModel):

@@ -4,8 +4,9 @@ Data flow: **worker** pulls batches from its pool's queue → pipeline → stora
 store. Start-up: check ``--pool``/``--model`` against the declared pools (``RENDERFARM_POOLS``;
 a declared pool's model must match, its ``max_batch`` caps the batch size), probe the device,
 load the pipeline once, size the batch, register with a heartbeat as ``warming``, warm up every
-batch bucket × declared size (:func:`pipeline.warm.warm_up`; the compile cache is restored before
-and saved after), then report ``ready`` and consume: the Celery consumer starts only then.
+batch bucket × declared size (:func:`pipeline.warm.warm_up`; the shared compile cache in S3 is restored
+before and saved after, :mod:`pipeline.ready`, and reported in the heartbeat as
+``compile_cache``), then report ``ready`` and consume: the Celery consumer starts only then.
 SIGTERM is Celery's warm shutdown: no new batch is taken, the current one finishes, unstarted
 prefetched messages go back to the queue (kombu restores unacknowledged messages when the
 channel closes), the worker leaves the registry and exits 0. Should a batch still be held at
@@ -46,6 +47,7 @@ from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.connect import state_client
 from infra.state.jobs import JobStore
+from infra.storage.compile_cache import CompileCacheStore
 from infra.storage.inputs import load_input
 from infra.storage.s3 import Storage
 from pipeline.memory import current_bytes
@@ -135,24 +137,29 @@ class WarmState:
         os.replace(tmp, self.state_file)  # atomic: a probe never reads half a word
 
 
-def _warm(renderer, batch_size: int, warm: WarmState, heartbeat: Heartbeat) -> dict | None:
+def _warm(renderer, batch_size: int, warm: WarmState, heartbeat: Heartbeat, profile: dict,
+          cache: CompileCacheStore) -> dict | None:
     """Warm ``renderer`` up before the queue is consumed (:func:`pipeline.warm.warm_up`: every batch
-    bucket × declared size), beating with the progress; None for the null renderer."""
+    bucket × declared size), beating with the progress; None for the null renderer. The shared
+    compile cache is restored before the first compile and saved after a warm-up that compiled
+    (:func:`pipeline.ready.get_ready`); its outcome is the report's ``compile_cache`` (a missing,
+    corrupt or mismatched artifact, or S3 being away, only means compiling, with one log line)."""
     if not hasattr(renderer, "capabilities"):  # the null renderer has nothing to warm
         return None
-    from pipeline.warm import warm_plan, warm_up
+    from pipeline import compile_count
+    from pipeline.ready import get_ready
+    from pipeline.warm import warm_plan
 
     plan = warm_plan(renderer, getattr(renderer, "pool", None), batch_size)
-    # the compile cache: restore here, before the first compile (load_cache_artifacts)
+
     def on_progress(done: int, total: int, eta_s: float | None) -> None:
         warm.update(done, total, eta_s)
         heartbeat.beat_quietly()
 
-    report = warm_up(renderer, plan, on_progress=on_progress)
-    # the compile cache: save here, after the last compile (save_cache_artifacts)
-    from pipeline import compile_count
-
-    return {**report, "compiles_before_ready": compile_count.compiles()}
+    ready = get_ready(renderer, profile, plan, fetch=lambda key: cache.get(key.name),
+                      store=lambda key, blob: cache.put(key.name, blob, key.fields), on_progress=on_progress)
+    return {**ready["warm_up"], "compiles_before_ready": compile_count.compiles(),
+            "compile_cache": ready["compile_cache"]}
 
 
 class ReservedJobs:
@@ -338,7 +345,8 @@ def run_worker(args: argparse.Namespace) -> int:
                 "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),
                 "prefetch": {"limit": prefetch, "peak_jobs": reserved.peak,
                              "rss_kib_at_peak": reserved.rss_at_peak_kib},
-                "healthy": not breaker.open, "breaker": breaker.state()}
+                "healthy": not breaker.open, "breaker": breaker.state(),
+                "compile_cache": (warm.report or {}).get("compile_cache")}
 
     heartbeat = Heartbeat(client, name, describe, interval_s=settings.heartbeat_interval_s,
                           ttl_s=settings.heartbeat_ttl_s, on_beat=lambda: store.renew_leases(runner.current_jobs()))
@@ -346,7 +354,7 @@ def run_worker(args: argparse.Namespace) -> int:
         breaker.trip(problem)
     heartbeat.beat()
     heartbeat.start()  # registered as warming: /v1/workers shows the progress, the queue waits
-    warm.ready(_warm(loaded, batch_size, warm, heartbeat))
+    warm.ready(_warm(loaded, batch_size, warm, heartbeat, device_info, CompileCacheStore(storage)))
     heartbeat.beat_quietly()
     log.info("worker %s ready in %.1fs", name, time.perf_counter() - t0)
     watchdog.start()  # renders from here on: the warm-up's compiles are not stalls
