@@ -184,6 +184,14 @@ def test_approximate_override_needs_permission():
     assert "quantization" in r.approximations()
     with pytest.raises(ValueError, match="needs compile_denoiser"):  # torchao always goes with compile
         select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "torchao_int8_dynamic"})
+    # NNCF's int8 weights compress the OpenVINO UNet: refused at resolution without that backend
+    with pytest.raises(ValueError, match="needs backend=openvino"):
+        select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "openvino_int8"})
+    ov = select_recipe(cpu(False), allow_approximate=True,
+                       overrides={"backend": "openvino", "quantization": "openvino_int8"})
+    assert "quantization" in ov.approximations() and ov.without_approximations().quantization is None
+    with pytest.raises(ValueError, match="quantization are approximate"):
+        select_recipe(cpu(False), overrides={"backend": "openvino", "quantization": "openvino_int8"})
     # the card's dtype is exact for that model: float16 on CUDA is no approximation for SDXL
     assert select_recipe(H100, overrides={"dtype": "float16"}, family="sdxl").approximations() == []
 
