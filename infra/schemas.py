@@ -238,6 +238,9 @@ class WorkerInfo(BaseModel):
     healthy: bool = True
     breaker: dict | None = None
     images_per_s: float | None = Field(None, description="Images finished per second over the last few minutes.")
+    compile_cache: dict | None = Field(None, description="The shared compile cache at start-up: key, outcome (hit, "
+                                       "miss, corrupt, mismatch, error), reason, bytes, seconds, saved, and "
+                                       "Inductor's FX graph cache hits and misses after the warm-up (counters).")
 
 
 class QueueDepth(BaseModel):

@@ -140,7 +140,7 @@ class Settings(BaseSettings):
                                                 "(every tenant's job ids in GET /v1/workers).")
     metrics_token: SecretStr = Field(SecretStr(""), description="Bearer token Prometheus sends to scrape /metrics "
                                      "(Authorization: Bearer …); an admin tenant's key works too. Empty and auth off: "
-                                     "/metrics is open.")
+                                     "/metrics is open. It also reads /v1/queues (KEDA's metrics-api scaler).")
     metrics_cache_s: float = Field(5.0, ge=0, description="Seconds one /metrics answer is reused by every scrape.")
     health_cache_s: float = Field(1.0, ge=0, description="Seconds one /healthz evaluation (Redis PING, the S3 "
                                   "check, unhealthy workers) is reused by every probe of this API process.")

@@ -147,6 +147,12 @@ def cpu_summary() -> dict:
     return {"name": _cpu_name(), "cores": facts["cpu_cores"], "isa": isa}
 
 
+def cpu_flags() -> list[str]:
+    """This CPU's feature flags as /proc/cpuinfo lists them (``avx2``, ``avx512f``, ``amx_tile`` …);
+    empty where there is no /proc/cpuinfo."""
+    return _cpuinfo_field("flags").split()
+
+
 def _cpuinfo_field(field: str) -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -7,7 +7,10 @@ worker → S3 → job state (:mod:`producer.bench_farm`). This module only regis
 the CLI root imports it at start, so the heavy modules (torch, diffusers, celery) are imported
 inside the handlers.
 
-``python -m producer.bench_cli pipeline|profile …`` runs the same commands without the CLI root,
+``bench ready`` measures a worker's time to ready, cold and with the compile cache
+(:mod:`pipeline.bench.ready`).
+
+``python -m producer.bench_cli pipeline|profile|ready …`` runs the same commands without the CLI root,
 whose other commands import Celery, Redis and FastAPI: for a GPU machine that carries only what
 the pipeline needs (``deploy/gpu/bench-gpu.sh``).
 """
@@ -15,6 +18,7 @@ the pipeline needs (``deploy/gpu/bench-gpu.sh``).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -142,14 +146,36 @@ def _redis(args: argparse.Namespace) -> int:
                            lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
 
 
+def _size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` in pixels."""
+    width, sep, height = text.lower().partition("x")
+    if not sep:
+        raise ValueError(f"size must be WIDTHxHEIGHT, got {text!r}")
+    return int(width), int(height)
+
+
+def _ready(args: argparse.Namespace) -> int:
+    from pipeline.bench.ready import DEFAULT_OVERRIDES, ReadyConfig, ready_table, run_ready_bench
+
+    try:
+        config = ReadyConfig(model=args.model, device=args.device, recipe=args.recipe, buckets=args.buckets,
+                             sizes=args.sizes, steps=args.steps, guidance_scale=args.guidance_scale,
+                             overrides=args.overrides or json.dumps(DEFAULT_OVERRIDES), timeout_s=args.timeout)
+    except ValueError as exc:
+        print(f"bench ready: {exc}", file=sys.stderr)
+        return 2
+    return _run_and_report("bench ready", lambda log: run_ready_bench(config, log=log), ready_table, args.json)
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``bench pipeline``, ``bench profile`` and ``bench farm`` to the CLI."""
+    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench redis`` and ``bench ready`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
     _register_redis(sub)
+    _register_ready(sub)
     return bench
 
 
@@ -245,6 +271,30 @@ def _register_redis(sub) -> None:
     r.set_defaults(func=lambda args: sys.exit(_redis(args)))
 
 
+def _register_ready(sub) -> None:
+    r = sub.add_parser("ready", help="a worker's time to ready: cold compile vs the compile cache, fresh processes",
+                       description="In a fresh process with an empty Inductor cache directory, load the model with "
+                                   "compile on and warm up every bucket x size (cold), saving the compile-cache "
+                                   "artifact to a file; then in another fresh process with another empty cache "
+                                   "directory, load that artifact first (cached). Prints cold and cached seconds "
+                                   "from spawn to ready, their ratio and the compiles in each. No Redis, no S3.")
+    r.add_argument("--model", default="tiny", help="offline name, hub id or path (default tiny)")
+    r.add_argument("--device", default="auto", help="auto, cpu, cuda, … (default auto)")
+    r.add_argument("--recipe", default="exact", help="the farm recipe (default exact)")
+    r.add_argument("--buckets", type=_csv(int), default=(1, 2), help="batch buckets, comma list (default 1,2)")
+    r.add_argument("--sizes", type=_csv(_size), default=((64, 64),),
+                   help="WIDTHxHEIGHT pixels, comma list (default 64x64)")
+    r.add_argument("--steps", type=int, default=1, help="denoising steps per warm-up render (default 1)")
+    r.add_argument("--guidance-scale", type=float, default=7.5,
+                   help="default 7.5 (above 1: guidance doubles the batch)")
+    r.add_argument("--overrides", default=None,
+                   help='recipe knobs as JSON (default {"compile_denoiser": true, "compile_vae": true, '
+                        '"batch_invariant": false})')
+    r.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase (default 3600)")
+    r.add_argument("--json", default=None, help="write the result here")
+    r.set_defaults(func=lambda args: sys.exit(_ready(args)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The bench commands alone: ``pipeline``, ``profile`` and ``farm`` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="renderfarm bench", description="renderfarm benchmarks")
@@ -253,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_profile(sub)
     _register_farm(sub)
     _register_redis(sub)
+    _register_ready(sub)
     return parser
 
 

@@ -44,7 +44,7 @@ from datetime import datetime
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.schemas import OutputFormat, RenderRequest
-from producer.bench_redis import RedisCounter
+from producer.redis_stats import RedisCounter
 
 PROMPTS = (
     "a photograph of an astronaut riding a horse", "a red fox in the snow, golden hour",

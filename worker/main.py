@@ -3,8 +3,9 @@
 Data flow: **worker** pulls batches from its pool's queue → pipeline → storage → job-state
 store. Start-up: check ``--pool``/``--model`` against the declared pools (``RENDERFARM_POOLS``;
 a declared pool's model must match, its ``max_batch`` caps the batch size), probe the device,
-load the pipeline once, warm it up with one render,
-register with a heartbeat, then consume. SIGTERM is Celery's warm shutdown: no new batch is
+load the pipeline once, restore the shared compile cache from S3 (``pipeline.ready``), warm it
+up, save the compile cache when the warm-up compiled, register with a heartbeat (which reports
+the cache's outcome as ``compile_cache``), then consume. SIGTERM is Celery's warm shutdown: no new batch is
 taken, the current one finishes, unstarted prefetched messages go back to the queue (kombu
 restores unacknowledged messages when the channel closes), the worker leaves the registry and
 exits 0. Should a batch still be held at exit (a second signal: cold shutdown), its jobs are
@@ -43,6 +44,7 @@ from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.connect import state_client
 from infra.state.jobs import JobStore
+from infra.storage.compile_cache import CompileCacheStore
 from infra.storage.s3 import Storage
 from pipeline.memory import current_bytes
 from pipeline.null import NULL_MODEL, NullRenderer
@@ -67,14 +69,21 @@ def _job_id(request) -> str | None:
     return job_id if isinstance(job_id, str) else None
 
 
-def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int]:
+def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int, dict]:
     """The warm renderer for ``args.model`` (the null renderer, or a diffusers pipeline), the
-    device profile, and the batch size: the flag, the setting, or measured from memory at the
-    declared pool's largest size and steps. It loads only the declared pool's upscalers, or
-    without a declared pool those of ``RENDERFARM_UPSCALERS``."""
+    device profile, the batch size (the flag, the setting, or measured from memory at the
+    declared pool's largest size and steps) and what getting ready did (``compile_cache``: the
+    outcome of the shared compile cache, or None). It loads only the declared pool's upscalers,
+    or without a declared pool those of ``RENDERFARM_UPSCALERS``.
+
+    Between loading and the batch sizing: restore the compile cache from S3, warm up every
+    bucket of the warm-up plan, and save the artifacts when the warm-up compiled
+    (:func:`pipeline.ready.get_ready`); a missing, corrupt or mismatched artifact or an S3 error
+    only means compiling, with one log line."""
     if args.model == NULL_MODEL:
         batch_size = args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
-        return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size
+        return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size, {"compile_cache": None}
+    from pipeline.ready import get_ready, plan_for
     from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
     pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
@@ -83,9 +92,18 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
     # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)
-    renderer.warmup()
+    cache = CompileCacheStore(Storage(settings, max_attempts=3))
+    plan = plan_for(renderer, pool, args.batch_size or settings.batch_size or renderer.max_batch_size)
+    ready = get_ready(renderer, profile, plan, fetch=lambda key: cache.get(key.name),
+                      store=lambda key, blob: cache.put(key.name, blob, key.fields))
+    if ready["compile_cache"] is not None:
+        ready["compile_cache"]["counters"] = ready["counters"]
+        log.info("warm-up: %d render(s) in %.1fs; compile cache %s; Inductor FX graph cache %d hit(s), %d miss(es)",
+                 ready["warm_up"].get("renders", 0), ready["warm_up"].get("seconds", 0.0),
+                 ready["compile_cache"]["outcome"], ready["counters"]["fxgraph_cache_hit"],
+                 ready["counters"]["fxgraph_cache_miss"])
     batch_size = args.batch_size or settings.batch_size or batch_size_from_memory(renderer, profile, pool=pool)
-    return renderer, profile, batch_size
+    return renderer, profile, batch_size, ready
 
 
 class ReservedJobs:
@@ -134,7 +152,7 @@ def run_worker(args: argparse.Namespace) -> int:
     queue = keys.queue(pool)
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
-    renderer, device_info, batch_size = _load_renderer(args, settings, spec)
+    renderer, device_info, batch_size, ready = _load_renderer(args, settings, spec)
     if spec is not None and batch_size > spec.max_batch:
         log.info("batch size %d capped to pool %s's max_batch %d", batch_size, pool, spec.max_batch)
         batch_size = spec.max_batch
@@ -266,7 +284,7 @@ def run_worker(args: argparse.Namespace) -> int:
                 "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),
                 "prefetch": {"limit": prefetch, "peak_jobs": reserved.peak,
                              "rss_kib_at_peak": reserved.rss_at_peak_kib},
-                "healthy": not breaker.open, "breaker": breaker.state()}
+                "healthy": not breaker.open, "breaker": breaker.state(), "compile_cache": ready["compile_cache"]}
 
     heartbeat = Heartbeat(client, name, describe, interval_s=settings.heartbeat_interval_s,
                           ttl_s=settings.heartbeat_ttl_s, on_beat=lambda: store.renew_leases(runner.current_jobs()))

@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Starlette runs the last-added middleware first: auth, then the request rate limit.
     app.add_middleware(RateLimitMiddleware, limiter_of=lambda scope: scope["app"].state.farm.limiter)
     app.add_middleware(TenantMiddleware, keys_of=lambda scope: scope["app"].state.farm.keys,
-                       required=settings.auth_required)
+                       required=settings.auth_required, scrape_token=settings.metrics_token.get_secret_value())
     app.add_exception_handler(RateLimited, lambda request, exc: exc.response(request.url.path))
     # Starlette types every handler as taking Exception; it calls this one only for its class
     app.add_exception_handler(RequestValidationError, validation_error_handler)  # type: ignore[arg-type]

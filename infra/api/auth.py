@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import logging
 import re
 import secrets
@@ -59,6 +60,12 @@ HEADER = "X-API-Key"
 #: /v1/workers and /v1/queues.
 OPEN_PATHS = frozenset({"/healthz", "/livez", "/metrics", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect",
                         "/redoc"})
+
+#: Farm-wide, tenant-free read routes that also accept the scrape token (``RENDERFARM_METRICS_TOKEN``)
+#: as ``Authorization: Bearer``: the queue depths KEDA's metrics-api scaler polls. A request that
+#: presents the token here is tenant :data:`SCRAPE_TENANT` (it can see no tenant's jobs).
+SCRAPE_PATHS = ("/v1/queues",)
+SCRAPE_TENANT = "scrape"
 
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 KEY_RE = re.compile(r"rf_([0-9a-f]{12})_[A-Za-z0-9_-]{20,}")
@@ -209,12 +216,21 @@ class TenantMiddleware:
         app: the wrapped ASGI app.
         keys_of: returns the :class:`KeyStore` for a scope (built in the app's lifespan).
         required: whether a key is required outside :data:`OPEN_PATHS`.
+        scrape_token: the metrics scrape token; "" = none. On :data:`SCRAPE_PATHS` a request
+            presenting exactly this token (``Authorization: Bearer`` or ``X-API-Key``) passes as
+            tenant :data:`SCRAPE_TENANT`, so an autoscaler can read queue depths without a tenant key.
     """
 
-    def __init__(self, app: ASGIApp, keys_of, required: bool):
+    def __init__(self, app: ASGIApp, keys_of, required: bool, scrape_token: str = ""):
         self.app = app
         self.keys_of = keys_of
         self.required = required
+        self.scrape_token = scrape_token.encode()
+
+    def _is_scrape(self, path: str, keys: list[str]) -> bool:
+        return (bool(self.scrape_token) and len(keys) == 1
+                and any(path == p or path.startswith(p + "/") for p in SCRAPE_PATHS)
+                and hmac.compare_digest(keys[0].encode("utf-8", "surrogatepass"), self.scrape_token))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -222,7 +238,9 @@ class TenantMiddleware:
             return
         keys = presented_keys(scope["headers"], required=self.required)
         principal: Principal | None = None
-        if keys:
+        if self._is_scrape(scope["path"], keys):
+            principal = Principal(SCRAPE_TENANT)
+        elif keys:
             if len(keys) == 1:
                 principal = await to_thread.run_sync(self.keys_of(scope).authenticate, keys[0])
             if principal is None:

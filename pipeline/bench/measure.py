@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -248,3 +249,31 @@ class Summary:
     @classmethod
     def of(cls, values: list[float]) -> Summary:
         return cls(round(statistics.fmean(values), 4), round(statistics.median(values), 4), round(min(values), 4))
+
+
+def machine_facts(profile, gemm: dict[str, list[float]] | None = None,
+                  sizes: dict[str, int] | None = None) -> dict:
+    """The machine and software a result came from, for its JSON (GEMM rates in FLOP/s, measured
+    at ``sizes``: M = N = K by dtype name; ``gemm_size`` is the largest)."""
+    import importlib.metadata as md
+
+    versions: dict[str, str | None] = {}
+    for package in ("diffusers", "transformers", "accelerate", "triton", "sdnq", "torchao", "flash-attn"):
+        try:
+            versions[package] = md.version(package)
+        except md.PackageNotFoundError:
+            versions[package] = None
+    facts = {
+        "device": profile.to_dict(), "platform": platform.platform(), "python": platform.python_version(),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "packages": versions,
+        "threads": torch.get_num_threads(), "nproc": os.cpu_count(), "load_average": load_average(),
+        "alloc_conf": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")},
+    }
+    if profile.kind == "cuda":
+        facts["cudnn"] = torch.backends.cudnn.version()
+    if sizes:
+        facts["gemm_sizes"], facts["gemm_size"] = sizes, max(sizes.values())
+    if gemm:
+        facts["gemm_flops_per_s"] = {k: round(statistics.median(v)) for k, v in gemm.items() if v}
+        facts["gemm_flops_per_s_rounds"] = {k: [round(x) for x in v] for k, v in gemm.items()}
+    return facts

@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import asdict
 
-from pipeline.bench.measure import Summary, load_average, mib, psnr
+from pipeline.bench.measure import Summary, load_average, machine_facts, mib, psnr
 from pipeline.bench.specs import parse_specs
 from pipeline.bench.subjects import load_subject, timed_render
 from pipeline.device import probe
@@ -40,7 +40,6 @@ def run_modelcard(config, log=print) -> dict:
     Raises:
         ValueError: the forbidden allocator configuration is set, or a bad spec/config.
     """
-    from pipeline.bench.run import machine_facts
 
     config.validate()
     check_allocator_env(os.environ)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from pipeline.bench import adapter, trace
-from pipeline.bench.measure import device_kind, gemm_rates
+from pipeline.bench.measure import device_kind, gemm_rates, machine_facts
 from pipeline.bench.probes import StepMarks, count_render
 from pipeline.bench.specs import parse_spec
 from pipeline.bench.subjects import Workload, load_subject, timed_render
@@ -116,7 +116,6 @@ def run_profile(config: ProfileConfig, log=print) -> dict:
     """
     if config.batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {config.batch_size}")
-    from pipeline.bench.run import machine_facts
 
     started = time.time()
     profile = probe(config.device)

@@ -24,18 +24,24 @@ reference and the peer at the same batch size.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
 import numpy as np
-import torch
 
 from pipeline.bench import adapter
-from pipeline.bench.measure import Summary, device_kind, gemm_rates, gemm_sizes, load_average, mib, psnr
+from pipeline.bench.measure import (
+    Summary,
+    device_kind,
+    gemm_rates,
+    gemm_sizes,
+    load_average,
+    machine_facts,
+    mib,
+    psnr,
+)
 from pipeline.bench.probes import RenderCount, architecture, count_render, denoiser_class
 from pipeline.bench.specs import parse_specs
 from pipeline.bench.subjects import FarmSubject, Subject, Workload, load_subject, timed_render
@@ -304,34 +310,6 @@ def _finish(run: _Run) -> None:
             if other is not None and other.hot_median_s_per_img:
                 # every row's hot median was set in the loop above
                 setattr(row, attr, round(other.hot_median_s_per_img / cast(float, row.hot_median_s_per_img), 3))
-
-
-def machine_facts(profile, gemm: dict[str, list[float]] | None = None,
-                  sizes: dict[str, int] | None = None) -> dict:
-    """The machine and software a result came from, for its JSON (GEMM rates in FLOP/s, measured
-    at ``sizes``: M = N = K by dtype name; ``gemm_size`` is the largest)."""
-    import importlib.metadata as md
-
-    versions: dict[str, str | None] = {}
-    for package in ("diffusers", "transformers", "accelerate", "triton", "sdnq", "torchao", "flash-attn"):
-        try:
-            versions[package] = md.version(package)
-        except md.PackageNotFoundError:
-            versions[package] = None
-    facts = {
-        "device": profile.to_dict(), "platform": platform.platform(), "python": platform.python_version(),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "packages": versions,
-        "threads": torch.get_num_threads(), "nproc": os.cpu_count(), "load_average": load_average(),
-        "alloc_conf": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")},
-    }
-    if profile.kind == "cuda":
-        facts["cudnn"] = torch.backends.cudnn.version()
-    if sizes:
-        facts["gemm_sizes"], facts["gemm_size"] = sizes, max(sizes.values())
-    if gemm:
-        facts["gemm_flops_per_s"] = {k: round(statistics.median(v)) for k, v in gemm.items() if v}
-        facts["gemm_flops_per_s_rounds"] = {k: [round(x) for x in v] for k, v in gemm.items()}
-    return facts
 
 
 def run_pipeline_bench(config: PipelineBenchConfig, log=print) -> dict:

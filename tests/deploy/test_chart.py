@@ -231,8 +231,9 @@ def test_external_redis_url_replaces_the_bundled_one(render):
 
 
 def s3_secrets(docs: list[dict]) -> list[dict]:
-    """The chart's Secrets other than the bundled Redis's password."""
-    return [d for d in by_kind(docs, "Secret") if d["metadata"]["labels"].get("app.kubernetes.io/component") != "redis"]
+    """The chart's Secrets other than the bundled Redis's password and the API's scrape token."""
+    return [d for d in by_kind(docs, "Secret")
+            if d["metadata"]["labels"].get("app.kubernetes.io/component") not in ("redis", "api")]
 
 
 def test_s3_credentials_come_from_a_secret(render):

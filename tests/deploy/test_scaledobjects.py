@@ -90,7 +90,9 @@ def test_triggers_have_what_the_scaler_needs(render, values):
             assert meta["format"] == "json" and meta["valueLocation"] == "outstanding"
             host = f"http://{api_svc['metadata']['name']}.render.svc:{api_svc['spec']['ports'][0]['port']}"
             assert meta["url"] == f"{host}/v1/queues/{pool}"
-            if "authenticationRef" in trigger:
+            if trigger.get("authenticationRef", {}).get("name", "").endswith("-queues"):  # the chart's own
+                assert meta["authMode"] == "bearer"
+            elif "authenticationRef" in trigger:  # the user's: a tenant key in X-API-Key
                 assert meta["authMode"] == "apiKey" and meta["keyParamName"] == "X-API-Key"
                 assert meta["method"] == "header"
         else:

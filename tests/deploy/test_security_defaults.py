@@ -106,7 +106,15 @@ def test_metrics_token_from_a_secret(render):
                if _component(d) == "api")
     ref = next(e for e in _env(api) if e["name"] == "RENDERFARM_METRICS_TOKEN")["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "scrape", "key": "metrics-token"}
-    api = next(d for d in by_kind(render(), "Deployment") if _component(d) == "api")
+    # none given, auth on: the chart's own scrape token, generated once into a kept Secret
+    docs = render()
+    api = next(d for d in by_kind(docs, "Deployment") if _component(d) == "api")
+    ref = next(e for e in _env(api) if e["name"] == "RENDERFARM_METRICS_TOKEN")["valueFrom"]["secretKeyRef"]
+    (secret,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == ref["name"]]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"][ref["key"]])) >= 32
+    api = next(d for d in by_kind(render("default", "--set", "auth.required=false"), "Deployment")
+               if _component(d) == "api")
     assert "RENDERFARM_METRICS_TOKEN" not in [e["name"] for e in _env(api)]
 
 

@@ -136,3 +136,19 @@ def test_repeated_probes_within_the_interval_do_not_reach_redis(probed_api, own_
     assert _calls(r, *read) == before
     # the probe path writes nothing: gone workers' names are pruned by the reaper, not here
     assert _calls(r, "zremrangebyscore") == {"zremrangebyscore": 0}
+
+
+def test_the_scrape_token_reads_queue_depths_and_nothing_else(scraped_api):
+    """KEDA's metrics-api trigger sends the scrape token (the chart's TriggerAuthentication, as a
+    bearer token): with auth on, it reads /v1/queues and /v1/queues/<pool>, and no tenant route."""
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    one = httpx.get(scraped_api.url + "/v1/queues/tiny", headers=bearer)
+    assert one.status_code == 200 and one.json()["pool"] == "tiny" and "outstanding" in one.json()
+    assert httpx.get(scraped_api.url + "/v1/queues", headers=bearer).status_code == 200
+    assert httpx.get(scraped_api.url + "/v1/queues/tiny").status_code == 401
+    assert httpx.get(scraped_api.url + "/v1/queues/tiny", headers={"Authorization": f"Bearer {TOKEN}x"}).status_code \
+        == 401
+    for path in ("/v1/workers", "/v1/jobs/0123456789abcdef0123456789abcdef", "/v1/queuesx"):
+        assert httpx.get(scraped_api.url + path, headers=bearer).status_code == 401, path
+    submit = httpx.post(scraped_api.url + "/v1/jobs", headers=bearer, json={"prompt": "a cat", "model": "tiny"})
+    assert submit.status_code == 401

@@ -177,3 +177,33 @@ the env entry of that name defined just before it (renderfarm.env). */}}
       key: {{ $.Values.s3.secretAccessKeyKey }}
 {{- end }}
 {{- end -}}
+
+{{/* "true" when the API requires a tenant key (config.RENDERFARM_AUTH_REQUIRED wins over
+auth.required), else "". */}}
+{{- define "renderfarm.authRequired" -}}
+{{- $v := .Values.auth.required -}}
+{{- if hasKey .Values.config "RENDERFARM_AUTH_REQUIRED" -}}
+{{- $v = index .Values.config "RENDERFARM_AUTH_REQUIRED" -}}
+{{- end -}}
+{{- if has (lower (toString $v)) (list "true" "1" "yes" "on") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the metrics scrape token (RENDERFARM_METRICS_TOKEN): the user's
+metrics.tokenSecret.name, else the chart's own when auth is required, else "" (none). */}}
+{{- define "renderfarm.scrapeSecretName" -}}
+{{- if .Values.metrics.tokenSecret.name -}}
+{{- .Values.metrics.tokenSecret.name -}}
+{{- else if include "renderfarm.authRequired" . -}}
+{{- printf "%s-scrape" (include "renderfarm.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The chart's KEDA TriggerAuthentication for the metrics-api trigger: the user's
+autoscaling.metricsApi.authenticationRef wins; else the chart's own when auth is required. */}}
+{{- define "renderfarm.queuesAuthRef" -}}
+{{- if .Values.autoscaling.metricsApi.authenticationRef -}}
+{{- .Values.autoscaling.metricsApi.authenticationRef -}}
+{{- else if include "renderfarm.authRequired" . -}}
+{{- printf "%s-queues" (include "renderfarm.fullname" .) -}}
+{{- end -}}
+{{- end -}}

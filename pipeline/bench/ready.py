@@ -1,0 +1,168 @@
+"""``renderfarm bench ready``: a worker's time to ready, cold and with the compile cache.
+
+Place in the data flow: beside the pipeline. Two fresh processes do what ``renderfarm worker``
+does between its start and its first job, without Redis or S3 (:mod:`pipeline.ready` with file
+storage): load the pipeline with the recipe (compile on), restore, warm up every (bucket ×
+size) of the plan, save.
+
+1. **cold**: an empty Inductor cache directory (``TORCHINDUCTOR_CACHE_DIR`` in a temporary
+   directory), no artifact: everything compiles; the artifact is exported to a file.
+2. **cached**: another empty Inductor cache directory; the artifact file is loaded before the
+   warm-up (PyTorch recipe "Compile Time Caching in ``torch.compile``").
+
+"Ready" is the wall time from the process's spawn to the end of its warm-up: interpreter and
+imports, load, restore, warm-up. Each phase also reports Inductor's FX graph cache hits and
+misses: the cached phase should compile nothing (0 misses). The target is cached ≤ 25 % of cold.
+
+``python -m pipeline.bench.ready PHASE CONFIG_JSON ARTIFACT OUT`` is one phase (the parent runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DEFAULT_OVERRIDES = {"compile_denoiser": True, "compile_vae": True, "batch_invariant": False}
+
+
+@dataclass(frozen=True)
+class ReadyConfig:
+    """One time-to-ready measurement. Sizes are (width, height) pixels; ``overrides`` are recipe
+    knobs on top of ``recipe`` (by default compile on, batch invariance off: the invariant CPU
+    kernels do not compile); ``timeout_s`` bounds each phase, seconds."""
+
+    model: str = "tiny"
+    device: str = "auto"
+    recipe: str = "exact"
+    buckets: tuple[int, ...] = (1, 2)
+    sizes: tuple[tuple[int, int], ...] = ((64, 64),)
+    steps: int = 1
+    guidance_scale: float = 7.5
+    overrides: str = json.dumps(DEFAULT_OVERRIDES)
+    timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.buckets or any(b < 1 for b in self.buckets):
+            raise ValueError(f"buckets must be integers >= 1, got {self.buckets}")
+        if not self.sizes or any(w < 8 or h < 8 for w, h in self.sizes):
+            raise ValueError(f"sizes must be WIDTHxHEIGHT of at least 8 pixels, got {self.sizes}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        try:
+            json.loads(self.overrides or "{}")
+        except ValueError as exc:
+            raise ValueError(f"overrides is not JSON: {exc}") from None
+
+
+def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float) -> dict:
+    """One phase in this process (see the module docstring); returns its measurements (seconds)."""
+    imported = time.time()
+    from pipeline.device import cpu_summary
+    from pipeline.ready import FallbackPlan, get_ready
+    from pipeline.warm import prepare_renderer
+
+    started = time.perf_counter()
+    renderer, profile = prepare_renderer(config.model, config.device, config.recipe, config.overrides)
+    loaded = time.perf_counter()
+    plan = FallbackPlan(tuple(sorted(config.buckets)), tuple(config.sizes), config.steps, config.guidance_scale)
+
+    def fetch(_key):
+        return artifact.read_bytes() if phase == "cached" else None
+
+    def store(_key, blob: bytes) -> None:
+        if phase == "cold":
+            artifact.write_bytes(blob)
+
+    ready = get_ready(renderer, profile, plan, fetch=fetch, store=store)
+    done = time.time()
+    return {"phase": phase, "ready_s": done - spawned_at, "import_s": imported - spawned_at,
+            "load_s": loaded - started, "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
+            "warm_up_s": ready["warm_up"].get("seconds"), "renders": ready["warm_up"].get("renders"),
+            "compile_cache": ready["compile_cache"], "counters": ready["counters"],
+            "recipe": renderer.recipe.get("name"), "compiled": (renderer.recipe.get("report") or {})
+            .get("applied", {}).get("compile"), "device": profile,
+            "cpu": cpu_summary() if profile.get("kind") == "cpu" else None}
+
+
+def _spawn(phase: str, config: ReadyConfig, artifact: Path, out: Path, cache_dir: Path) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+           "RENDERFARM_BENCH_SPAWNED_AT": repr(time.time())}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.bench.ready", phase, json.dumps(asdict(config)),
+                           str(artifact), str(out)], env=env, capture_output=True, text=True,
+                          timeout=config.timeout_s)
+    if proc.returncode != 0 or not out.exists():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"bench ready: the {phase} phase exited {proc.returncode}:\n{tail}")
+    return json.loads(out.read_text())
+
+
+def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print) -> dict:
+    """Run the cold phase, then the cached phase, each in a fresh process; returns
+    ``{"config", "cold", "cached", "ratio", "artifact_bytes", "load_average"}`` (ratio = cached
+    ready seconds / cold ready seconds; ``load_average`` before and after, /proc/loadavg).
+
+    Raises:
+        RuntimeError: a phase failed (the message has the tail of its output).
+        subprocess.TimeoutExpired: a phase ran past ``config.timeout_s``.
+    """
+    from pipeline.bench.measure import load_average
+
+    before = load_average()
+    with tempfile.TemporaryDirectory(prefix="renderfarm-bench-ready-") as tmp:
+        root = Path(tmp)
+        artifact = root / "artifact.bin"
+        log(f"cold: {config.model}, buckets {config.buckets}, sizes {config.sizes}, empty Inductor cache")
+        cold = _spawn("cold", config, artifact, root / "cold.json", root / "inductor-cold")
+        if not artifact.exists():
+            raise RuntimeError("bench ready: the cold phase saved no artifact (did the recipe compile anything? "
+                               f"compile: {cold.get('compiled')})")
+        size = artifact.stat().st_size
+        log(f"cold ready in {cold['ready_s']:.1f}s; artifact {size / 2**20:.1f} MiB; cached: another empty cache")
+        cached = _spawn("cached", config, artifact, root / "cached.json", root / "inductor-cached")
+    return {"config": asdict(config), "cold": cold, "cached": cached, "artifact_bytes": size,
+            "ratio": cached["ready_s"] / cold["ready_s"] if cold["ready_s"] else None,
+            "load_average": {"before": before, "after": load_average()}}
+
+
+def ready_table(result: dict):
+    """The result as one rich table: model, device/CPU, recipe, buckets, sizes, cold s, cached s,
+    ratio, compiles (FX graph cache misses) and cache hits in each phase."""
+    from rich.table import Table
+
+    cold, cached, config = result["cold"], result["cached"], result["config"]
+    cpu = cold.get("cpu")
+    device = f"{cpu['name']} ({cpu['isa']}, {cpu['cores']} cores)" if cpu else cold["device"].get("name", "")
+    load = result.get("load_average") or {}
+    table = Table(title=f"time to ready (spawn → warm-up done), load average {load.get('before')} → "
+                        f"{load.get('after')}; artifact {result['artifact_bytes'] / 2**20:.1f} MiB")
+    for column in ("model", "device", "recipe", "buckets", "sizes", "steps", "cold s", "cached s", "ratio",
+                   "compiles cold", "compiles cached", "cache hits cached", "outcome"):
+        table.add_column(column)
+    ratio = result.get("ratio")
+    table.add_row(config["model"], device, str(cold.get("recipe")), ",".join(map(str, config["buckets"])),
+                  ",".join(f"{w}x{h}" for w, h in config["sizes"]), str(config["steps"]),
+                  f"{cold['ready_s']:.1f}", f"{cached['ready_s']:.1f}", f"{ratio:.1%}" if ratio else "-",
+                  str(cold["counters"]["fxgraph_cache_miss"]), str(cached["counters"]["fxgraph_cache_miss"]),
+                  str(cached["counters"]["fxgraph_cache_hit"]), (cached.get("compile_cache") or {}).get("outcome", "-"))
+    return table
+
+
+def _main(argv: list[str]) -> int:
+    phase, config_json, artifact, out = argv
+    raw = json.loads(config_json)
+    config = ReadyConfig(**{**raw, "buckets": tuple(raw["buckets"]), "sizes": tuple(map(tuple, raw["sizes"]))})
+    spawned_at = float(os.environ.get("RENDERFARM_BENCH_SPAWNED_AT") or time.time())
+    result = run_phase(phase, config, Path(artifact), spawned_at)
+    Path(out).write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""The shared compile cache on real processes: ``renderfarm worker`` starts with compile on, real
+Redis (its own database) and SeaweedFS, each start with an empty Inductor cache directory (as a
+new pod has).
+
+1. The first start finds no artifact (``miss``), compiles during its warm-up and saves
+   ``compile-cache/<key>.bin``.
+2. A second start loads it (``hit``) and compiles nothing new: Inductor's FX graph cache
+   counts hits and no misses, and its log says so.
+3. A corrupt artifact (one payload byte flipped) falls back to compiling with one log line
+   naming the checksum; the worker still serves a job, and its save replaces the corrupt blob.
+
+Shapes are tiny: the tiny model, a pool of 64² at 1 step, buckets 1 and 2; only the VAE decoder
+is compiled, which keeps a cold start to a few minutes on this 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.localstack import ApiServer, WorkerProcess, free_port, start_workers
+from infra.settings import Settings
+from infra.storage.compile_cache import CompileCacheStore, object_name
+from infra.storage.s3 import Storage
+from pipeline.compile_cache import read_header
+from producer.client import RenderClient
+
+pytestmark = pytest.mark.integration
+DB = 11
+POOL = {"name": "tiny-cc", "model": "tiny", "device_class": "cpu", "max_pixels": 64 * 64, "max_batch": 2,
+        "steps": 1, "queue": "renderfarm.tiny-cc"}
+OVERRIDES = {"compile_vae": True, "batch_invariant": False}
+
+
+@pytest.fixture(scope="module")
+def env(farm_env, redis_server) -> dict[str, str]:
+    redis_server.client(DB).flushdb()
+    return {**farm_env, "RENDERFARM_REDIS_URL": redis_server.db_url(DB),
+            "RENDERFARM_API_URL": f"http://127.0.0.1:{free_port()}", "RENDERFARM_POOLS": json.dumps([POOL]),
+            "RENDERFARM_RECIPE_OVERRIDES": json.dumps(OVERRIDES), "RENDERFARM_HEARTBEAT_INTERVAL_S": "0.5"}
+
+
+@pytest.fixture(scope="module")
+def store(env) -> Iterator[CompileCacheStore]:
+    cache = CompileCacheStore(Storage(Settings()))  # farm_env is in os.environ
+    for artifact in cache.list():
+        if artifact.meta.get("model") == "tiny":
+            cache.delete(artifact.key)
+    yield cache
+
+
+@pytest.fixture(scope="module")
+def api(env, run_dir) -> Iterator[ApiServer]:
+    with ApiServer(int(env["RENDERFARM_API_URL"].rsplit(":", 1)[1]), env, name="api-compile-cache",
+                   run_dir=run_dir) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def start(env, run_dir, tmp_path_factory):
+    """Start one worker of the pool with a fresh, empty Inductor cache directory; stop it after."""
+    procs: list[WorkerProcess] = []
+
+    def run(label: str) -> WorkerProcess:
+        inductor = tmp_path_factory.mktemp(f"inductor-{label}")
+        proc = WorkerProcess("tiny", {**env, "TORCHINDUCTOR_CACHE_DIR": str(inductor)}, f"cc-{label}", 2,
+                             extra_args=["--pool", POOL["name"]], run_dir=run_dir)
+        procs.append(proc)
+        start_workers([proc])
+        return proc
+
+    yield run
+    for proc in reversed(procs):
+        proc.stop()
+
+
+def _entry(env: dict[str, str], name: str) -> dict:
+    workers = httpx.get(f"{env['RENDERFARM_API_URL']}/v1/workers", timeout=10).json()
+    return next(w for w in workers if w["name"] == name)
+
+
+def _log(proc: WorkerProcess) -> str:
+    return Path(proc.log_path).read_text(errors="replace")
+
+
+def test_first_start_compiles_and_saves(env, api, store, start) -> None:
+    proc = start("cold")
+    cache = _entry(env, proc.worker_name)["compile_cache"]
+    assert cache["outcome"] == "miss", cache
+    assert cache["counters"]["fxgraph_cache_miss"] > 0, cache  # it compiled
+    assert cache["saved"]["bytes"] > 0, cache
+    stored = {a.key: a for a in store.list()}
+    assert cache["key"] in stored and stored[cache["key"]].bytes == cache["saved"]["bytes"]
+    assert stored[cache["key"]].meta["model"] == "tiny"
+    assert f"compile cache miss: {cache['key']}" in _log(proc)
+    proc.stop()
+
+
+def test_second_start_loads_and_compiles_nothing(env, api, store, start) -> None:
+    proc = start("cached")
+    cache = _entry(env, proc.worker_name)["compile_cache"]
+    assert cache["outcome"] == "hit", cache
+    assert cache["counters"]["fxgraph_cache_miss"] == 0, cache  # nothing new compiled
+    assert cache["counters"]["fxgraph_cache_hit"] > 0, cache
+    assert cache["saved"] is None, cache  # nothing to save
+    log = _log(proc)
+    assert f"compile cache hit: {cache['key']}" in log
+    assert "Inductor FX graph cache" in log and ", 0 miss(es)" in log
+    proc.stop()
+
+
+def test_corrupt_artifact_falls_back_and_serves(env, api, store, start) -> None:
+    (artifact,) = [a for a in store.list() if a.meta.get("model") == "tiny"]
+    blob = bytearray(store.get(artifact.key) or b"")
+    blob[-100] ^= 0xFF  # one payload byte: the header still reads, the checksum does not match
+    store.storage.client.put_object(Bucket=store.storage.bucket, Key=object_name(artifact.key), Body=bytes(blob))
+    proc = start("corrupt")
+    cache = _entry(env, proc.worker_name)["compile_cache"]
+    assert cache["outcome"] == "corrupt" and "SHA-256" in cache["reason"], cache
+    assert cache["counters"]["fxgraph_cache_miss"] > 0, cache  # compiled instead
+    assert f"compile cache corrupt: {artifact.key}" in _log(proc)
+    with RenderClient(env["RENDERFARM_API_URL"]) as client:
+        accepted = client.submit({"prompt": "after a corrupt cache", "model": "tiny", "width": 64, "height": 64,
+                                  "num_inference_steps": 1, "seed": 7})
+        [job] = client.wait(accepted.batch_id, timeout=300, progress=False)
+    assert job.state == "succeeded", job
+    repaired = store.get(artifact.key) or b""
+    assert repaired != bytes(blob) and read_header(repaired)["key"] == artifact.key  # the save replaced it

@@ -1,0 +1,76 @@
+"""Compile-cache artifacts in SeaweedFS (infra/storage/compile_cache.py) and ``renderfarm cache ls|rm``
+against them: put, get, overwrite, list with metadata, delete by key, by age, all."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from infra.settings import Settings
+from infra.storage.compile_cache import CompileCacheStore, object_name
+from infra.storage.s3 import Storage
+
+pytestmark = pytest.mark.integration
+FIELDS = {"model": "store-test", "revision": "offline:store-test:0", "recipe": {"name": "cpu/exact"},
+          "device": {"kind": "cuda", "name": "NVIDIA H100", "compute_capability": [9, 0]},
+          "versions": {"torch": "2.13.0", "triton": "3.5", "diffusers": "0.36"}, "buckets": [1, 8],
+          "sizes": [[512, 512]]}
+
+
+BUCKET = "compile-cache-test"  # its own bucket: `rm --all` here must not touch other tests' artifacts
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infra.cli", "cache", *args], capture_output=True, text=True,
+                          env={**os.environ, "RENDERFARM_S3_BUCKET": BUCKET}, timeout=120)
+
+
+@pytest.fixture
+def store(farm_env):
+    storage = Storage(Settings(s3_bucket=BUCKET))
+    storage.ensure_bucket()
+    cache = CompileCacheStore(storage)
+    yield cache
+    for artifact in cache.list():
+        cache.delete(artifact.key)
+
+
+def test_put_get_overwrite_list_delete(store) -> None:
+    assert store.get("store-test-absent") is None
+    store.put("store-test-a", b"first", FIELDS)
+    store.put("store-test-a", b"second", FIELDS)  # overwrite: a repaired artifact replaces a bad one
+    assert store.get("store-test-a") == b"second"
+    [listed] = [a for a in store.list() if a.key == "store-test-a"]
+    assert listed.bytes == 6
+    assert listed.meta["model"] == "store-test" and listed.meta["device"] == "cuda NVIDIA H100 sm90"
+    assert listed.meta["buckets"] == "1,8" and listed.meta["sizes"] == "512x512"
+    assert "torch=2.13.0" in listed.meta["versions"]
+    store.delete("store-test-a")
+    assert store.get("store-test-a") is None
+    with pytest.raises(ValueError):
+        object_name("a/b")
+
+
+def test_cli_ls_and_rm(store) -> None:
+    for key in ("store-test-1", "store-test-2", "store-test-3"):
+        store.put(key, b"x" * 1000, FIELDS)
+    listing = _cli("ls")
+    assert listing.returncode == 0, listing.stderr
+    assert "store-test-1" in listing.stdout and "NVIDIA H100" in listing.stdout
+    rows = [json.loads(line) for line in _cli("ls", "--json").stdout.splitlines()]
+    assert {r["key"] for r in rows} >= {"store-test-1", "store-test-2", "store-test-3"}
+    assert all(r["bytes"] == 1000 for r in rows if r["key"].startswith("store-test"))
+    missing = _cli("rm", "store-test-1", "store-test-nope")
+    assert missing.returncode == 1 and "store-test-nope" in missing.stderr
+    assert store.get("store-test-1") is None and store.get("store-test-2") is not None
+    assert _cli("rm").returncode == 2  # no selection: nothing deleted
+    assert _cli("rm", "--older-than", "1").returncode == 0
+    assert store.get("store-test-2") is not None  # written seconds ago
+    assert _cli("rm", "--older-than", "0").returncode == 0
+    assert store.get("store-test-2") is None and store.get("store-test-3") is None
+    store.put("store-test-4", b"y", FIELDS)
+    assert _cli("rm", "--all").returncode == 0 and store.list() == []

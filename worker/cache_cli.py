@@ -1,0 +1,99 @@
+"""``renderfarm cache ls|rm``: the operator's commands for the workers' shared compile cache.
+
+Data flow: operator → **this CLI** → ``compile-cache/<key>.bin`` in the farm's bucket
+(``infra.storage.compile_cache``; endpoint, bucket and credentials as the workers read them:
+``RENDERFARM_S3_*``, ``AWS_*``). Workers save an artifact after a warm-up that compiled and load
+it at their next start (``pipeline.ready``); ``rm`` only costs the next worker a compile.
+Only the standard library is imported here; boto3 inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timedelta, timezone
+
+
+def _store():
+    from infra.settings import get_settings
+    from infra.storage.compile_cache import CompileCacheStore
+    from infra.storage.s3 import Storage
+
+    return CompileCacheStore(Storage(get_settings(), max_attempts=3))
+
+
+def _age(modified: datetime, now: datetime) -> str:
+    seconds = max(0, int((now - modified).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def ls_command(args: argparse.Namespace) -> int:
+    """List the artifacts (key, model, device, versions, size, age), oldest first, or JSON lines."""
+    from infra.storage.compile_cache import describe
+
+    artifacts = _store().list()
+    if args.json:
+        for artifact in artifacts:
+            print(describe(artifact))
+        return 0
+    now = datetime.now(timezone.utc)
+    print(f"{'KEY':<44}{'MODEL':<20}{'DEVICE':<34}{'VERSIONS':<52}{'MiB':>8}{'AGE':>6}")
+    for a in artifacts:
+        meta = a.meta
+        print(f"{a.key:<44}{meta.get('model', '')[:19]:<20}{meta.get('device', '')[:33]:<34}"
+              f"{meta.get('versions', '')[:51]:<52}{a.bytes / 2**20:>8.1f}{_age(a.modified, now):>6}")
+    print(f"{len(artifacts)} artifact(s), {sum(a.bytes for a in artifacts) / 2**20:.1f} MiB", file=sys.stderr)
+    return 0
+
+
+def rm_command(args: argparse.Namespace) -> int:
+    """Delete the named artifacts, all of them, or those older than ``--older-than`` days.
+    Exit 1 when a named key does not exist (the others are still deleted); 2 on no selection."""
+    if bool(args.keys) + args.all + (args.older_than is not None) != 1:
+        print("renderfarm cache rm: name KEYs, or --all, or --older-than DAYS (one of them)", file=sys.stderr)
+        return 2
+    store = _store()
+    status = 0
+    if args.keys:
+        stored = {a.key for a in store.list()}
+        chosen = []
+        for key in args.keys:
+            if key in stored:
+                chosen.append(key)
+            else:
+                print(f"renderfarm cache rm: no artifact {key!r}", file=sys.stderr)
+                status = 1
+    else:
+        cutoff = datetime.now(timezone.utc) - timedelta(days=args.older_than or 0)
+        chosen = [a.key for a in store.list() if args.all or a.modified < cutoff]
+    for key in chosen:
+        store.delete(key)
+        print(f"deleted {key}")
+    print(json.dumps({"deleted": len(chosen)}), file=sys.stderr)
+    return status
+
+
+def _days(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"days must be >= 0, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``renderfarm cache ls|rm`` to the CLI."""
+    cache = subparsers.add_parser("cache", help="list and prune the workers' shared compile cache (S3)")
+    sub = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    ls = sub.add_parser("ls", help="list the artifacts: key, model, device, versions, size, age")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=lambda args: sys.exit(ls_command(args)))
+    rm = sub.add_parser("rm", help="delete artifacts by key, all of them, or those older than DAYS")
+    rm.add_argument("keys", nargs="*", metavar="KEY")
+    rm.add_argument("--all", action="store_true", help="delete every artifact")
+    rm.add_argument("--older-than", type=_days, default=None, metavar="DAYS",
+                    help="delete the artifacts last written more than DAYS days ago")
+    rm.set_defaults(func=lambda args: sys.exit(rm_command(args)))
