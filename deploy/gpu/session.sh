@@ -19,8 +19,10 @@
 #               tuning flags: with them even the tiny model took 450 s to compile on the H100), and
 #               the farm's `exact` compiled with static shapes and CUDA graphs (mode reduce-overhead)
 #     sd15-b8   the same at bucket 8: reference against the farm's compiled `exact`
-#   2 ready     the worker's time to ready, cold and then with the compile cache
-#               (`bench ready`, one bucket at 512² so that the cold compile fits)
+#   2 ready     the worker's time to ready, cold and then with the compile cache (`bench ready`:
+#               each phase a fresh process with an empty Inductor cache; one bucket at 512², the
+#               same static CUDA-graph compile, so that the cold compile fits; the dry run
+#               compiles the tiny VAE decoder only)
 #   3 flux-*    flux-schnell-arch 1024², 4 steps, guidance 0, batch 1, one row per invocation (each
 #               its own JSON): reference, the farm's `fast` (its torchao fp8 + compile), `exact`
 # Budgets (seconds, env overrides): SD15_B1_S 190, SD15_B8_S 100, READY_S 110, FLUX_S 50 each.
@@ -49,8 +51,10 @@ FARM=compile_dynamic=false+compile_mode=reduce-overhead
 if [ "$dry" = 1 ]; then
   DEV=cpu SD15=tiny FLUX=tiny-flux S=64 L=64 STEPS=2 FSTEPS=2 N=1 PY=${PYTHON:-python3}
   FARM=$FARM+compile_denoiser=false+compile_vae=false
+  READY='{"compile_denoiser": false, "compile_vae": true, "batch_invariant": false, "compile_dynamic": false}'
 else
   DEV=cuda SD15=sd15-arch FLUX=flux-schnell-arch S=512 L=1024 STEPS=20 FSTEPS=4 N= PY=python3
+  READY='{"compile_denoiser": true, "compile_vae": true, "compile_dynamic": false, "compile_mode": "reduce-overhead"}'
   tar xJf .gpu-carry/farmsite.tar.xz -C /tmp || exit 1
   mkdir -p /tmp/farmbin
   xz -dc .gpu-carry/redis-server.xz > /tmp/farmbin/redis-server && xz -dc .gpu-carry/weed.xz > /tmp/farmbin/weed \
@@ -111,8 +115,9 @@ sd15=(pipeline --model "$SD15" --device "$DEV" --width "$S" --height "$S" --step
 bench sd15-b1 "${SD15_B1_S:-190}" "${sd15[@]}" --batch-sizes 1 --repeats "${N:-3}" \
   --recipes "reference,peer:compile_mode=default+tuning=false,exact:$FARM"
 bench sd15-b8 "${SD15_B8_S:-100}" "${sd15[@]}" --batch-sizes 8 --repeats "${N:-2}" --recipes "reference,exact:$FARM"
-TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache-ready bench ready "${READY_S:-110}" ready --model "$SD15" \
-  --device "$DEV" --recipe exact --buckets 1 --sizes "${S}x${S}" --steps "$STEPS" --guidance-scale 7.5
+ready_s=${READY_S:-110}
+bench ready "$ready_s" ready --model "$SD15" --device "$DEV" --recipe exact --buckets 1 --sizes "${S}x${S}" \
+  --steps "$STEPS" --guidance-scale 7.5 --overrides "$READY" --timeout $((ready_s / 2))
 flux=(pipeline --model "$FLUX" --device "$DEV" --width "$L" --height "$L" --steps "$FSTEPS" --guidance-scale 0
       --batch-sizes 1 --repeats "${N:-2}" --no-flops --sequential)
 bench flux-reference "${FLUX_S:-50}" "${flux[@]}" --recipes reference
