@@ -115,9 +115,10 @@ def test_session_dry_run_runs_every_part_in_order_and_packs_each_json(tmp_path):
     by_name = {p["part"]: p for p in parts}
     for name in ("sd15-b1", "sd15-b8", "flux-reference", "flux-fast", "flux-exact"):
         assert by_name[name]["status"] == "ok", by_name[name]
-    if _has_ready_command():
-        assert by_name["ready"]["status"] == "ok", by_name["ready"]
-    else:  # the command does not exist in this build: the part fails alone, the later parts still run
+    # bench ready's own results are tested with it (tests/bench, tests/integration); here: the part runs
+    # inside its budget, and whatever it ends with, the parts after it still run
+    assert by_name["ready"]["status"] in ("ok", "failed") and by_name["ready"]["exit"] != -1
+    if not _has_ready_command():
         assert by_name["ready"]["status"] == "failed"
     b1 = json.loads((results / "sd15-b1.json").read_text())
     assert [(r["kind"], r["batch_size"]) for r in b1["rows"]] == [("reference", 1), ("peer", 1), ("farm", 1)]
@@ -128,6 +129,7 @@ def test_session_dry_run_runs_every_part_in_order_and_packs_each_json(tmp_path):
     with tarfile.open(out / "results.tgz") as tgz:
         packed = {Path(n).name for n in tgz.getnames()}
     assert {"parts.json", "versions.txt", "sd15-b1.json", "sd15-b8.json", "flux-exact.json"} <= packed
+    assert by_name["ready"]["status"] != "ok" or "ready.json" in packed
     returned = [p for p in out.rglob("*") if p.is_file()]
     assert len(returned) <= 8  # what a device call brings back
     assert "torch" in (results / "versions.txt").read_text() and "## flux-exact: ok" in done.stdout
