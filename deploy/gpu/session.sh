@@ -89,7 +89,7 @@ part() {  # part NAME BUDGET_S JSON ARGS...: one invocation inside its budget an
   local left=$((deadline - ($(date +%s) - start) - 5)) t0 rc
   [ "$budget" -lt "$left" ] || budget=$left
   t0=$(date +%s)
-  if [ "$budget" -lt 20 ]; then
+  if [ "$left" -lt 20 ]; then
     echo "=== skipped (deadline): $name"; rc=-1
   else
     echo "=== $(date +%T) $name: budget $budget s (${left} s left)"
