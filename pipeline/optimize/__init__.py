@@ -69,11 +69,16 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
         step("fuse_qkv", lambda: _fuse_qkv(pipe, denoiser_name, attention))
     step("attention", lambda: set_attention(pipe, denoiser_name, attention, "fuse_qkv" in applied, device))
     if recipe.backend == "openvino":
-        step("backend", lambda: to_openvino(pipe, denoiser_name, DTYPES[recipe.dtype], device))
+        step("backend", lambda: to_openvino(pipe, denoiser_name, DTYPES[recipe.dtype], device,
+                                            int8_weights=recipe.quantization == "openvino_int8"))
     converted = "backend" in applied
     if recipe.channels_last and not converted:
         step("channels_last", lambda: _channels_last(pipe, denoiser_name))
-    if recipe.quantization and converted:
+    if recipe.quantization == "openvino_int8" and converted:
+        applied["quantization"] = applied["backend"]["weights"]  # type: ignore[index]
+    elif recipe.quantization == "openvino_int8":
+        skipped["quantization"] = "openvino_int8 compresses the OpenVINO UNet, and the UNet stayed in PyTorch"
+    elif recipe.quantization and converted:
         skipped["quantization"] = "the denoiser runs in OpenVINO"
     elif recipe.quantization:
         step("quantization", lambda: quantize(pipe, recipe.quantization, DTYPES[recipe.dtype], denoiser_name))

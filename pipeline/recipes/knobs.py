@@ -23,7 +23,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 ATTENTION = ("default", "sdpa", "flash_attn", "cudnn", "sliced")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 TORCHAO = ("torchao_int8", "torchao_int8_dynamic", "torchao_fp8_dynamic")
-QUANTIZATION = (None, *TORCHAO, "sdnq_uint4")
+#: ``openvino_int8``: NNCF int8 weight compression of the OpenVINO UNet (needs ``backend="openvino"``).
+QUANTIZATION = (None, *TORCHAO, "sdnq_uint4", "openvino_int8")
 BACKENDS = ("torch", "openvino")
 
 
@@ -53,7 +54,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
     "vae_slicing": Optimization(EXACT, "diffusers 'Reduce memory usage': decodes one image at a time"),
     "cpu_offload": Optimization(EXACT, "diffusers enable_model_cpu_offload (moves whole models, same math)"),
     "quantization": Optimization(APPROX, "ERNIE-Image-Turbo SDNQ uint4 model card (quantized matmul); torchao "
-                                         "int8 weight-only, int8/fp8 dynamic (with torch.compile)"),
+                                         "int8 weight-only, int8/fp8 dynamic (with torch.compile); NNCF "
+                                         "compress_weights int8 (OpenVINO's weight compression guide)"),
     "backend": Optimization(EXACT, "OpenVINO, the engine fastsdcpu uses (CPU; f32 inference precision is the same "
                                    "math, bf16 follows the dtype knob); pipeline/optimize/openvino.py"),
     "tiny_vae": Optimization(APPROX, f"{_DIFFUSERS_GUIDE}: tiny autoencoder (TAESD family)"),
@@ -137,6 +139,9 @@ class Recipe:
         if self.quantization in TORCHAO and not self.compile_denoiser:
             raise ValueError(f"quantization={self.quantization} needs compile_denoiser=true: torchao quantized "
                              "layers run many times slower than unquantized ones without torch.compile")
+        if self.quantization == "openvino_int8" and self.backend != "openvino":
+            raise ValueError("quantization=openvino_int8 compresses the OpenVINO UNet's weights: it needs "
+                             "backend=openvino")
 
     def approximations(self) -> list[str]:
         """The approximate knobs in force: ``dtype`` away from the reference, the others away from

@@ -54,7 +54,18 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # reason in the report, where the openvino wheel is not installed or the family is not SD 1/2.
     Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
            backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
-    Recipe("cpu", attention="sdpa", fuse_qkv=True, batch_invariant=True, max_batch_size=4,
+    # No bf16 (AVX-512 without AVX512_BF16, AVX2-only EPYCs): no batch-invariant kernels by default
+    # (a pool that needs them sets batch_invariant). With them, exact was slower than diffusers on
+    # an AVX-512 (VNNI) Xeon without bf16 (`renderfarm bench pipeline --model sd-turbo-arch --width
+    # 256 --height 256 --steps 1 --guidance-scale 0 --batch-sizes 1,4 --recipes baseline,exact,fast
+    # --repeats 3`, load ~3: 0.90x at batch 1, 0.88x at batch 4). What they cost, measured on the
+    # AMX Xeon in float32 (the same kernels; the same command with exact, exact:batch_invariant=false,
+    # 1 round finished, load 6.5-9): 59.1 vs 40.1 s/img at batch 1, 34.1 vs 19.9 at batch 4, against
+    # the baseline's 67.0 and 35.1 (round 2, cut short: exact 27.4 vs baseline 22.5 at batch 4).
+    # torch.compile stays opt-in on every CPU: Inductor made that exact
+    # row 2.6x the baseline at batch 1 (25.8 s/img) but its cold start was 861 s at batch 1 and 893 s
+    # at batch 4 on the 2 loaded cores (eager: 54 and 107 s), per bucket x size, before any cache.
+    Recipe("cpu", attention="sdpa", fuse_qkv=True, max_batch_size=4,
            memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
 )}
 

@@ -202,3 +202,22 @@ def test_openvino_backend_runs_the_unet_exactly_and_keeps_invariance(offline_cac
     sdxl = apply_recipe(load_pipeline("tiny-sdxl", cache_dir=offline_cache),
                         dataclasses.replace(BASELINE, backend="openvino"))
     assert "only SD 1.x/2.x UNets" in sdxl["skipped"]["backend"]
+
+
+def test_openvino_int8_weights_compress_the_unet_and_stay_close(offline_cache):
+    pytest.importorskip("openvino", reason="openvino is not installed (pip install openvino)")
+    pytest.importorskip("nncf", reason="nncf is not installed (the [cpu] extra)")
+    from infra.schemas import RenderRequest
+    from pipeline.models import load_pipeline
+    from pipeline.render import Renderer
+
+    reqs = [RenderRequest(prompt="a red fox", seed=3, model="tiny", width=64, height=64, num_inference_steps=2)]
+    f32 = load_pipeline("tiny", cache_dir=offline_cache)
+    apply_recipe(f32, dataclasses.replace(BASELINE, backend="openvino"))
+    int8 = load_pipeline("tiny", cache_dir=offline_cache)
+    report = apply_recipe(int8, dataclasses.replace(BASELINE, backend="openvino", quantization="openvino_int8"))
+    assert report["applied"]["backend"]["weights"].startswith("int8_asym")
+    assert report["applied"]["quantization"] == report["applied"]["backend"]["weights"]
+    assert report["approximations"] == ["quantization"]
+    ref, got = (np.asarray(Renderer(p, model="tiny").render(reqs)[0]) for p in (f32, int8))
+    assert not np.array_equal(ref, got) and psnr(ref / 255, got / 255) >= 20  # approximate, not broken

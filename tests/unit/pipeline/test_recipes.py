@@ -115,9 +115,13 @@ def test_mps_and_cpu_recipes():
     assert avx512_bf16.dtype == RECIPES["cpu-avx512-bf16"].dtype  # the measured winner (README)
     assert amx.num_threads == plain.num_threads == 8  # resolved from the probe's core count
     assert not (amx.compile_denoiser or plain.compile_denoiser)  # opt-in on the CPU (cold starts)
-    for family in FAMILIES:  # float32 is the CPU reference of every family; CPU kernels keep invariance
+    for family in FAMILIES:  # float32 is the CPU reference of every family; AMX CPUs keep invariance
         exact = select_recipe(cpu(True), family=family)
         assert exact.dtype == "float32" and exact.batch_invariant and exact.approximations() == []
+        # without bf16 the invariant kernels made exact slower than diffusers: a pool's opt-in there
+        plain_exact = select_recipe(cpu(False), family=family)
+        assert plain_exact.dtype == "float32" and not plain_exact.batch_invariant
+        assert select_recipe(cpu(False), family=family, overrides={"batch_invariant": True}).batch_invariant
 
 
 def test_table_is_data_and_every_rule_names_a_recipe():
@@ -187,6 +191,14 @@ def test_approximate_override_needs_permission():
     assert "quantization" in r.approximations()
     with pytest.raises(ValueError, match="needs compile_denoiser"):  # torchao always goes with compile
         select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "torchao_int8_dynamic"})
+    # NNCF's int8 weights compress the OpenVINO UNet: refused at resolution without that backend
+    with pytest.raises(ValueError, match="needs backend=openvino"):
+        select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "openvino_int8"})
+    ov = select_recipe(cpu(False), allow_approximate=True,
+                       overrides={"backend": "openvino", "quantization": "openvino_int8"})
+    assert "quantization" in ov.approximations() and ov.without_approximations().quantization is None
+    with pytest.raises(ValueError, match="quantization are approximate"):
+        select_recipe(cpu(False), overrides={"backend": "openvino", "quantization": "openvino_int8"})
     # the card's dtype is exact for that model: float16 on CUDA is no approximation for SDXL
     assert select_recipe(H100, overrides={"dtype": "float16"}, family="sdxl").approximations() == []
 
