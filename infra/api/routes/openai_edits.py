@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from PIL import Image
 from pydantic import ValidationError
@@ -51,9 +50,9 @@ def openai_mask(data: bytes) -> bytes:
     with Image.open(io.BytesIO(data)) as img:
         if "A" not in img.getbands() and "transparency" not in img.info:
             raise ValueError("the mask must be a PNG with an alpha channel (transparent = the area to edit)")
-        alpha = np.asarray(img.convert("RGBA"))[:, :, 3]
+        alpha = img.convert("RGBA").getchannel("A")
     buf = io.BytesIO()
-    Image.fromarray(np.where(alpha == 0, 255, 0).astype(np.uint8), "L").save(buf, "PNG")
+    alpha.point(lambda a: 255 if a == 0 else 0).save(buf, "PNG")  # Pillow only: the API image has no numpy
     return buf.getvalue()
 
 
