@@ -15,7 +15,9 @@ from tests.deploy.conftest import CHART, by_kind, run_helm
 #: A pool declaring every optional PoolSpec field (as --set-json writes values).
 FULL_POOL = {"name": "cpu-sd15", "model": "sd15-arch", "maxPixels": 65536, "maxBatch": 4,
              "family": "sd1", "steps": 20, "sPerMpxStep": 0.08, "usePe": True, "batchInvariant": False,
-             "upscalers": ["esrgan-x4-arch", "owner/repo/RealESRGAN_x4plus.pth"]}
+             "upscalers": ["esrgan-x4-arch", "owner/repo/RealESRGAN_x4plus.pth"],
+             "loras": [{"name": "brand", "source": "s3://adapters/brand.safetensors"},
+                       {"name": "style", "source": "owner/style-lora", "weight_name": "style.safetensors"}]}
 
 
 def _declared(docs: list[dict]) -> list[PoolSpec]:
@@ -30,6 +32,8 @@ def _camel(field: str) -> str:
 def test_a_pool_declaring_upscalers_and_every_optional_field_passes_them_through(render):
     (spec,) = _declared(render("default", "--set-json", f"pools=[{json.dumps(FULL_POOL)}]"))
     assert spec.upscalers == ("esrgan-x4-arch", "owner/repo/RealESRGAN_x4plus.pth")
+    assert [(a.name, a.source, a.weight_name) for a in spec.loras] == [
+        ("brand", "s3://adapters/brand.safetensors", None), ("style", "owner/style-lora", "style.safetensors")]
     assert (spec.family, spec.steps, spec.s_per_mpx_step, spec.use_pe, spec.batch_invariant) == (
         "sd1", 20, 0.08, True, False)
     assert (spec.name, spec.model, spec.max_pixels, spec.max_batch, spec.queue) == (
