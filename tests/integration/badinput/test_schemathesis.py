@@ -108,7 +108,11 @@ def test_no_operation_answers_5xx(case, fuzz_api):
 
 
 def test_stateful_sequences_never_answer_5xx(fuzz_schema, fuzz_api):
-    machine = fuzz_schema.as_state_machine()
+    # The sequences run over the routes the OpenAPI links join (jobs and batches: a POST's ids are
+    # read back, cancelled, listed); every route, the compatible APIs and uploads included, is
+    # fuzzed call by call above. Over the whole schema the machine spends its few steps on the
+    # link-free routes and, depending on the ids it draws, may never follow a link at all.
+    machine = fuzz_schema.include(path_regex=r"^/v1/(jobs|batches)").as_state_machine()
 
     class WithKey(machine):
         def get_call_kwargs(self, case):

@@ -289,7 +289,7 @@ def test_compile_and_batch_invariance_are_settled_when_the_recipe_is_resolved():
     invariance off with the reason in the recipe; asking for both is refused before any render."""
     from pipeline.recipes import resolve_conflicts
 
-    exact = select_recipe(cpu(False))
+    exact = select_recipe(cpu(True))  # cpu-amx keeps the invariant kernels by default
     assert exact.batch_invariant and not exact.adjusted
     compiled = apply_overrides(exact, {"compile_denoiser": True, "compile_vae": True})
     assert compiled.compile_denoiser and compiled.compile_vae and not compiled.batch_invariant
