@@ -277,3 +277,15 @@ def machine_facts(profile, gemm: dict[str, list[float]] | None = None,
         facts["gemm_flops_per_s"] = {k: round(statistics.median(v)) for k, v in gemm.items() if v}
         facts["gemm_flops_per_s_rounds"] = {k: [round(x) for x in v] for k, v in gemm.items()}
     return facts
+
+
+def machine_caption(result: dict) -> str:
+    """A table caption naming where a bench result ran: the CPU (model name, widest ISA, cores)
+    from ``result["machine"]["cpu"]`` (:func:`pipeline.device.cpu_summary`), else the device's
+    name or kind, and the load average before → after when the result has it."""
+    m, device = result.get("machine", {}), result["device"]
+    where = (f"{m['cpu']['name']} ({m['cpu']['isa']}), {m['cpu']['cores']} cores" if m.get("cpu")
+             else device.get("name") or device.get("kind", ""))
+    if m.get("load_average_before"):
+        where += f"; load average {m['load_average_before'][0]} → {m['load_average_after'][0]}"
+    return where

@@ -31,7 +31,7 @@ import PIL.Image
 
 from infra.schemas import LoraRef, RenderRequest
 from pipeline.bench.adapter import farm_renderer
-from pipeline.bench.measure import DeviceTimer, load_average
+from pipeline.bench.measure import DeviceTimer, load_average, machine_caption
 from pipeline.bench.probes import count_render
 from pipeline.device import cpu_summary
 
@@ -147,12 +147,7 @@ def modes_table(result: dict):
         table.add_column(col.replace("_", " "), justify="left" if col == "mode" else "right")
     for row in result["rows"]:
         table.add_row(*(str(row[col]) for col in columns))
-    m, device = result.get("machine", {}), result["device"]
-    where = (f"{m['cpu']['name']} ({m['cpu']['isa']}), {m['cpu']['cores']} cores" if m.get("cpu")
-             else device.get("name") or device.get("kind", ""))
-    if m.get("load_average_before"):
-        where += f"; load average {m['load_average_before'][0]} → {m['load_average_after'][0]}"
-    table.caption = where
+    table.caption = machine_caption(result)
     if not result["adapters"]:
         return table
     switches = Table(title="adapter switches in the warm renderer (offline LoRAs, rank 4)", title_justify="left")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 from infra.schemas import RenderRequest
 from pipeline.bench.adapter import farm_renderer
-from pipeline.bench.measure import DeviceTimer, MemoryWindow, load_average, mib
+from pipeline.bench.measure import DeviceTimer, MemoryWindow, load_average, machine_caption, mib
 from pipeline.device import cpu_summary
 from pipeline.upscale import DiffusionSettings
 
@@ -142,10 +142,5 @@ def two_stage_table(result: dict):
         table.add_column(col.replace("_", " "), justify="left" if col == "path" else "right")
     for row in result["rows"]:
         table.add_row(*(str(row[col]) for col in columns))
-    m, device = result.get("machine", {}), result["device"]
-    where = (f"{m['cpu']['name']} ({m['cpu']['isa']}), {m['cpu']['cores']} cores" if m.get("cpu")
-             else device.get("name") or device.get("kind", ""))
-    if m.get("load_average_before"):
-        where += f"; load average {m['load_average_before'][0]} → {m['load_average_after'][0]}"
-    table.caption = where
+    table.caption = machine_caption(result)
     return table

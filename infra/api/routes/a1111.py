@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import cast
 
@@ -68,6 +69,15 @@ async def txt2img(body: Txt2ImgRequest, request: Request, farm: FarmDep, tenant:
     whose ``parameters`` chunk names the real sampler), as the webui does. 422 names the field
     of a body the farm cannot render; 504 after ``RENDERFARM_SYNC_TIMEOUT_S`` (the jobs are
     then canceled); 500 when a job fails."""
+    model = await _checked_model(body, farm)
+    first_seed = body.first_seed()
+    requests = _requests(body, lambda: body.render_requests(first_seed, model))
+    return await _render_and_answer(body, requests, first_seed, request, farm, tenant)
+
+
+async def _checked_model(body: Txt2ImgRequest, farm) -> str | None:
+    """The body's checkpoint (None: the default model), after the checks both routes share: a
+    field the farm would render differently, or a checkpoint it does not serve, is a 422 naming it."""
     problems = body.unsupported()
     if problems:
         raise RequestValidationError([{"type": "value_error", "loc": ("body", field), "msg": msg, "input": None}
@@ -75,16 +85,20 @@ async def txt2img(body: Txt2ImgRequest, request: Request, farm: FarmDep, tenant:
     model = body.checkpoint
     if model is not None and model not in await run_in_threadpool(farm.known_models):
         raise _invalid("override_settings", f"sd_model_checkpoint {model!r} is not served by this farm", model)
-    first_seed = body.first_seed()
+    return model
+
+
+def _requests(body: Txt2ImgRequest, build: Callable[[], list]) -> list:
+    """``build()``'s RenderRequests, its errors as the webui's 422s: an unknown sampler names its
+    field, a bad value its A1111 field, a malformed ``<lora:…>`` tag the prompt."""
     try:
-        requests = body.render_requests(first_seed, model)
+        return build()
     except samplers.SamplerError as exc:
         raise _invalid(exc.field, str(exc), getattr(body, exc.field)) from None
     except ValidationError as exc:
         raise RequestValidationError(a1111_errors(exc.errors())) from None
     except ValueError as exc:  # a <lora:…> tag
         raise _invalid("prompt", str(exc), body.prompt) from None
-    return await _render_and_answer(body, requests, first_seed, request, farm, tenant)
 
 
 async def _render_and_answer(body: Txt2ImgRequest, requests: list, first_seed: int, request: Request, farm,
@@ -131,13 +145,7 @@ async def img2img(body: Img2ImgRequest, request: Request, farm: FarmDep, tenant:
     stored like uploads (413 over ``RENDERFARM_INPUT_MAX_BYTES``, 415 a format other than PNG,
     JPEG or WebP, 422 not an image or too many pixels, naming ``init_images`` or ``mask``); a
     field the farm renders differently is a 422 naming it (:mod:`infra.api.a1111_img2img`)."""
-    problems = body.unsupported()
-    if problems:
-        raise RequestValidationError([{"type": "value_error", "loc": ("body", field), "msg": msg, "input": None}
-                                      for field, msg in problems])
-    model = body.checkpoint
-    if model is not None and model not in await run_in_threadpool(farm.known_models):
-        raise _invalid("override_settings", f"sd_model_checkpoint {model!r} is not served by this farm", model)
+    model = await _checked_model(body, farm)
     keys: dict[str, str | None] = {"init_images": None, "mask": None}
     for field in keys:
         try:
@@ -154,14 +162,8 @@ async def img2img(body: Img2ImgRequest, request: Request, farm: FarmDep, tenant:
         except ValueError as exc:
             raise _invalid(field, str(exc)) from None
     first_seed = body.first_seed()
-    try:
-        requests = body.image_requests(first_seed, model, cast(str, keys["init_images"]), keys["mask"])
-    except samplers.SamplerError as exc:
-        raise _invalid(exc.field, str(exc), getattr(body, exc.field)) from None
-    except ValidationError as exc:
-        raise RequestValidationError(a1111_errors(exc.errors())) from None
-    except ValueError as exc:  # a <lora:…> tag
-        raise _invalid("prompt", str(exc), body.prompt) from None
+    requests = _requests(body, lambda: body.image_requests(first_seed, model, cast(str, keys["init_images"]),
+                                                           keys["mask"]))
     return await _render_and_answer(body, requests, first_seed, request, farm, tenant)
 
 
