@@ -30,7 +30,14 @@ from starlette.datastructures import UploadFile
 
 from infra.api import error_shapes
 from infra.api.deps import FarmDep, Tenant
-from infra.api.routes.openai_images import PREFIX, ImagesRequest, ImagesResponse, _bad_request, render_and_answer
+from infra.api.routes.openai_images import (
+    PREFIX,
+    ImagesRequest,
+    ImagesResponse,
+    _bad_request,
+    model_not_found,
+    render_and_answer,
+)
 from infra.storage.inputs import InputRefused, inspect_image, store_input
 
 router = APIRouter(prefix=PREFIX, tags=["openai"])
@@ -106,10 +113,8 @@ async def edits(request: Request, farm: FarmDep, tenant: Tenant):
         asked = ImagesRequest.model_validate(fields)
     except ValidationError as exc:
         return _bad_request(exc)
-    known = await run_in_threadpool(farm.known_models)
-    if asked.model is not None and asked.model not in known:
-        return _error(404, f"The model '{asked.model}' does not exist on this farm; available: {', '.join(known)}",
-                      param="model", code="model_not_found")
+    if (missing := await model_not_found(farm, asked)) is not None:
+        return missing
     update = {"init_image": image.key, "mask_image": mask.key if mask else None, "strength": strength}
     try:
         requests = [type(r).model_validate({**r.model_dump(), **update}) for r in asked.render_requests(asked.model)]

@@ -152,16 +152,24 @@ async def generations(request: Request, farm: FarmDep, tenant: Tenant, body: Ann
         asked = ImagesRequest.model_validate(body)
     except ValidationError as exc:
         return _bad_request(exc)
-    known = await run_in_threadpool(farm.known_models)
-    if asked.model is not None and asked.model not in known:
-        return error_shapes.error_response(
-            PREFIX + "/", 404, f"The model '{asked.model}' does not exist on this farm; available: {', '.join(known)}",
-            param="model", code="model_not_found")
+    if (missing := await model_not_found(farm, asked)) is not None:
+        return missing
     try:
         requests = asked.render_requests(asked.model)
     except ValidationError as exc:
         return _bad_request(exc)
     return await render_and_answer(request, farm, tenant, asked, requests)
+
+
+async def model_not_found(farm, asked: ImagesRequest):
+    """OpenAI's 404 ``model_not_found`` (naming the models served) when ``asked.model`` is not
+    served by this farm; None when it is, or when the request names none (the default model)."""
+    known = await run_in_threadpool(farm.known_models)
+    if asked.model is None or asked.model in known:
+        return None
+    return error_shapes.error_response(
+        PREFIX + "/", 404, f"The model '{asked.model}' does not exist on this farm; available: {', '.join(known)}",
+        param="model", code="model_not_found")
 
 
 async def render_and_answer(request: Request, farm, tenant: str, asked: ImagesRequest, requests: list[RenderRequest]):
