@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -36,3 +37,22 @@ def start_worker(run_dir: Path) -> Iterator[StartWorker]:
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+@pytest.fixture(scope="module")
+def webui(api_server, workers):
+    """The real webuiapi client (AUTOMATIC1111's API) on the test farm's API."""
+    import webuiapi
+
+    url = urlsplit(api_server.url)
+    return webuiapi.WebUIApi(host=url.hostname, port=url.port)
+
+
+@pytest.fixture(scope="module")
+def openai_client(api_server, workers):
+    """The real OpenAI SDK client on the test farm's API, without retries."""
+    from openai import OpenAI
+
+    # the SDK insists on a key; this farm does not require one, and a non-key bearer is anonymous
+    with OpenAI(base_url=f"{api_server.url}/v1", api_key="sk-not-needed", max_retries=0) as sdk:
+        yield sdk

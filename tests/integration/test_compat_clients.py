@@ -21,23 +21,6 @@ from infra.storage.images import parse_parameters, read_parameters
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def webui(api_server, workers):
-    import webuiapi
-
-    url = urlsplit(api_server.url)
-    return webuiapi.WebUIApi(host=url.hostname, port=url.port)
-
-
-@pytest.fixture(scope="module")
-def openai_client(api_server, workers):
-    from openai import OpenAI
-
-    # the SDK insists on a key; this farm does not require one, and a non-key bearer is anonymous
-    with OpenAI(base_url=f"{api_server.url}/v1", api_key="sk-not-needed", max_retries=0) as sdk:
-        yield sdk
-
-
 def _pixels(image: Image.Image) -> np.ndarray:
     return np.asarray(image.convert("RGB"))
 

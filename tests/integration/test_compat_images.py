@@ -5,7 +5,6 @@ Redis, SeaweedFS and ``tiny`` workers): A1111's img2img with and without a mask,
 from __future__ import annotations
 
 import io
-from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -15,22 +14,6 @@ from PIL import Image
 from infra.storage.images import parse_parameters
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def webui(api_server, workers):
-    import webuiapi
-
-    url = urlsplit(api_server.url)
-    return webuiapi.WebUIApi(host=url.hostname, port=url.port)
-
-
-@pytest.fixture(scope="module")
-def openai_client(api_server, workers):
-    from openai import OpenAI
-
-    with OpenAI(base_url=f"{api_server.url}/v1", api_key="sk-not-needed", max_retries=0) as sdk:
-        yield sdk
 
 
 def _photo(size=(64, 64), seed=4) -> Image.Image:
