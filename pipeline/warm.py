@@ -32,7 +32,7 @@ from pipeline.memory import BatchLimits, PeakMeasurement, batch_size_for_stages,
 from pipeline.models.families import FAMILY_SPECS, family_of_name
 from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
-from pipeline.recipes import apply_overrides, recipe_for, resolve_conflicts
+from pipeline.recipes import apply_overrides, fit_adapters, recipe_for, resolve_conflicts
 from pipeline.render import Renderer
 from pipeline.upscale import UpscaleStage
 
@@ -51,6 +51,7 @@ class PoolOptions:
     upscalers: tuple[str, ...] | None = None  # the upscalers a worker may load (None: any)
     sizes: tuple[tuple[int, int], ...] = ()  # (width, height) its jobs ask for; () = the family's native square
     guidance_scale: float | None = None  # its jobs' usual guidance (None: the request default where taken)
+    lora_adapters: bool = False  # the pool declares LoRA adapters (the denoiser must stay in PyTorch)
 
 
 def peek_family(model: str) -> str | None:
@@ -104,6 +105,8 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     if pool.batch_invariant is not None:  # the pool's choice counts as configured (resolve_conflicts)
         recipe = resolve_conflicts(replace(recipe, batch_invariant=pool.batch_invariant,
                                            overridden=tuple(sorted({*recipe.overridden, "batch_invariant"}))))
+    if pool.lora_adapters:
+        recipe = fit_adapters(recipe)
     target = profile.torch_device
     pipe = load_pipeline(model, device="cpu" if recipe.cpu_offload else target, torch_dtype=DTYPES[recipe.dtype],
                          use_pe=pool.use_pe)

@@ -85,10 +85,12 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
         return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size
     from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer  # heavy: torch and diffusers
 
-    pool = None if spec is None else PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels,
-                                                 steps=spec.steps, use_pe=spec.use_pe,
-                                                 batch_invariant=spec.batch_invariant, upscalers=spec.upscalers,
-                                                 sizes=spec.sizes, guidance_scale=spec.guidance_scale)
+    if spec is None:  # an undeclared pool: RENDERFARM_LORAS declares its adapters
+        pool = PoolOptions(lora_adapters=True) if settings.loras else None
+    else:
+        pool = PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels, steps=spec.steps,
+                           use_pe=spec.use_pe, batch_invariant=spec.batch_invariant, upscalers=spec.upscalers,
+                           sizes=spec.sizes, guidance_scale=spec.guidance_scale, lora_adapters=bool(spec.loras))
     # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
                                          settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)

@@ -38,7 +38,7 @@ from pipeline.recipes.table import FAMILY_FITS, RECIPE_TABLE, RECIPES, FamilyFit
 
 __all__ = ["ATTENTION", "BASELINE", "COMPILE_MODES", "DTYPES", "FAMILY_FITS", "OPTIMIZATIONS", "QUANTIZATION",
            "RECIPES", "RECIPE_TABLE", "FamilyFit", "Optimization", "Recipe", "Rule", "apply_overrides",
-           "device_class", "overrides_from_env", "recipe_for", "resolve_conflicts", "select_recipe"]
+           "device_class", "fit_adapters", "overrides_from_env", "recipe_for", "resolve_conflicts", "select_recipe"]
 OVERRIDES_ENV = "RENDERFARM_RECIPE_OVERRIDES"
 BASELINE = Recipe()
 
@@ -103,6 +103,30 @@ def resolve_conflicts(recipe: Recipe) -> Recipe:
                        adjusted=(*recipe.adjusted, "compile off: batch_invariant was configured; "
                                  + COMPILE_VS_INVARIANCE.removeprefix("batch_invariant off: ")))
     return replace(recipe, batch_invariant=False, adjusted=(*recipe.adjusted, COMPILE_VS_INVARIANCE))
+
+
+ADAPTERS_VS_OPENVINO = (
+    "backend torch: the pool declares LoRA adapters, which diffusers' load_lora_weights injects into the "
+    "PyTorch denoiser's layers; a model converted to OpenVINO has no such layers to load into")
+
+
+def fit_adapters(recipe: Recipe) -> Recipe:
+    """``recipe`` for a pool that declares LoRA adapters: the denoiser stays in PyTorch.
+
+    The OpenVINO backend (and its int8 weight compression) is turned off with the reason in
+    :attr:`Recipe.adjusted` (:data:`ADAPTERS_VS_OPENVINO`); every other knob stays.
+
+    Raises:
+        ValueError: ``backend`` was set to ``openvino`` by configuration (an override).
+    """
+    if recipe.backend != "openvino":
+        return recipe
+    if "backend" in recipe.overridden:
+        raise ValueError("backend=openvino cannot serve a pool with LoRA adapters: "
+                         + ADAPTERS_VS_OPENVINO.removeprefix("backend torch: the pool declares LoRA adapters, "))
+    quantization = None if recipe.quantization == "openvino_int8" else recipe.quantization
+    return replace(recipe, backend="torch", quantization=quantization,
+                   adjusted=(*recipe.adjusted, ADAPTERS_VS_OPENVINO))
 
 
 def _fit_device(r: Recipe, p: DeviceProfile) -> Recipe:

@@ -301,3 +301,23 @@ def test_compile_and_batch_invariance_are_settled_when_the_recipe_is_resolved():
     kept = resolve_conflicts(pool_set)
     assert kept.batch_invariant and not kept.compile_denoiser and kept.adjusted[0].startswith("compile off")
     assert resolve_conflicts(exact) is exact  # nothing to settle
+
+
+def test_a_pool_with_lora_adapters_keeps_the_denoiser_in_pytorch():
+    """LoRA adapters load into the PyTorch UNet's layers (diffusers' load_lora_weights): the OpenVINO
+    backend of the AVX512_BF16 class is turned off, with the reason, when the pool declares adapters;
+    an override that asks for OpenVINO there is refused at start."""
+    from pipeline.recipes import fit_adapters
+
+    bf16 = DeviceProfile(kind="cpu", name="fake", total_memory_bytes=64 * GB, free_memory_bytes=60 * GB,
+                         cpu_cores=8, avx512=True, avx512_bf16=True)
+    for allow in (False, True):
+        recipe = select_recipe(bf16, allow_approximate=allow, family="sd1")
+        assert recipe.backend == "openvino"
+        fitted = fit_adapters(recipe)
+        assert fitted.backend == "torch" and fitted.quantization != "openvino_int8"
+        assert "LoRA" in fitted.adjusted[-1] and fitted.dtype == recipe.dtype
+    plain = select_recipe(cpu(True), family="sd1")  # no OpenVINO: nothing to settle
+    assert fit_adapters(plain) is plain
+    with pytest.raises(ValueError, match="LoRA"):
+        fit_adapters(apply_overrides(select_recipe(bf16, family="sd1"), {"backend": "openvino"}))
