@@ -159,6 +159,20 @@ def _redis(args: argparse.Namespace) -> int:
                            lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
 
 
+def _s3(args: argparse.Namespace) -> int:
+    from producer.bench_s3 import S3BenchConfig, run_s3_bench, s3_table
+
+    config = S3BenchConfig(sizes=args.sizes, threads=args.threads, ops=args.ops, rounds=args.rounds)
+    return _run_and_report("bench s3", lambda log: run_s3_bench(config, log=log), s3_table, args.json)
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from producer.bench_encode import EncodeBenchConfig, encode_tables, run_encode_bench
+
+    config = EncodeBenchConfig(sizes=args.sizes, repeats=args.repeats, pool_images=args.pool_images)
+    return _run_and_report("bench encode", lambda log: run_encode_bench(config, log=log), encode_tables, args.json)
+
+
 def _size(text: str) -> tuple[int, int]:
     """``WIDTHxHEIGHT`` in pixels."""
     width, sep, height = text.lower().partition("x")
@@ -181,7 +195,8 @@ def _ready(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench redis`` and ``bench ready`` to the CLI."""
+    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench redis``, ``bench ready``, ``bench s3`` and
+    ``bench encode`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
     _register_pipeline(sub)
@@ -189,6 +204,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _register_farm(sub)
     _register_redis(sub)
     _register_ready(sub)
+    _register_io(sub)
     return bench
 
 
@@ -316,6 +332,28 @@ def _register_ready(sub) -> None:
     r.set_defaults(func=lambda args: sys.exit(_ready(args)))
 
 
+def _register_io(sub) -> None:
+    s = sub.add_parser("s3", help="the S3 client per operation: boto3 against obstore, on a private SeaweedFS",
+                       description="Start SeaweedFS and time the worker's write-once PUT, the API's presigned GET "
+                                   "URL and HEAD through boto3 (the farm's Storage) and obstore, interleaved: client "
+                                   "CPU ms per operation and operations/s at each size and thread count.")
+    s.add_argument("--sizes", type=_csv(int), default=(64, 512), help="PNG sides in pixels (default 64,512)")
+    s.add_argument("--threads", type=_csv(int), default=(1, 8), help="callers sharing one client (default 1,8)")
+    s.add_argument("--ops", type=int, default=200, help="operations per cell and round (default 200)")
+    s.add_argument("--rounds", type=int, default=2, help="interleaved rounds, median shown (default 2)")
+    s.add_argument("--json", default=None, help="write the result here")
+    s.set_defaults(func=lambda args: sys.exit(_s3(args)))
+    e = sub.add_parser("encode", help="image encoders: ms per image, bytes, lossless, A1111 parameters kept",
+                       description="Encode the null renderer's render-like image at each size through Pillow PNG "
+                                   "(compress_level 0..9), fpng, WebP lossless and lossy (method 0), JPEG (Pillow, "
+                                   "simplejpeg); then the default PNG encoder on threads against a process pool.")
+    e.add_argument("--sizes", type=_csv(int), default=(512, 1024), help="square sides in pixels (default 512,1024)")
+    e.add_argument("--repeats", type=int, default=7, help="encodes per encoder and size, median shown (default 7)")
+    e.add_argument("--pool-images", type=int, default=32, help="images per pool run (default 32)")
+    e.add_argument("--json", default=None, help="write the result here")
+    e.set_defaults(func=lambda args: sys.exit(_encode(args)))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The bench commands alone: ``pipeline``, ``profile`` and ``farm`` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="renderfarm bench", description="renderfarm benchmarks")
@@ -325,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_farm(sub)
     _register_redis(sub)
     _register_ready(sub)
+    _register_io(sub)
     return parser
 
 
