@@ -15,8 +15,9 @@ colour waves plus Gaussian noise, whose PNG is the size of a real render's) at e
 Each row gives the median CPU ms per image (thread CPU time over ``repeats`` encodes), the bytes,
 whether decoding gives back the same pixels (lossless) and whether
 :func:`infra.storage.images.read_parameters` reads the A1111 ``parameters`` back. A second table
-encodes ``pool_images`` images with the default PNG encoder on 1..cores threads and on a process
-pool of the same sizes (images/s, wall clock), since Pillow's encoders release the GIL.
+encodes ``pool_images`` images with the default PNG encoder (:func:`infra.storage.images.encode_png`)
+on 1..cores threads and on a process pool of the same sizes (images/s, wall clock), since
+Pillow's encoders release the GIL.
 
 ``fpng`` and ``simplejpeg`` are optional: a row says "not installed" when their wheel is absent.
 """
@@ -28,7 +29,6 @@ import os
 import statistics
 import struct
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,19 +51,6 @@ class EncodeBenchConfig:
             raise ValueError("repeats and pool_images must be >= 1, sizes non-empty")
 
 
-def png_text_chunk(keyword: str, text: str) -> bytes:
-    """One PNG ``iTXt`` chunk (uncompressed, UTF-8) holding ``text`` under ``keyword``, CRC
-    included (PNG specification, 11.3.4.5)."""
-    data = keyword.encode("latin-1") + b"\0\0\0\0\0" + text.encode("utf-8")
-    tag = b"iTXt"
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-
-def splice_png_text(png: bytes, keyword: str, text: str) -> bytes:
-    """``png`` with an ``iTXt`` chunk inserted after ``IHDR`` (8-byte signature + 25-byte IHDR)."""
-    return png[:33] + png_text_chunk(keyword, text) + png[33:]
-
-
 def _exif(parameters: str) -> bytes:
     from PIL import Image
 
@@ -77,6 +64,8 @@ def _exif(parameters: str) -> bytes:
 def _encoders(parameters: str) -> dict[str, Callable | str]:
     """name → ``encode(image) -> bytes``, or a string saying why the encoder is missing."""
     from PIL import PngImagePlugin
+
+    from infra.storage.images import png_text_chunk
 
     def pillow(fmt: str, **kw):
         def encode(image):
@@ -93,7 +82,8 @@ def _encoders(parameters: str) -> dict[str, Callable | str]:
     try:
         import fpng
 
-        out["fpng"] = lambda image: splice_png_text(fpng.from_pil(image), "parameters", parameters)
+        out["fpng"] = lambda image: (lambda png: png[:33] + png_text_chunk("parameters", parameters) + png[33:])(
+            fpng.from_pil(image))
     except ImportError:
         out["fpng"] = "not installed (pip install fpng)"
     out["webp-lossless-m0"] = pillow("WEBP", lossless=True, method=0, exif=exif)
