@@ -2,7 +2,7 @@
 
 Data flow: worker → pipeline renders a PIL image → **here** it becomes PNG/WebP/JPEG bytes with
 a ``parameters`` text → storage uploads the bytes. PNG is written by fpng where the worker extra
-installed it (about 25× less CPU than Pillow's zlib level 1 for the same bytes, see
+installed it (17–34× less CPU than Pillow's zlib level 1 for the same bytes, see
 :data:`_FPNG`), else by Pillow.
 
 The ``parameters`` text is A1111's infotext layout::
@@ -134,8 +134,8 @@ def request_from_parameters(text: str) -> RenderRequest:
 
 #: zlib level of Pillow's PNG encoder, used where fpng is not installed or the image is neither
 #: RGB nor RGBA. Pillow 13 (zlib 1.2.13), 512² render-like image, this 2-core AMD EPYC (AVX-512),
-#: ``renderfarm bench encode``: level 0 13.7 ms and 769 KiB, 1: 25.0 ms and 500 KiB, 3: 29.1 ms
-#: and 499 KiB, 4–9: ~46 ms and 441 KiB.
+#: ``renderfarm bench encode``, median CPU ms: level 0 13.7 ms and 769 KiB, 1: 25.0 ms and
+#: 500 KiB, 3: 29.1 ms and 499 KiB, 4–9: ~46 ms and 441 KiB.
 PNG_COMPRESS_LEVEL = 1
 
 
@@ -156,10 +156,10 @@ def _fpng_encoder() -> Callable[[Image.Image], bytes] | None:
 
 
 #: fpng (Rich Geldreich's fast PNG writer, the ``fpng`` wheel): the default PNG encoder where it
-#: is installed (the worker extra). Same host and image as above: 0.9 ms and 500 KiB at 512²,
-#: 5.5 ms and 1,992 KiB at 1024², against Pillow level 1's 25.0 ms and 99.3 ms for the same
-#: bytes within 0.1 %; lossless, and the ``parameters`` chunk is spliced in after ``IHDR``
-#: (fpng writes none).
+#: is installed (the worker extra). Same host and image as above, two runs: 0.9–1.5 ms and
+#: 500 KiB at 512², 3.8–5.5 ms and 1,992 KiB at 1024², against Pillow level 1's 25.0–25.3 ms and
+#: 99.3–129.5 ms for the same bytes within 0.1 %; lossless, and the ``parameters`` chunk is
+#: spliced in after ``IHDR`` (fpng writes none).
 _FPNG = _fpng_encoder()
 
 

@@ -6,7 +6,7 @@ status API hands out presigned GET URLs for those keys.
 The calls made once per job, the worker's PUT and the API's presigned GET URL and HEAD, go
 through ``obstore`` (Python bindings of the Rust ``object_store`` crate); the rest (bucket
 creation, health checks, deletes, reads, listings) through boto3. ``renderfarm bench s3``
-measured obstore at a quarter or less of boto3's client CPU per PUT and a tenth per HEAD, on
+measured obstore at 0.20–0.36 of boto3's client CPU per PUT and 0.11–0.20 per HEAD, on
 the same SeaweedFS (docs/benchmarks/README.md, "S3 client"). Both clients sign with the same
 credentials, which come from boto3's standard chain (:class:`Boto3Credentials`).
 
