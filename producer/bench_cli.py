@@ -143,7 +143,7 @@ def _farm(args: argparse.Namespace) -> int:
         height=args.height, steps=args.steps, guidance_scale=args.guidance_scale, recipe=args.recipe,
         submit_jobs=args.submit_jobs, submit_repeats=args.submit_repeats, rounds=args.rounds,
         bare=not args.no_bare, render_ms_per_image=args.render_ms_per_image, output_format=args.output_format,
-        submit_appendfsync=tuple(args.submit_appendfsync))
+        submit_appendfsync=tuple(args.submit_appendfsync), gpu_ms_per_image=args.gpu_ms)
     return _run_and_report("bench farm", lambda log: run_farm_bench(config, log=log), result_table, args.json)
 
 
@@ -157,6 +157,28 @@ def _redis(args: argparse.Namespace) -> int:
                              submit_jobs=0, bare=False).resolved()
     return _run_and_report("bench redis", lambda log: run_saturation(config, args.workers, log=log),
                            lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
+
+
+def _s3(args: argparse.Namespace) -> int:
+    from producer.bench_s3 import S3BenchConfig, run_s3_bench, s3_table
+
+    config = S3BenchConfig(sizes=args.sizes, threads=args.threads, ops=args.ops, rounds=args.rounds)
+    return _run_and_report("bench s3", lambda log: run_s3_bench(config, log=log), s3_table, args.json)
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from producer.bench_encode import EncodeBenchConfig, encode_tables, run_encode_bench
+
+    config = EncodeBenchConfig(sizes=args.sizes, repeats=args.repeats, pool_images=args.pool_images)
+    return _run_and_report("bench encode", lambda log: run_encode_bench(config, log=log), encode_tables, args.json)
+
+
+def _cores(args: argparse.Namespace) -> int:
+    from producer.bench_cores import CoresConfig, cores_table, run_cores_bench
+
+    config = CoresConfig(sizes=args.sizes, formats=args.formats, gpu_ms_per_image=args.gpu_ms, jobs=args.jobs,
+                         batch_size=args.batch_size, rounds=args.rounds)
+    return _run_and_report("bench cores", lambda log: run_cores_bench(config, log=log), cores_table, args.json)
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -181,7 +203,8 @@ def _ready(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench redis`` and ``bench ready`` to the CLI."""
+    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench redis``, ``bench ready``, ``bench s3`` and
+    ``bench encode`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
     _register_pipeline(sub)
@@ -189,6 +212,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _register_farm(sub)
     _register_redis(sub)
     _register_ready(sub)
+    _register_io(sub)
     return bench
 
 
@@ -274,6 +298,8 @@ def _register_farm(sub) -> None:
                    help="comma list of Redis appendfsync policies (everysec,always): redis-server runs with the "
                         "AOF, and the submission test times each policy, alternating (default: AOF off)")
     f.add_argument("--no-bare", action="store_true", help="skip the bare in-process loop")
+    f.add_argument("--gpu-ms", type=_csv(float), default=(10.0, 30.0, 100.0),
+                   help="GPU speeds, ms per image, the per-core rows size a node for (default 10,30,100)")
     f.add_argument("--json", default=None, help="write the result here")
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))
 
@@ -316,6 +342,42 @@ def _register_ready(sub) -> None:
     r.set_defaults(func=lambda args: sys.exit(_ready(args)))
 
 
+def _command(sub, handler, name: str, **kw) -> argparse.ArgumentParser:
+    """A ``bench`` subcommand running ``handler(args)`` (its exit status), with ``--json``."""
+    p = sub.add_parser(name, **kw)
+    p.add_argument("--json", default=None, help="write the result here")
+    p.set_defaults(func=lambda args: sys.exit(handler(args)))
+    return p
+
+
+def _register_io(sub) -> None:
+    s = _command(sub, _s3, "s3", help="the S3 client per operation: boto3 against obstore, on a private SeaweedFS",
+                       description="Start SeaweedFS and time the worker's write-once PUT, the API's presigned GET "
+                                   "URL and HEAD through boto3 (the farm's Storage) and obstore, interleaved: client "
+                                   "CPU ms per operation and operations/s at each size and thread count.")
+    s.add_argument("--sizes", type=_csv(int), default=(64, 512), help="PNG sides in pixels (default 64,512)")
+    s.add_argument("--threads", type=_csv(int), default=(1, 8), help="callers sharing one client (default 1,8)")
+    s.add_argument("--ops", type=int, default=200, help="operations per cell and round (default 200)")
+    s.add_argument("--rounds", type=int, default=2, help="interleaved rounds, median shown (default 2)")
+    e = _command(sub, _encode, "encode", help="image encoders: ms per image, bytes, lossless, A1111 parameters kept",
+                       description="Encode the null renderer's render-like image at each size through Pillow PNG "
+                                   "(compress_level 0..9), fpng, WebP lossless and lossy (method 0), JPEG (Pillow, "
+                                   "simplejpeg); then the default PNG encoder on threads against a process pool.")
+    e.add_argument("--sizes", type=_csv(int), default=(512, 1024), help="square sides in pixels (default 512,1024)")
+    e.add_argument("--repeats", type=int, default=7, help="encodes per encoder and size, median shown (default 7)")
+    e.add_argument("--pool-images", type=int, default=32, help="images per pool run (default 32)")
+    c = _command(sub, _cores, "cores", help="host cores a GPU of a given speed needs, per image size and format",
+                       description="Run bench farm --model null (no render time, one worker) once per size and "
+                                   "format; print host CPU per job (API + Redis + worker, SeaweedFS apart), jobs/s "
+                                   "per core, and the cores a GPU at each --gpu-ms needs.")
+    c.add_argument("--sizes", type=_csv(int), default=(64, 512, 1024), help="square sides (default 64,512,1024)")
+    c.add_argument("--formats", type=_csv(str), default=("png", "jpeg"), help="output formats (default png,jpeg)")
+    c.add_argument("--gpu-ms", type=_csv(float), default=(10.0, 30.0, 100.0), help="GPU ms/img (default 10,30,100)")
+    c.add_argument("--jobs", type=int, default=512)
+    c.add_argument("--batch-size", type=int, default=16)
+    c.add_argument("--rounds", type=int, default=1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The bench commands alone: ``pipeline``, ``profile`` and ``farm`` (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="renderfarm bench", description="renderfarm benchmarks")
@@ -325,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_farm(sub)
     _register_redis(sub)
     _register_ready(sub)
+    _register_io(sub)
     return parser
 
 

@@ -86,6 +86,8 @@ class FarmBenchConfig:
     timeout_s: float = 3600.0
     #: appendfsync policies to compare in the submission test (redis-server then runs with the AOF)
     submit_appendfsync: tuple[str, ...] = ()
+    #: GPU speeds (ms per image) the per-core rows size a node for (producer/bench_cores.py)
+    gpu_ms_per_image: tuple[float, ...] = (10.0, 30.0, 100.0)
 
     @property
     def null(self) -> bool:
@@ -276,6 +278,7 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     """Start a private stack, measure, stop it; returns the JSON-able result."""
     from infra.localstack import LocalStack, free_port, patched_environ
     from pipeline.device import cpu_summary
+    from producer.bench_cores import per_core
     from producer.client import RenderClient
 
     config = config.resolved()
@@ -340,6 +343,7 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
             done = config.jobs * len(farm_runs)
             result["cpu_ms_per_job"] = {name: round(1000 * s / done, 3) for name, s in sorted(cpu.items())}
             result["cpu_ms_per_job"]["total"] = round(sum(result["cpu_ms_per_job"].values()), 3)
+            result["per_core"] = per_core(result["cpu_ms_per_job"], config.gpu_ms_per_image)
             for worker in stack.workers:  # submission alone: nobody consumes
                 worker.stop()
             if config.submit_jobs:
@@ -412,6 +416,8 @@ def result_table(result: dict):
     """A rich Table of a :func:`run_farm_bench` result: metric, value, target."""
     from rich.table import Table
 
+    from producer.bench_cores import per_core_rows
+
     c, m = result["config"], result["machine"]
     what = "jobs" if c["model"] == NULL_MODEL and not c.get("render_ms_per_image") else "img"
     table = Table(title=f"bench farm: {c['model']}, {c['jobs']} jobs, {c['workers']} worker(s), batch "
@@ -455,6 +461,8 @@ def result_table(result: dict):
                 table.add_row(f"  CPU ms per job: {k}", f"{v:.3f}", "")
         table.add_row("CPU ms per job, all farm processes", f"{cpu['total']:.3f}",
                       "≤ 2 ms" if null and not c.get("render_ms_per_image") else "")
+    for metric, value in per_core_rows(result):
+        table.add_row(metric, value, "")
     rd = result.get("redis")
     if rd:
         top = ", ".join(f"{k} {v:g}" for k, v in list(rd["by_command_per_job"].items())[:8])

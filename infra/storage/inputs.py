@@ -105,7 +105,8 @@ def store_input(storage: Storage, data: bytes, *, max_bytes: int, max_pixels: in
 
     Raises:
         InputRefused: see :func:`inspect_image`.
-        botocore.exceptions.ClientError: S3 refused the write (after the storage's retries).
+        obstore's errors (``PermissionDeniedError``, …): S3 refused the HEAD or the write (after
+            the storage's retries).
     """
     image = inspect_image(data, max_bytes=max_bytes, max_pixels=max_pixels)
     if not storage.exists(image.key):

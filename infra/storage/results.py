@@ -46,7 +46,7 @@ def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: 
         the result to record (its ``bytes`` is the stored object's size, also when an earlier
         write was kept).
     Raises:
-        botocore errors: storage refused the write, or stayed unreachable for ``retry_s``.
+        obstore's errors: storage refused the write, or stayed unreachable for ``retry_s``.
     """
     parameters = format_parameters(request, model=model, job_id=job_id, scheduler=scheduler, lora_hashes=lora_hashes)
     body, content_type = encode_image(image, request.output_format, parameters)

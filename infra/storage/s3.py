@@ -1,21 +1,30 @@
-"""S3-compatible object storage for rendered images (boto3).
+"""S3-compatible object storage for rendered images (obstore on the per-job path, boto3 beside it).
 
 Data flow: worker → **storage** (one object per job, key ``{batch_id}/{job_id}.{ext}``) → the
 status API hands out presigned GET URLs for those keys.
 
-Uploads use botocore's ``adaptive`` retry mode, so a brief S3 outage is retried with backoff
-rather than failing a job. A job's image is written once (:meth:`Storage.put_once`), with two
-guarantees the worker relies on:
+The calls made once per job, the worker's PUT and the API's presigned GET URL and HEAD, go
+through ``obstore`` (Python bindings of the Rust ``object_store`` crate); the rest (bucket
+creation, health checks, deletes, reads, listings) through boto3. ``renderfarm bench s3``
+measured obstore at 0.20–0.36 of boto3's client CPU per PUT and 0.11–0.20 per HEAD, on
+the same SeaweedFS (docs/benchmarks/README.md, "S3 client"). Both clients sign with the same
+credentials, which come from boto3's standard chain (:class:`Boto3Credentials`).
 
-- **Written once.** The PUT is conditional (``If-None-Match: *``, supported by AWS S3 and
-  SeaweedFS): when a job's object already exists (a duplicate delivery, or an earlier attempt
-  that uploaded and then died before recording success), the server refuses the second write
-  with 412 and the existing object stands. The image is a pure function of the request and its
-  seed, so the existing object is the one this attempt would have written.
-- **Outages are waited out.** Connection errors, timeouts and 5xx answers are retried with
-  exponential backoff (0.5 s doubling, at most 2 s apart) for up to ``retry_s`` seconds in all,
-  on top of botocore's own few retries, so S3 being down for tens of seconds delays a batch
-  but fails no job. Object metadata carries the generation parameters; S3 user metadata
+A job's image is written once (:meth:`Storage.put_once`), with two guarantees the worker
+relies on:
+
+- **Written once.** The PUT is conditional (``If-None-Match: *``: obstore's ``mode="create"``,
+  supported by AWS S3 and SeaweedFS): when a job's object already exists (a duplicate delivery,
+  or an earlier attempt that uploaded and then died before recording success), the server
+  refuses the second write and the existing object stands. The image is a pure function of the
+  request and its seed, so the existing object is the one this attempt would have written.
+- **Outages are waited out.** Connection errors, timeouts and 5xx answers are retried by
+  object_store (a few tries, exponential backoff with jitter), then by :meth:`Storage.put_once`
+  itself with tenacity's exponential backoff with jitter (0.5 s doubling, at most 2 s apart)
+  for up to ``retry_s`` seconds in all, so S3 being down for tens of seconds delays a batch but
+  fails no job.
+
+Object metadata carries the generation parameters; S3 user metadata
 is ASCII and (on AWS) at most 2 KB. A value of printable ASCII is stored as it is; any other
 (a Chinese prompt, the infotext's line breaks) as RFC 2047 MIME encoded-words
 (``=?UTF-8?B?…?=``), which is how AWS documents non-ASCII user-defined metadata ("Working with
@@ -26,15 +35,21 @@ cut to fit, at encoded-word boundaries, with ``parameters-truncated: true`` said
 from __future__ import annotations
 
 import logging
+import re
 import time
 from base64 import b64encode
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from email.header import decode_header
 
 import boto3
+import obstore
 from botocore.client import Config
-from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from obstore.exceptions import AlreadyExistsError, GenericError
+from obstore.store import S3Store
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential, wait_random
 
 from infra.settings import Settings
 
@@ -119,20 +134,47 @@ def object_metadata(fields: dict[str, str], parameters: str) -> dict[str, str]:
     return meta
 
 
+_CLIENT_ERROR = re.compile(r"status code: 4\d\d")
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Whether an S3 error may go away by itself: no connection, a timeout, or a 5xx answer."""
+    """Whether an S3 error may go away by itself: no connection, a timeout, or a 5xx answer
+    (botocore's errors, and obstore's ``GenericError`` unless it reports a 4xx status)."""
     if isinstance(exc, (BotoConnectionError, HTTPClientError, ConnectionError, TimeoutError)):
         return True
+    if isinstance(exc, GenericError):
+        return not _CLIENT_ERROR.search(str(exc))
     if isinstance(exc, ClientError):
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return status >= 500 or exc.response.get("Error", {}).get("Code") in _TRANSIENT_CODES
     return False
 
 
-def _precondition_failed(exc: ClientError) -> bool:
-    error = exc.response.get("Error", {})
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status == 412 or error.get("Code") in ("PreconditionFailed", "412")
+class Boto3Credentials:
+    """An obstore ``S3CredentialProvider`` that hands over what boto3's session resolved
+    (environment, ``~/.aws``, instance or pod roles), so both clients sign alike.
+
+    Refreshable credentials (roles) are given an expiry of :attr:`recheck_s` seconds, after which
+    obstore asks again and botocore refreshes them when they are near their end.
+
+    Raises (when called):
+        botocore.exceptions.NoCredentialsError: the chain found no credentials.
+    """
+
+    recheck_s = 300
+
+    def __init__(self, session: boto3.Session):
+        self.session = session
+
+    def __call__(self) -> dict:
+        credentials = self.session.get_credentials()
+        if credentials is None:
+            raise NoCredentialsError()
+        frozen = credentials.get_frozen_credentials()
+        refreshable = getattr(credentials, "refresh_needed", None) is not None
+        expires = datetime.now(timezone.utc) + timedelta(seconds=self.recheck_s) if refreshable else None
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
+                "token": frozen.token, "expires_at": expires}
 
 
 class Storage:
@@ -157,10 +199,18 @@ class Storage:
             retries={"mode": "adaptive", "max_attempts": max_attempts},
             connect_timeout=connect_timeout_s, read_timeout=60, max_pool_connections=max_pool_connections,
         )
-        self.client = boto3.client(
-            "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region, config=config,
-            **settings.s3_credentials(),
-        )
+        session = boto3.Session(**settings.s3_credentials())
+        self.client = session.client(
+            "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region, config=config)
+        endpoint = settings.s3_endpoint_url or None
+        options = {"connect_timeout": f"{connect_timeout_s}s", "timeout": "60s",
+                   "pool_max_idle_per_host": str(max_pool_connections)}
+        if endpoint and endpoint.startswith("http://"):
+            options["allow_http"] = "true"
+        self.store = S3Store(
+            self.bucket, endpoint=endpoint, region=settings.s3_region, virtual_hosted_style_request=False,
+            credential_provider=Boto3Credentials(session), client_options=options,  # type: ignore[arg-type]
+            retry_config={"max_retries": max(0, max_attempts - 1), "retry_timeout": timedelta(seconds=10)})
 
     def ensure_bucket(self) -> None:
         """Create the bucket when it does not exist yet (idempotent)."""
@@ -184,34 +234,29 @@ class Storage:
         Returns:
             True when this call wrote the object, False when it already existed.
         Raises:
-            the last botocore error, when storage stayed unreachable for ``retry_s`` seconds or
-            refused the write for a reason that is not transient (e.g. AccessDenied).
+            the last obstore error, when storage stayed unreachable for ``retry_s`` seconds or
+            refused the write for a reason that is not transient (``PermissionDeniedError``, …),
+            or botocore's ``NoCredentialsError``.
         """
-        deadline = time.monotonic() + retry_s
-        delay = 0.5
-        while True:
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
-                                       Metadata=metadata, IfNoneMatch="*")
-                return True
-            except ClientError as exc:
-                if _precondition_failed(exc):
-                    log.info("object %s already exists; kept the first write", key)
-                    return False
-                if not is_transient(exc) or time.monotonic() + delay > deadline:
-                    raise
-                error: Exception = exc
-            except Exception as exc:  # connection refused, reset, timeouts
-                if not is_transient(exc) or time.monotonic() + delay > deadline:
-                    raise
-                error = exc
-            log.warning("storage unavailable (%s: %s); retrying %s in %.1fs", type(error).__name__, error, key, delay)
-            sleep(delay)
-            delay = min(delay * 2, 2.0)
+        attributes = {"Content-Type": content_type, **metadata}
+        retrying = Retrying(retry=retry_if_exception(is_transient), stop=stop_after_delay(retry_s),
+                            wait=wait_exponential(multiplier=0.5, max=2.0) + wait_random(0, 0.25), sleep=sleep,
+                            before_sleep=lambda state: log.warning(
+                                "storage unavailable (%s); retrying %s", state.outcome and state.outcome.exception(),
+                                key),
+                            reraise=True)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    obstore.put(self.store, key, body, mode="create", attributes=attributes)
+        except AlreadyExistsError:
+            log.info("object %s already exists; kept the first write", key)
+            return False
+        return True
 
     def size(self, key: str) -> int:
         """The size in bytes of an existing object."""
-        return int(self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+        return int(obstore.head(self.store, key)["size"])
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error when it does not exist)."""
@@ -220,12 +265,10 @@ class Storage:
     def exists(self, key: str) -> bool:
         """Whether ``key`` is in the bucket."""
         try:
-            self.client.head_object(Bucket=self.bucket, Key=key)
+            obstore.head(self.store, key)
             return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
+        except FileNotFoundError:  # obstore's NotFoundError
+            return False
 
     def get(self, key: str) -> bytes:
         """The object's bytes."""
@@ -233,9 +276,8 @@ class Storage:
 
     def presigned_url(self, key: str, expires_s: int | None = None) -> str:
         """A presigned GET URL for ``key``, valid ``expires_s`` seconds (default from settings)."""
-        return self.client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s or self.presign_expires_s
-        )
+        expires = timedelta(seconds=expires_s or self.presign_expires_s)
+        return obstore.sign(self.store, "GET", key, expires)
 
     def ping(self) -> None:
         """Raise when the bucket cannot be reached (used by ``/healthz``)."""

@@ -152,6 +152,11 @@ def test_bench_farm_encodes_the_requested_output_format(tmp_path, capsys):
     assert result["config"]["output_format"] == "jpeg"
     (run,) = result["full_path"]["runs"]
     assert run["content_types"] == ["image/jpeg"] and run["image_sizes"] == ["128x128"]
+    pc = result["per_core"]  # the per-core rows: host = API + Redis + worker, SeaweedFS apart
+    cpu_ms = result["cpu_ms_per_job"]
+    assert pc["host_cpu_ms_per_job"] == pytest.approx(cpu_ms["api"] + cpu_ms["redis"] + cpu_ms["null-1"], abs=2e-3)
+    assert pc["worker_cores_for_gpu"]["10.0"] == pytest.approx(cpu_ms["null-1"] / 10, abs=0.01)
+    assert "cores a GPU at 10.0 ms/img needs" in printed
 
 
 def test_bench_two_stage_on_tiny_has_a_row_per_path(tmp_path, bench_cache, monkeypatch, capsys):

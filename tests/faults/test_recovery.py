@@ -19,6 +19,7 @@ import pytest
 
 from infra.broker.app import TASK_NAME
 from infra.broker.publish import publish_jobs
+from infra.localstack import patched_environ
 from infra.settings import Settings
 from infra.storage.s3 import Storage
 from worker.breaker import CircuitBreaker
@@ -133,9 +134,8 @@ def test_a_duplicate_message_is_harmless(farm, celery_app):
 
 
 def test_the_final_object_is_written_once(farm):
-    storage = Storage(Settings(**{k.removeprefix("RENDERFARM_").lower(): v for k, v in farm.env.items()
-                                  if k in ("RENDERFARM_S3_ENDPOINT_URL", "RENDERFARM_S3_BUCKET")}))
-    storage.client = farm.s3
+    with patched_environ(farm.env):  # the farm's endpoint, bucket and credentials, for both of its clients
+        storage = Storage(Settings())
     assert storage.put_once("once/a.png", b"first", "image/png", {}) is True
     assert storage.put_once("once/a.png", b"second", "image/png", {}) is False
     assert farm.s3.get_object(Bucket=farm.bucket, Key="once/a.png")["Body"].read() == b"first"

@@ -98,3 +98,24 @@ def test_a_truncated_chinese_infotext_is_cut_at_a_word_boundary():
     assert meta["parameters-truncated"] == "true"
     assert sum(len(k) + len(v) for k, v in meta.items()) <= 2048
     assert set(decode_metadata(meta["parameters"])) == {"山"}  # whole characters only
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def test_png_is_lossless_and_its_text_chunk_valid_for_every_encoder(request_, mode, monkeypatch):
+    """fpng (RGB, RGBA) and Pillow (other modes, or fpng absent) both give back the same pixels and
+    the infotext, in a file whose chunk CRCs Pillow checks (``verify``)."""
+    from infra.storage import images
+    from pipeline.null import null_image
+
+    image = null_image(96, 64, 5).convert(mode)
+    text = format_parameters(request_, model="tiny")
+    encoded = [images.encode_png(image, text)]
+    monkeypatch.setattr(images, "_FPNG", None)
+    encoded.append(images.encode_png(image, text))
+    for data in encoded:
+        with Image.open(io.BytesIO(data)) as check:
+            check.verify()  # raises on a bad CRC or a truncated chunk
+        with Image.open(io.BytesIO(data)) as back:
+            assert back.mode == mode and back.tobytes() == image.tobytes()
+        assert read_parameters(data) == text
+    assert images._fpng_encoder() is not None  # the worker extra installs it: the first row was fpng's

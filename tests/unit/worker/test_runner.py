@@ -244,14 +244,16 @@ def test_overlapped_batches_render_while_others_are_stored_and_all_are_recorded(
     assert store.get_job(second[0]).result is None
 
 
-def test_wrong_s3_credentials_release_the_jobs_unspent_and_name_the_infrastructure(store, storage, s3_server):
+def test_wrong_s3_credentials_release_the_jobs_unspent_and_name_the_infrastructure(store, storage, monkeypatch):
     ids = submit(store, [f"a gate {i}" for i in range(3)])
-    refused = Storage(Settings(), max_attempts=1)
-    refused.client = s3_server.client(secret_key="not-the-secret")
+    with monkeypatch.context() as env:  # both of the storage's clients sign with the wrong secret
+        env.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        refused = Storage(Settings(), max_attempts=1)
     requeued: list[list[str]] = []
     outcome = runner(store, refused, ScriptedRenderer(), on_requeued=requeued.append).run(messages(ids))
     assert (outcome.succeeded, outcome.failed) == (0, 0) and sorted(outcome.requeued) == sorted(ids)
     assert "SignatureDoesNotMatch" in outcome.infrastructure or "403" in outcome.infrastructure, outcome
+    assert outcome.infrastructure.startswith("PermissionDeniedError"), outcome  # obstore's PUT said 403
     assert requeued == [outcome.requeued]
     for job_id in ids:
         status = store.get_job(job_id)
