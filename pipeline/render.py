@@ -36,7 +36,7 @@ from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make
 if TYPE_CHECKING:
     from pipeline.lora import AdapterCache
     from pipeline.memory import BatchLimits
-    from pipeline.warm import PoolOptions
+    from pipeline.pool_options import PoolOptions
 
 CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler][, mode])
 ShapeKey = tuple[int, int, int, bool]  # (images, width, height, classifier-free guidance on)

@@ -32,26 +32,12 @@ from pipeline.memory import BatchLimits, PeakMeasurement, batch_size_for_stages,
 from pipeline.models.families import FAMILY_SPECS, family_of_name
 from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
+from pipeline.pool_options import PoolOptions
 from pipeline.recipes import apply_overrides, fit_adapters, recipe_for, resolve_conflicts
 from pipeline.render import Renderer
 from pipeline.upscale import UpscaleStage
 
 log = logging.getLogger("renderfarm.worker")
-
-
-@dataclass(frozen=True)
-class PoolOptions:
-    """What a pool declares that the pipeline needs. Pixels are ``width × height``."""
-
-    family: str | None = None
-    max_pixels: int | None = None
-    steps: int | None = None
-    use_pe: bool = False
-    batch_invariant: bool | None = None
-    upscalers: tuple[str, ...] | None = None  # the upscalers a worker may load (None: any)
-    sizes: tuple[tuple[int, int], ...] = ()  # (width, height) its jobs ask for; () = the family's native square
-    guidance_scale: float | None = None  # its jobs' usual guidance (None: the request default where taken)
-    lora_adapters: bool = False  # the pool declares LoRA adapters (the denoiser must stay in PyTorch)
 
 
 def peek_family(model: str) -> str | None:

@@ -86,7 +86,7 @@ class FarmBenchConfig:
     timeout_s: float = 3600.0
     #: appendfsync policies to compare in the submission test (redis-server then runs with the AOF)
     submit_appendfsync: tuple[str, ...] = ()
-    #: GPU speeds (ms per image) the per-core rows size a node for (producer/bench_cores.py)
+    #: GPU speeds (ms per image) the per-core rows size a node for (producer/core_figures.py)
     gpu_ms_per_image: tuple[float, ...] = (10.0, 30.0, 100.0)
 
     @property
@@ -278,8 +278,8 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     """Start a private stack, measure, stop it; returns the JSON-able result."""
     from infra.localstack import LocalStack, free_port, patched_environ
     from pipeline.device import cpu_summary
-    from producer.bench_cores import per_core
     from producer.client import RenderClient
+    from producer.core_figures import per_core
 
     config = config.resolved()
     assert config.jobs is not None and config.batch_size is not None  # resolved() fills both
@@ -416,7 +416,7 @@ def result_table(result: dict):
     """A rich Table of a :func:`run_farm_bench` result: metric, value, target."""
     from rich.table import Table
 
-    from producer.bench_cores import per_core_rows
+    from producer.core_figures import per_core_rows
 
     c, m = result["config"], result["machine"]
     what = "jobs" if c["model"] == NULL_MODEL and not c.get("render_ms_per_image") else "img"
