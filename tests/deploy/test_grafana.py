@@ -9,7 +9,7 @@ import re
 from tests.deploy.conftest import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "renderfarm.json"
-FAMILIES = {  # name → Prometheus type, as the issue specifies them
+FAMILIES = {  # name → Prometheus type, as the metrics page documents them
     "renderfarm_queue_wait_seconds": "histogram",
     "renderfarm_render_seconds_per_image": "histogram",
     "renderfarm_batch_size": "histogram",
