@@ -1,5 +1,5 @@
 """deploy/grafana/renderfarm.json: a valid dashboard whose queries use the metric names that the
-API's /metrics exposes (README, "Dashboard and metrics")."""
+API's /metrics exposes (docs/operations/metrics.md)."""
 
 from __future__ import annotations
 
