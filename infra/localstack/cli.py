@@ -32,7 +32,7 @@ from infra.localstack.processes import ProcessExited
 from infra.localstack.stack import LocalStack, patched_environ
 from infra.localstack.supervisor import CrashLoop, ServiceEvent, Supervisor
 
-#: ``renderfarm up``'s ports: the API's (the README's clients use it) and SeaweedFS's usual S3 port.
+#: ``renderfarm up``'s ports: the API's (the documented clients use it) and SeaweedFS's usual S3 port.
 API_PORT, S3_PORT = 8000, 8333
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-#: (header, row key) of the pipeline table, in the issue's order.
+#: (header, row key) of the pipeline table, in the order of the performance pages' tables.
 PIPELINE_COLUMNS = (
     ("recipe", "recipe"), ("batch", "batch_size"), ("load s", "load_s"), ("cold s", "cold_s"),
     ("hot mean s/img", "hot_mean_s_per_img"), ("hot median s/img", "hot_median_s_per_img"), ("it/s", "it_per_s"),

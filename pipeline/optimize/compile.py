@@ -10,7 +10,7 @@ block: seconds instead of minutes of Inductor work, about the same speed. Shapes
 each compiled at the worker's warm-up (:func:`pipeline.warm.warm_up`), after which a shape no graph
 matches runs eagerly instead of recompiling (:func:`pipeline.compile_count.hold_compiled`). On one
 H100, ``dynamic=True`` had not finished compiling the SD 1.5 UNet after six minutes where a static
-compile took 77–82 s (README, "What the lent H100 measured"). ``compile_dynamic`` stays a knob.
+compile took 77–82 s (docs/performance/gpu.md, "What the lent H100 measured"). ``compile_dynamic`` stays a knob.
 
 CUDA graphs (``compile_mode`` ``reduce-overhead`` or ``max-autotune`` on CUDA): a replay overwrites
 the previous replay's outputs, while schedulers keep earlier noise predictions between steps

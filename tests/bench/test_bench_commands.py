@@ -12,7 +12,7 @@ from infra.cli import main
 
 pytestmark = pytest.mark.bench
 
-#: The issue's columns, plus the ones the ratios and the roofline need.
+#: The documented columns, plus the ones the ratios and the roofline need.
 ROW_COLUMNS = {"recipe", "kind", "resolved", "batch_size", "dtype", "exact", "approximations", "load_s", "cold_s",
                "hot_mean_s_per_img", "hot_median_s_per_img", "it_per_s", "images_per_s", "peak_allocated_mib",
                "peak_reserved_mib", "psnr_db", "flops_per_image", "denoiser_flops_per_image", "pct_of_bf16_matmul",

@@ -1,5 +1,5 @@
 """deploy/grafana/renderfarm.json: a valid dashboard whose queries use the metric names that the
-API's /metrics exposes (README, "Dashboard and metrics")."""
+API's /metrics exposes (docs/operations/metrics.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 from tests.deploy.conftest import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "renderfarm.json"
-FAMILIES = {  # name → Prometheus type, as the issue specifies them
+FAMILIES = {  # name → Prometheus type, as the metrics page documents them
     "renderfarm_queue_wait_seconds": "histogram",
     "renderfarm_render_seconds_per_image": "histogram",
     "renderfarm_batch_size": "histogram",

@@ -1,4 +1,4 @@
-"""The chart's secure defaults (issue 14, item 11): auth on, the bundled Redis behind a password
+"""The chart's secure defaults: auth on, the bundled Redis behind a password
 from a Secret with protected mode on, and NetworkPolicies (Redis reachable only from this
 release's API, workers and catalog job; the API only on its port; workers not at all)."""
 
@@ -124,7 +124,7 @@ def _env_config(docs: list[dict]) -> dict[str, str]:
 
 
 def test_durable_ack_is_local_by_default_on_the_bundled_aof_redis(render):
-    """A 202 waits for the AOF fsync (issue 14, item 2): RENDERFARM_DURABLE_ACK=local, which
+    """A 202 waits for the AOF fsync (the durable ack): RENDERFARM_DURABLE_ACK=local, which
     confirms with WAITAOF, so the bundled Redis must have the AOF on and be at least 7.2."""
     docs = render()
     assert _env_config(docs)["RENDERFARM_DURABLE_ACK"] == "local"

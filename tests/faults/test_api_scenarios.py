@@ -1,4 +1,4 @@
-"""Fault scenarios i, l and p of issue 14: the API killed mid-submission, a worker with a skewed
+"""Fault scenarios i, l and p of the fault table: the API killed mid-submission, a worker with a skewed
 clock, and one tenant flooding at its limits while another keeps working.
 
 Each records one row of the fault table (``test-artifacts/faults.json``, see ``farm.py``) and
@@ -10,7 +10,7 @@ asserts that nothing accepted was lost and nothing ran twice:
 - l: a worker whose wall clock is 60 s behind (libfaketime, or where it breaks Python a
   ``sitecustomize`` shifting Python's ``time.time``), from start to its jobs done;
 - p: tenant A floods at its quota and rate limits for ``RENDERFARM_TEST_FLOOD_S`` seconds
-  (default 60; issue 14 asks for 600) while tenant B submits one job every half second; B's
+  (default 60; the full scenario runs 600) while tenant B submits one job every half second; B's
   waits (queued → running, p50/p95) are recorded, not asserted (no timed asserts); B is never
   overtaken by A's backlog, which is counted, not timed.
 """

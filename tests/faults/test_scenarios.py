@@ -1,4 +1,4 @@
-"""The fault-injection scenarios of issue 4, on real processes, each accounting for every job.
+"""The fault-injection scenarios, on real processes, each accounting for every job.
 
 Each test prints and records one row of the fault table (``test-artifacts/faults.json``):
 jobs submitted, succeeded, failed, canceled, lost (not terminal at the end, or succeeded

@@ -293,7 +293,7 @@ def test_dead_letters_are_paged_per_tenant(r):
 
 
 def test_records_never_expire_while_queued_or_running_and_ttl_restarts_at_each_end(r):
-    """Issue 14, item 3: a job queued or running longer than the TTL is still there; each move to
+    """A job queued or running longer than the TTL is still there; each move to
     a terminal state sets the TTL afresh; the batch's keys expire only after its last job ended,
     and a dead-letter retry makes them persistent again."""
     store = _store(r, job_ttl_s=100)

@@ -1,4 +1,4 @@
-"""Fault scenarios of the worker itself (issue 14): a hung render, wrong S3 credentials, and a
+"""Fault scenarios of the worker itself: a hung render, wrong S3 credentials, and a
 request that kills its worker. Same farm, helpers and table as ``test_scenarios.py``; each
 records one row and accounts for every job (nothing lost, nothing run twice). Recovery seconds:
 

@@ -194,7 +194,7 @@ def test_interrupted_run_resumes_without_rendering_anything_twice(api_server, st
 
 
 def test_an_item_whose_image_is_gone_is_rendered_again(client, tmp_path, s3_server, farm_env):
-    """Issue 14, item 10: the catalog skips an item only after a HEAD of its image; an image
+    """The catalog skips an item only after a HEAD of its image; an image
     deleted from the bucket (a wiped local stack) makes its item render again."""
     template = f"a {{color}} {{name}}, {_nonce()}"
     path = _csv(tmp_path / "g.csv", [("a", "vase", "red"), ("b", "vase", "blue"), ("c", "vase", "grey")])
@@ -209,7 +209,7 @@ def test_an_item_whose_image_is_gone_is_rendered_again(client, tmp_path, s3_serv
 
 
 def test_state_dir_skips_only_items_whose_image_the_farm_confirms(client, tmp_path, s3_server, farm_env):
-    """Issue 14, item 10, with ``--state-dir``: an item the state dir records as done is skipped
+    """With ``--state-dir``, an item the state dir records as done is skipped
     only when the farm confirms its image (the lookup's HEAD); one whose object was deleted from
     SeaweedFS is submitted again, and the others are skipped."""
     word = _nonce()

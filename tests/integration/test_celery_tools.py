@@ -1,6 +1,6 @@
 """Celery's own tools against the session farm's real workers: ``celery inspect`` through the
-app module the README names, and the task events and worker heartbeats that Flower reads, turned
-on the way Flower turns them on (the ``enable_events`` remote-control command)."""
+app module the Flower guide names, and the task events and worker heartbeats that Flower reads,
+turned on the way Flower turns them on (the ``enable_events`` remote-control command)."""
 
 from __future__ import annotations
 

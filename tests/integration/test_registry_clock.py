@@ -1,4 +1,4 @@
-"""Worker liveness on the Redis server's clock (issue 14, item 8), on a real redis-server: a
+"""Worker liveness on the Redis server's clock, on a real redis-server: a
 worker whose clock is 60 s behind is live, and its pool has dispatch capacity."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``renderfarm up``'s supervision and persistent data (issue 14, items 9 and 10), on real
+"""``renderfarm up``'s supervision and persistent data, on real
 processes: a crashed child restarts with exponential backoff, and the stack's own redis-server
 and SeaweedFS keep their data together in one directory across a stop and a start."""
 

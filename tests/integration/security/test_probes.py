@@ -1,4 +1,4 @@
-"""Probes and the scrape (issue 14, item 15): readiness depends on Redis only (an S3 outage is
+"""Probes and the scrape: readiness depends on Redis only (an S3 outage is
 ``degraded``, still 200), ``/livez`` touches nothing, ``/metrics`` needs the scrape token or an
 admin tenant's key once auth is on, and ``/healthz`` is cheap and tells an anonymous caller only
 its status: one evaluation serves every probe for ``RENDERFARM_HEALTH_CACHE_S`` (counted in the

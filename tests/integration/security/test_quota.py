@@ -1,4 +1,4 @@
-"""Per-tenant quotas (issue 14, item 13): outstanding jobs, estimated GPU-seconds and bytes of
+"""Per-tenant quotas: outstanding jobs, estimated GPU-seconds and bytes of
 job records, 429 with ``Retry-After`` over them, 413 for a request larger than the quota itself;
 ending work gives the quota back; another tenant is not affected."""
 

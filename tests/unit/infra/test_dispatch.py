@@ -201,7 +201,7 @@ def test_submission_stays_fast(r, app, n, limit_s):
 
 
 def test_tenants_share_by_gpu_seconds_not_job_count(r, app):
-    """Issue 14, item 13: a tenant whose jobs cost 10× the GPU-seconds gets ~1/10 of the jobs
+    """A tenant whose jobs cost 10× the GPU-seconds gets ~1/10 of the jobs
     (an equal share of accelerator time), not half of them."""
     store = JobStore(r)
     ids = {}

@@ -112,7 +112,7 @@ def test_mps_and_cpu_recipes():
     assert plain.name == "cpu/fast" and plain.dtype == "float32"
     avx512_bf16 = select_recipe(dataclasses.replace(cpu(False), avx512_bf16=True), True)
     assert avx512_bf16.name == "cpu-avx512-bf16/fast"
-    assert avx512_bf16.dtype == RECIPES["cpu-avx512-bf16"].dtype  # the measured winner (README)
+    assert avx512_bf16.dtype == RECIPES["cpu-avx512-bf16"].dtype  # the measured winner (docs/performance)
     assert amx.num_threads == plain.num_threads == 8  # resolved from the probe's core count
     assert not (amx.compile_denoiser or plain.compile_denoiser)  # opt-in on the CPU (cold starts)
     for family in FAMILIES:  # float32 is the CPU reference of every family; AMX CPUs keep invariance
