@@ -22,6 +22,7 @@ costs are the real ones.
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -75,7 +76,10 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
     """
     load_before = load_average()
     log(f"loading {config.model} (recipe {config.recipe})")
-    renderer, profile = farm_renderer(config.model, config.device, config.recipe, config.overrides)
+    overrides = json.loads(config.overrides or "{}")
+    if config.adapters:  # as a pool that declares adapters (pipeline.recipes.fit_adapters): no OpenVINO denoiser
+        overrides.setdefault("backend", "torch")
+    renderer, profile = farm_renderer(config.model, config.device, config.recipe, json.dumps(overrides))
     inputs = _inputs(config.width, config.height)
     renderer.input_loader = inputs.__getitem__
     base = {"prompt": PROMPT, "model": config.model, "width": config.width, "height": config.height,
