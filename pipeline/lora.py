@@ -20,7 +20,8 @@ Hot-swap (a compiled denoiser): a new adapter set would change the layers and fl
 guards on, so every switch would recompile. With ``hotswap_rank`` the cache instead calls
 diffusers' ``enable_lora_hotswap(target_rank=...)`` before the first load (diffusers' "Hotswapping
 LoRA adapters" guide; PEFT pads every adapter to that rank and turns the scalings into tensors),
-loads the first adapter into one fixed slot (:data:`SLOT`, the one recompile), and from then on
+loads the first adapter into one fixed slot (:data:`SLOT`; :meth:`AdapterCache.prime` does it at
+weight 0 before the worker's warm-up compiles, so no render recompiles), and from then on
 replaces the slot's weights in place (``load_lora_weights(..., hotswap=True)``). A request's weight
 and "no adapter" are the slot's scaling tensors filled in place (``weight × alpha/rank``, or 0), so
 no switch recompiles. One slot means one adapter per group: a group naming several is refused
@@ -176,6 +177,14 @@ class AdapterCache:
             self.pipe.set_adapters(names, adapter_weights=[weight for _, weight in wanted])
         self._active = wanted
         self.last_switch_s = time.perf_counter() - started
+
+    def prime(self) -> None:
+        """Hot-swap only: load the first declared adapter into the slot at weight 0 now, so that the
+        warm-up compiles the denoiser with the slot's layers and no render recompiles later
+        (images are those without adapters until a request names one). No-op otherwise."""
+        if self.hotswap_rank is not None and self._slot is None and self.sources:
+            self._apply_hotswap(((sorted(self.sources)[0], 0.0),))
+            self._active = ()
 
     def _apply_hotswap(self, wanted: tuple[tuple[str, float], ...]) -> None:
         if len(wanted) > 1:

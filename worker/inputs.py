@@ -44,6 +44,8 @@ def make_adapters(renderer, specs: Sequence[LoraSpec], storage: Storage, setting
         return path
 
     sources = {s.name: AdapterSource(s.source, s.weight_name) for s in specs}
-    return AdapterCache(renderer.pipe, sources, max_count=MAX_ADAPTERS, max_bytes=MAX_ADAPTER_BYTES,
-                        cache_dir=Path(settings.cache_dir), fetch=fetch,
-                        hotswap_rank=HOTSWAP_RANK if denoiser_compiled(renderer.pipe) else None)
+    cache = AdapterCache(renderer.pipe, sources, max_count=MAX_ADAPTERS, max_bytes=MAX_ADAPTER_BYTES,
+                         cache_dir=Path(settings.cache_dir), fetch=fetch,
+                         hotswap_rank=HOTSWAP_RANK if denoiser_compiled(renderer.pipe) else None)
+    cache.prime()  # before the warm-up: the compiled graphs then include the hot-swap slot
+    return cache

@@ -34,6 +34,7 @@ def renderer(offline_cache):
     sources = {n: AdapterSource(f"tiny-lora-{n}") for n in ("brand", "style")}
     made.adapters = AdapterCache(made.pipe, sources, cache_dir=offline_cache, hotswap_rank=8)
     made.pipe.unet.compile(backend=BACKEND, dynamic=False)
+    made.adapters.prime()  # as the worker, before its warm-up: the slot holds one adapter at weight 0
     yield made
     torch._dynamo.reset()
 
@@ -48,17 +49,17 @@ def test_switching_adapters_in_a_compiled_denoiser_never_recompiles(renderer):
     from pipeline import compile_count
     from pipeline.lora import SLOT
 
-    plain = _render(renderer)
-    brand = _render(renderer, ("brand", 1.0))  # the first load injects the slot's layers: one recompile
+    plain = _render(renderer)  # the one compile: the slot's layers are there already (prime)
     after_first_load = compile_count.compiles()
+    brand = _render(renderer, ("brand", 1.0))
     style = _render(renderer, ("style", 1.0))
     half = _render(renderer, ("brand", 0.5))
     off = _render(renderer)
     again = _render(renderer, ("brand", 1.0))
     assert compile_count.compiles() == after_first_load
     assert renderer.pipe.get_list_adapters() == {"unet": [SLOT]}
-    assert after_first_load >= 2  # the counter counts: the plain graph, then the one with the slot
-    assert renderer.adapters.loads == 3  # brand, style, brand: a new adapter reloads the slot, a weight does not
+    assert after_first_load >= 1  # the counter counts
+    assert renderer.adapters.loads == 3  # brand (primed), style, brand: a new adapter reloads the slot
     assert np.abs(brand - plain).mean() > 1.0
     assert np.abs(style - brand).mean() > 1.0  # the slot holds style's weights, not brand's
     assert np.abs(half - brand).mean() > 0.5  # the weight is the slot's scaling
