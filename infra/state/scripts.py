@@ -133,7 +133,8 @@ end
 # expired, or when forced; an expired attempt is accounted first as the reaper would (lost()),
 # and the job fails instead when that spends its budget.
 START = _PRELUDE + """
-local state = redis.call('HGET', KEYS[1], 'state')
+local head = redis.call('HMGET', KEYS[1], 'state', 'request')
+local state = head[1]
 if not state then
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZREM', KEYS[4], id)
@@ -162,7 +163,7 @@ redis.call('HDEL', KEYS[1], 'group_n')
 redis.call('ZADD', KEYS[3], lease, id)
 redis.call('ZREM', KEYS[4], id)
 keep()
-return {attempt, redis.call('HGET', KEYS[1], 'request'), ep, num('suspect_n')}
+return {attempt, head[2], ep, num('suspect_n')}
 """
 
 # progress / renew: only for the current attempt of a running job; both extend its lease.
