@@ -16,6 +16,18 @@ with ``peft`` for the pinned pipeline's denoiser, rank 4 on the attention projec
 into the cache directory), a local file or directory, ``s3://<key>`` (the worker's ``fetch`` copies
 the object to a local file: this package reads no bucket), or a hub id.
 
+Hot-swap (a compiled denoiser): a new adapter set would change the layers and flags TorchDynamo
+guards on, so every switch would recompile. With ``hotswap_rank`` the cache instead calls
+diffusers' ``enable_lora_hotswap(target_rank=...)`` before the first load (diffusers' "Hotswapping
+LoRA adapters" guide; PEFT pads every adapter to that rank and turns the scalings into tensors),
+loads the first adapter into one fixed slot (:data:`SLOT`; :meth:`AdapterCache.prime` does it at
+weight 0 before the worker's warm-up compiles, so no render recompiles), and from then on
+replaces the slot's weights in place (``load_lora_weights(..., hotswap=True)``). A request's weight
+and "no adapter" are the slot's scaling tensors filled in place (``weight × alpha/rank``, or 0), so
+no switch recompiles. One slot means one adapter per group: a group naming several is refused
+(several active adapters are a set TorchDynamo guards on), as is an adapter of rank above
+``hotswap_rank`` (PEFT cannot pad it).
+
 Each adapter's hash is the first 12 hex digits of its file's SHA-256 (A1111's short hash of a LoRA
 file), for the ``Lora hashes`` of the images' parameters.
 """
@@ -31,6 +43,8 @@ from typing import Any, NamedTuple
 
 OFFLINE_PREFIX = "tiny-lora-"
 WEIGHT_FILE = "pytorch_lora_weights.safetensors"
+#: The adapter name of the hot-swap slot.
+SLOT = "hotswap_slot"
 
 
 class AdapterSource(NamedTuple):
@@ -73,6 +87,16 @@ def build_offline_lora(name: str, pipe, cache_dir: Path, *, rank: int = 4) -> Pa
     return path
 
 
+def denoiser_compiled(pipe) -> bool:
+    """Whether any module of ``pipe``'s denoiser is compiled in place (``Module.compile``, a
+    compiled ``forward``, or diffusers' ``compile_repeated_blocks``): such a denoiser hot-swaps."""
+    from pipeline.models.families import denoiser_of
+
+    _, denoiser = denoiser_of(pipe)
+    return any(getattr(m, "_compiled_call_impl", None) is not None
+               or hasattr(getattr(m, "forward", None), "_torchdynamo_orig_callable") for m in denoiser.modules())
+
+
 def short_hash(path: Path) -> str:
     """The first 12 hex digits of a file's SHA-256 (A1111's short hash of a LoRA file)."""
     digest = hashlib.sha256()
@@ -97,7 +121,7 @@ class AdapterCache:
 
     def __init__(self, pipe, sources: Mapping[str, AdapterSource], *, max_count: int = 8,
                  max_bytes: int = 1 << 30, cache_dir: Path | None = None,
-                 fetch: Callable[[str], Path] | None = None) -> None:
+                 fetch: Callable[[str], Path] | None = None, hotswap_rank: int | None = None) -> None:
         self.pipe = pipe
         self.sources = dict(sources)
         self.max_count, self.max_bytes = max_count, max_bytes
@@ -107,6 +131,11 @@ class AdapterCache:
         self._active: tuple[tuple[str, float], ...] = ()
         self.loads = self.evictions = 0
         self.last_switch_s = 0.0
+        self.hotswap_rank = hotswap_rank
+        self._slot: str | None = None  # the adapter in the hot-swap slot
+        self._base_scaling: list[tuple[Any, float]] = []  # (slot scaling tensor, alpha/rank) per layer
+        if hotswap_rank is not None:
+            pipe.enable_lora_hotswap(target_rank=hotswap_rank, check_compiled="ignore")
 
     @property
     def loaded(self) -> list[str]:
@@ -136,7 +165,9 @@ class AdapterCache:
                 self._loaded.move_to_end(name)
             return
         started = time.perf_counter()
-        if not wanted:
+        if self.hotswap_rank is not None:
+            self._apply_hotswap(wanted)
+        elif not wanted:
             self.pipe.disable_lora()
         else:
             names = [name for name, _ in wanted]
@@ -146,6 +177,41 @@ class AdapterCache:
             self.pipe.set_adapters(names, adapter_weights=[weight for _, weight in wanted])
         self._active = wanted
         self.last_switch_s = time.perf_counter() - started
+
+    def prime(self) -> None:
+        """Hot-swap only: load the first declared adapter into the slot at weight 0 now, so that the
+        warm-up compiles the denoiser with the slot's layers and no render recompiles later
+        (images are those without adapters until a request names one). No-op otherwise."""
+        if self.hotswap_rank is not None and self._slot is None and self.sources:
+            self._apply_hotswap(((sorted(self.sources)[0], 0.0),))
+            self._active = ()
+
+    def _apply_hotswap(self, wanted: tuple[tuple[str, float], ...]) -> None:
+        if len(wanted) > 1:
+            raise ValueError(f"this worker's denoiser is compiled and hot-swaps one adapter per render; the "
+                             f"request names {len(wanted)} ({', '.join(n for n, _ in wanted)})")
+        if wanted and wanted[0][0] != self._slot:
+            name = wanted[0][0]
+            self._loaded.clear()
+            self._load(name, adapter_name=SLOT, hotswap=self._slot is not None)
+            self._slot = name
+            self._base_scaling = self._slot_scalings()
+        weight = wanted[0][1] if wanted else 0.0
+        for tensor, base in self._base_scaling:
+            tensor.fill_(base * weight)
+
+    def _slot_scalings(self) -> list[tuple[Any, float]]:
+        """The slot's scaling tensors and their values as loaded (alpha/rank of the new adapter)."""
+        from pipeline.models.families import denoiser_of
+
+        _, denoiser = denoiser_of(self.pipe)
+        found = []
+        for module in denoiser.modules():
+            scaling = getattr(module, "scaling", None)
+            tensor = scaling.get(SLOT) if isinstance(scaling, dict) else None
+            if tensor is not None and hasattr(tensor, "fill_"):
+                found.append((tensor, float(tensor)))
+        return found
 
     def _path(self, name: str) -> tuple[str | Path, str | None]:
         spec = self.sources.get(name)
@@ -177,10 +243,20 @@ class AdapterCache:
             self.pipe.delete_adapters(victim)
             del self._loaded[victim]
             self.evictions += 1
-        kwargs = {"weight_name": weight_name} if weight_name else {}
+        self._load(name, adapter_name=name)
+
+    def _load(self, name: str, *, adapter_name: str, hotswap: bool = False) -> None:
+        source, weight_name = self._path(name)
+        local = Path(source) if Path(source).exists() else None
+        file = local / (weight_name or WEIGHT_FILE) if local is not None and local.is_dir() else local
+        size = file.stat().st_size if file is not None and file.is_file() else 0
+        kwargs: dict[str, Any] = {"weight_name": weight_name} if weight_name else {}
+        if hotswap:
+            kwargs["hotswap"] = True
         if file is not None and file.is_file():
-            self.pipe.load_lora_weights(str(file.parent), weight_name=file.name, adapter_name=name)
+            kwargs["weight_name"] = file.name
+            self.pipe.load_lora_weights(str(file.parent), adapter_name=adapter_name, **kwargs)
         else:
-            self.pipe.load_lora_weights(str(source), adapter_name=name, **kwargs)
+            self.pipe.load_lora_weights(str(source), adapter_name=adapter_name, **kwargs)
         self._loaded[name] = (size, short_hash(file) if file is not None and file.is_file() else "")
         self.loads += 1

@@ -85,7 +85,7 @@ def _modes(args: argparse.Namespace) -> int:
 
     config = ModesConfig(model=args.model, width=args.width, height=args.height, steps=args.steps,
                          strength=args.strength, repeats=args.repeats, device=args.device,
-                         adapters=args.adapters)
+                         adapters=args.adapters, overrides=args.modes_overrides or "")
     return _run_and_report("bench pipeline --modes", lambda log: run_modes_bench(config, log=log), modes_table,
                            args.json)
 
@@ -253,6 +253,8 @@ def _register_pipeline(sub) -> None:
                         "adapter switches (seconds, recompiles)")
     p.add_argument("--strength", type=float, default=0.5, help="--modes: img2img/inpaint strength (default 0.5)")
     p.add_argument("--adapters", type=int, default=2, help="--modes: offline LoRAs to switch between (0: none)")
+    p.add_argument("--modes-overrides", default=None,
+                   help='--modes: recipe knobs as JSON, e.g. \'{"compile_denoiser": true}\' (adapters then hot-swap)')
     p.set_defaults(func=lambda args: sys.exit(_pipeline(args)))
 
 

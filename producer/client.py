@@ -151,7 +151,8 @@ class RenderClient:
     def submit(self, request: RenderRequest | dict) -> JobAccepted:
         """Submit one render. Raises ``pydantic.ValidationError`` before sending anything invalid."""
         request = RenderRequest.model_validate(upload_local_inputs([request], self.upload)[0])
-        return JobAccepted.model_validate(self._call("POST", "/v1/jobs", content=request.model_dump_json()))
+        return JobAccepted.model_validate(self._call("POST", "/v1/jobs", content=request.model_dump_json(),
+                                                     headers={"Content-Type": "application/json"}))
 
     def upload(self, path: str | Path) -> str:
         """Upload one input image (``POST /v1/uploads``); returns its content-addressed key

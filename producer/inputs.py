@@ -84,3 +84,41 @@ def upload_local_inputs(requests: Sequence[Any], upload: Callable[[Path], str]) 
                     request[field] = uploaded[path]
         out.append(request)
     return out
+
+
+#: Most bytes a catalog's https image may have (the API's own upload limit is the next check).
+MAX_URL_BYTES = 50 << 20
+
+
+def fetch_url_input(url: str, folder: Path | None = None, *, timeout_s: float = 30.0) -> Path:
+    """Download an ``https://`` image a catalog names into ``folder`` (default: a
+    ``renderfarm-url-inputs`` folder in the temporary directory), as a file named by the SHA-256
+    of its bytes; returns the file. The catalog then keys and uploads it like a local file, so an
+    item's content key follows the image behind the URL, not the URL's text.
+
+    Raises:
+        ValueError: an HTTP error answer, more than :data:`MAX_URL_BYTES`, or a transport error.
+    """
+    import tempfile
+
+    import httpx
+
+    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / "renderfarm-url-inputs"
+    try:
+        with httpx.stream("GET", url, timeout=timeout_s, follow_redirects=True) as response:
+            if response.status_code >= 400:
+                raise ValueError(f"{url}: HTTP {response.status_code}")
+            data = bytearray()
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > MAX_URL_BYTES:
+                    raise ValueError(f"{url}: more than {MAX_URL_BYTES:,} bytes")
+    except httpx.HTTPError as exc:
+        raise ValueError(f"{url}: {exc}") from None
+    path = folder / hashlib.sha256(data).hexdigest()
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        tmp.write_bytes(bytes(data))
+        tmp.replace(path)
+    return path

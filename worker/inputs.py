@@ -20,14 +20,17 @@ from infra.storage.s3 import Storage
 #: Most adapters and bytes of adapter files a worker keeps loaded (the LRU's bounds).
 MAX_ADAPTERS = 8
 MAX_ADAPTER_BYTES = 1 << 30
+#: The highest adapter rank a compiled denoiser's hot-swap slot takes (PEFT pads smaller ones to it).
+HOTSWAP_RANK = 64
 
 
 def make_adapters(renderer, specs: Sequence[LoraSpec], storage: Storage, settings: Settings):
     """An :class:`pipeline.lora.AdapterCache` for ``renderer``'s pipeline with ``specs``, or None
-    when none is declared (a request naming an adapter then fails: the API refuses it first)."""
+    when none is declared (a request naming an adapter then fails: the API refuses it first).
+    A compiled denoiser hot-swaps its adapters into one slot (:mod:`pipeline.lora`)."""
     if not specs or getattr(renderer, "pipe", None) is None:
         return None
-    from pipeline.lora import AdapterCache, AdapterSource
+    from pipeline.lora import AdapterCache, AdapterSource, denoiser_compiled
 
     folder = Path(settings.cache_dir) / "loras" / "s3"
 
@@ -41,5 +44,8 @@ def make_adapters(renderer, specs: Sequence[LoraSpec], storage: Storage, setting
         return path
 
     sources = {s.name: AdapterSource(s.source, s.weight_name) for s in specs}
-    return AdapterCache(renderer.pipe, sources, max_count=MAX_ADAPTERS, max_bytes=MAX_ADAPTER_BYTES,
-                        cache_dir=Path(settings.cache_dir), fetch=fetch)
+    cache = AdapterCache(renderer.pipe, sources, max_count=MAX_ADAPTERS, max_bytes=MAX_ADAPTER_BYTES,
+                         cache_dir=Path(settings.cache_dir), fetch=fetch,
+                         hotswap_rank=HOTSWAP_RANK if denoiser_compiled(renderer.pipe) else None)
+    cache.prime()  # before the warm-up: the compiled graphs then include the hot-swap slot
+    return cache

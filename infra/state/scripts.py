@@ -36,12 +36,13 @@ local function fmt(x) return string.format('%.6f', x) end
 local function ttl() return tonumber(redis.call('HGET', KEYS[1], 'ttl_s') or '0') or 0 end
 local function quota(sign)
   if not KEYS[9] then return end
-  local cost = redis.call('HGET', KEYS[1], 'cost_s')
+  local c = redis.call('HMGET', KEYS[1], 'cost_s', 'cost_bytes')
+  local cost = c[1]
   if cost then
     redis.call('HINCRBY', KEYS[9], 'jobs', sign)
     redis.call('HINCRBYFLOAT', KEYS[9], 'gpu_s', sign * (tonumber(cost) or 0))
   end
-  local bytes = tonumber(redis.call('HGET', KEYS[1], 'cost_bytes') or '0') or 0
+  local bytes = tonumber(c[2] or '0') or 0
   if bytes ~= 0 then redis.call('HINCRBY', KEYS[9], 'bytes', sign * bytes) end
 end
 local function keep()
@@ -52,8 +53,8 @@ local function expire_ended()
   local s = ttl()
   if s <= 0 then return end
   redis.call('EXPIRE', KEYS[1], s)
-  local open = (tonumber(redis.call('HGET', KEYS[2], 'queued') or '0') or 0) +
-               (tonumber(redis.call('HGET', KEYS[2], 'running') or '0') or 0)
+  local qr = redis.call('HMGET', KEYS[2], 'queued', 'running')
+  local open = (tonumber(qr[1] or '0') or 0) + (tonumber(qr[2] or '0') or 0)
   if open <= 0 then
     for _, k in ipairs({KEYS[2], KEYS[7], KEYS[8]}) do redis.call('EXPIRE', k, s) end
   end
@@ -67,10 +68,12 @@ local function epoch()
   return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
 end
 local function ours(token)
-  if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return false end
+  -- one HMGET reads the three fields the fence compares
+  local f = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'epoch')
+  if f[1] ~= 'running' then return false end
   local attempt, ep = string.match(token, '^(%d+):(%w+)$')
-  if not attempt then return redis.call('HGET', KEYS[1], 'attempts') == token end
-  return redis.call('HGET', KEYS[1], 'attempts') == attempt and redis.call('HGET', KEYS[1], 'epoch') == ep
+  if not attempt then return f[2] == token end
+  return f[2] == attempt and f[3] == ep
 end
 -- back to queued for another attempt; the attempt counter is kept (it fences)
 local function requeue(state, t, err)
@@ -130,7 +133,8 @@ end
 # expired, or when forced; an expired attempt is accounted first as the reaper would (lost()),
 # and the job fails instead when that spends its budget.
 START = _PRELUDE + """
-local state = redis.call('HGET', KEYS[1], 'state')
+local head = redis.call('HMGET', KEYS[1], 'state', 'request')
+local state = head[1]
 if not state then
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZREM', KEYS[4], id)
@@ -159,7 +163,7 @@ redis.call('HDEL', KEYS[1], 'group_n')
 redis.call('ZADD', KEYS[3], lease, id)
 redis.call('ZREM', KEYS[4], id)
 keep()
-return {attempt, redis.call('HGET', KEYS[1], 'request'), ep, num('suspect_n')}
+return {attempt, head[2], ep, num('suspect_n')}
 """
 
 # progress / renew: only for the current attempt of a running job; both extend its lease.

@@ -12,15 +12,17 @@ Columns: denoiser calls per image (counted by wrapping the denoiser: :func:`pipe
 hot seconds per image (median of ``repeats``; wall time on CPUs, device time on CUDA), and both as
 ratios to txt2img. Then the adapter rows (with ``adapters``, offline random-weight LoRAs,
 :mod:`pipeline.lora`): the first use of an adapter (``load_lora_weights`` + ``set_adapters``),
-a switch to another loaded one, a switch to none, each in seconds, and the TorchDynamo graph
-compilations they caused (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``; 0 when the
-recipe does not compile the denoiser, as on CPUs). Random weights: the pixels mean nothing, the
+a switch to another loaded one, a switch to none, each in seconds, and the TorchDynamo
+compilations they caused (:func:`pipeline.compile_count.compiles`). A recipe that compiles the
+denoiser (``--recipe`` with ``compile_denoiser``) gets the worker's hot-swap slot
+(:mod:`pipeline.lora`), the "how" column says which. Random weights: the pixels mean nothing, the
 costs are the real ones.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -42,7 +44,7 @@ PROMPT = "a ceramic mug on a wooden table, product photography"
 class ModesConfig:
     """What to measure: ``model`` at ``width`` × ``height`` pixels, ``steps`` steps, img2img and
     inpainting at ``strength``, ``repeats`` hot rounds (median), ``adapters`` offline LoRAs for
-    the switch rows (0: none)."""
+    the switch rows (0: none), ``overrides`` a JSON object of recipe knobs (``{"compile_denoiser": true}``)."""
 
     model: str = "tiny"
     width: int = 256
@@ -53,6 +55,7 @@ class ModesConfig:
     device: str = "auto"
     recipe: str = "exact"
     adapters: int = 2
+    overrides: str = ""
 
 
 def _inputs(width: int, height: int) -> dict[str, PIL.Image.Image]:
@@ -61,14 +64,6 @@ def _inputs(width: int, height: int) -> dict[str, PIL.Image.Image]:
     mask[:, width // 2:] = 255
     return {"photo": PIL.Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)),
             "mask": PIL.Image.fromarray(mask)}
-
-
-def _graphs() -> int:
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:  # pragma: no cover - torch without dynamo
-        return 0
-    return int(counters["stats"]["unique_graphs"])
 
 
 def run_modes_bench(config: ModesConfig, log=print) -> dict:
@@ -81,7 +76,10 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
     """
     load_before = load_average()
     log(f"loading {config.model} (recipe {config.recipe})")
-    renderer, profile = farm_renderer(config.model, config.device, config.recipe)
+    overrides = json.loads(config.overrides or "{}")
+    if config.adapters:  # as a pool that declares adapters (pipeline.recipes.fit_adapters): no OpenVINO denoiser
+        overrides.setdefault("backend", "torch")
+    renderer, profile = farm_renderer(config.model, config.device, config.recipe, json.dumps(overrides))
     inputs = _inputs(config.width, config.height)
     renderer.input_loader = inputs.__getitem__
     base = {"prompt": PROMPT, "model": config.model, "width": config.width, "height": config.height,
@@ -114,22 +112,27 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
 
 
 def _adapter_rows(renderer, config: ModesConfig, base: dict, log) -> list[dict]:
-    from pipeline.lora import AdapterCache, AdapterSource
+    from pipeline import compile_count
+    from pipeline.lora import AdapterCache, AdapterSource, denoiser_compiled
 
+    compile_count.install()
     names = [f"bench-{i}" for i in range(config.adapters)]
-    renderer.adapters = AdapterCache(renderer.pipe, {n: AdapterSource(f"tiny-lora-{n}") for n in names})
+    hotswap = denoiser_compiled(renderer.pipe)  # as the worker: a compiled denoiser hot-swaps one slot
+    renderer.adapters = AdapterCache(renderer.pipe, {n: AdapterSource(f"tiny-lora-{n}") for n in names},
+                                     hotswap_rank=8 if hotswap else None)
     for name in names:  # build the files first: the rows time loading, not building
         renderer.adapters._path(name)
     rows = []
     steps = [(f"first use of {n}", [n]) for n in names] + [(f"switch to {names[0]}", [names[0]])]
     steps += [("switch to none", []), (f"switch back to {names[-1]}", [names[-1]])]
     for label, active in steps:
-        graphs = _graphs()
+        graphs = compile_count.compiles()
         started = time.perf_counter()
         renderer.adapters.apply([LoraRef(name=n, weight=0.8) for n in active])
         switch_s = time.perf_counter() - started
         renderer.render([RenderRequest(**base, loras=[{"name": n, "weight": 0.8} for n in active])])
-        rows.append({"step": label, "switch_s": round(switch_s, 4), "recompiles": _graphs() - graphs})
+        rows.append({"step": label, "how": "hot-swap" if hotswap else "set_adapters", "switch_s": round(switch_s, 4),
+                     "recompiles": compile_count.compiles() - graphs})
         log(f"  {rows[-1]}")
     return rows
 
@@ -151,8 +154,8 @@ def modes_table(result: dict):
     if not result["adapters"]:
         return table
     switches = Table(title="adapter switches in the warm renderer (offline LoRAs, rank 4)", title_justify="left")
-    for col in ("step", "switch_s", "recompiles"):
-        switches.add_column(col.replace("_", " "), justify="left" if col == "step" else "right")
+    for col in ("step", "how", "switch_s", "recompiles"):
+        switches.add_column(col.replace("_", " "), justify="left" if col in ("step", "how") else "right")
     for row in result["adapters"]:
-        switches.add_row(row["step"], str(row["switch_s"]), str(row["recompiles"]))
+        switches.add_row(row["step"], row.get("how", "set_adapters"), str(row["switch_s"]), str(row["recompiles"]))
     return Group(table, switches)

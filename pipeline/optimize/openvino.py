@@ -96,8 +96,14 @@ def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None
         return Skip(f"only SD 1.x/2.x UNets are converted; this {type(unet).__name__} has other inputs")
     import openvino as ov
 
-    size = unet.config.sample_size
-    example = (torch.randn(1, unet.config.in_channels, size // 2, size // 2), torch.tensor(999.0),
+    # An example latent whose sides are not multiples of the UNet's overall upsampling factor, so
+    # the traced graph upsamples each level to its skip connection's size (diffusers'
+    # forward_upsample_size path) rather than by a fixed 2x: one model then serves every latent
+    # size the PyTorch UNet serves (64x72 pixels on an 8x upsampling UNet included); for sizes that
+    # are multiples, nearest upsampling to twice the size is the same operation.
+    up_factor = 2 ** len(getattr(unet, "up_blocks", ())[1:])
+    side = max(1, unet.config.sample_size // 2 // up_factor) * up_factor + 1
+    example = (torch.randn(1, unet.config.in_channels, side, side + 2), torch.tensor(999.0),
                torch.randn(1, 77, unet.config.cross_attention_dim))
     with torch.inference_mode():
         model = ov.convert_model(UNetCall(unet.float()).eval(), example_input=example)

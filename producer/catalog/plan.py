@@ -6,7 +6,8 @@ in the farm's catalog index and submits only what has no image.
 Content-addressed keys: an item's key is the SHA-256 of its model, prompt, negative prompt,
 parameters (size, steps, guidance, scheduler, format), seed and, for an item with an ``image``
 (and ``mask``) column, the input images' content keys (``inputs/<sha256>.<ext>``, hashed here from
-the local files; an https URL counts by its text) and ``strength``: a re-run after a photo changed
+the local files; an https URL's image is downloaded first and counts by its bytes, then uploaded
+like a local file) and ``strength``: a re-run after a photo changed
 renders that item again, and only that one. Local paths are relative to the catalog's folder; the
 run uploads them (:mod:`producer.inputs`) before submitting. Its seed is the item's ``seed``
 field, or else derived from that same content, so a re-run computes the same keys.
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 from infra.schemas import CATALOG_KEY_FIELD, RenderRequest
 from producer.catalog.items import CatalogError, Item, read_catalog
 from producer.catalog.templates import Template, TemplateFieldError
-from producer.inputs import local_input_key
+from producer.inputs import fetch_url_input, local_input_key
 
 #: Item fields that set request parameters (field name → RenderRequest field).
 PARAM_FIELDS = {"seed": "seed", "width": "width", "height": "height", "steps": "num_inference_steps",
@@ -83,18 +84,19 @@ def _value(v: Any) -> Any:
 
 
 def _inputs(values: Mapping[str, Any], base_dir: Path) -> tuple[dict[str, str], dict[str, Path]]:
-    """The item's image columns as request fields (keys or URLs) and the local files behind the keys.
-    Raises ValueError naming the column: a missing file, or not a PNG, JPEG or WebP."""
+    """The item's image columns as request fields (keys) and the local files behind the keys (an
+    https URL's image downloaded by :func:`producer.inputs.fetch_url_input`).
+    Raises ValueError naming the column: a missing file, a URL that cannot be fetched, or not a PNG, JPEG or WebP."""
     fields, files = {}, {}
     for column, target in IMAGE_COLUMNS.items():
         ref = values.get(column)
         if ref is None:
             continue
         ref = str(ref)
-        if ref.startswith("https://"):
-            fields[target] = ref
-            continue
-        path = (base_dir / ref).resolve()
+        try:
+            path = fetch_url_input(ref) if ref.startswith("https://") else (base_dir / ref).resolve()
+        except ValueError as exc:
+            raise ValueError(f"column {column!r}: {exc}") from None
         if not path.is_file():
             raise ValueError(f"column {column!r}: no file {str(path)!r}")
         try:

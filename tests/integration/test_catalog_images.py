@@ -95,3 +95,54 @@ def test_cli_submit_with_a_photo_and_a_mask(client, tmp_path):
     refused = subprocess.run([*base, "--lora", "brand:0.8"], capture_output=True, text=True, timeout=120,
                              env=os.environ.copy())
     assert refused.returncode == 2 and "no adapter 'brand'" in refused.stderr, refused.stderr
+
+
+@pytest.fixture
+def https_folder(tmp_path, monkeypatch):
+    """A folder served over HTTPS on 127.0.0.1 (a self-signed certificate made with openssl, which
+    the producer trusts through ``SSL_CERT_FILE``); yields (folder, base URL)."""
+    import http.server
+    import ssl
+    import threading
+
+    served = tmp_path / "served"
+    served.mkdir()
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(served), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    try:
+        yield served, f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_url_photo_is_keyed_by_its_bytes(client, tmp_path, https_folder):
+    served, base = https_folder
+    nonce = uuid.uuid4().hex[:8]
+    _photo(served / "mug.png", 1)
+    (tmp_path / "urls.csv").write_text(f"id,name,image,strength\nmug,a mug,{base}/mug.png,0.5\n", encoding="utf-8")
+    template = f"{{name}} on a shelf, {nonce}"
+
+    def run():
+        return run_catalog(tmp_path / "urls.csv", template, client=client, model="tiny", params=SMALL, poll_s=0.3)
+
+    first = run()
+    assert (first["rendered"], first["failed"]) == (1, 0), first["failures"]
+    assert first["manifest"][0]["inputs"] == {"image": f"inputs/{file_sha256(served / 'mug.png')}.png"}
+    assert run()["skipped"] == 1  # same photo behind the URL: nothing renders
+    _photo(served / "mug.png", 2)  # the photo behind the same URL changes: the item renders again
+    changed = run()
+    assert (changed["rendered"], changed["skipped"]) == (1, 0), changed
+    assert changed["manifest"][0]["inputs"] == {"image": f"inputs/{file_sha256(served / 'mug.png')}.png"}
+    (served / "mug.png").unlink()  # gone: the item fails with the URL's answer, nothing else
+    gone = run()
+    assert gone["failed"] == 1 and "HTTP 404" in str(gone["failures"]), gone["failures"]

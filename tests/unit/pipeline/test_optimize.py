@@ -199,6 +199,11 @@ def test_openvino_backend_runs_the_unet_exactly_and_keeps_invariance(offline_cac
     assert all(psnr(a / 255, b / 255) >= 60 for a, b in zip(images, torch_images))  # float32: kernel rounding only
     assert np.array_equal(np.asarray(renderer.render(reqs[1:2])[0]), images[1])
     assert renderer.render([reqs[0].model_copy(update={"width": 96})])[0].size == (96, 64)  # dynamic shapes
+    # a latent side that is not a multiple of the UNet's upsampling factor (72 px: 9 latents on a
+    # 2x UNet): each level upsamples to its skip connection's size, as the PyTorch UNet does
+    odd = [reqs[0].model_copy(update={"width": 72})]
+    odd_torch = np.asarray(Renderer(load_pipeline("tiny", cache_dir=offline_cache), model="tiny").render(odd)[0])
+    assert psnr(np.asarray(renderer.render(odd)[0]) / 255, odd_torch / 255) >= 60
     sdxl = apply_recipe(load_pipeline("tiny-sdxl", cache_dir=offline_cache),
                         dataclasses.replace(BASELINE, backend="openvino"))
     assert "only SD 1.x/2.x UNets" in sdxl["skipped"]["backend"]
