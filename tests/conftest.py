@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,13 @@ from infra.localstack import (
 )
 
 os.environ["RENDERFARM_ENV_FILE"] = ""  # see the module docstring
+
+# A suite started in the background by a non-interactive shell (`make test &`, nohup) inherits
+# SIGINT ignored, and so would `renderfarm up` and the catalog runs it starts: Python then raises
+# no KeyboardInterrupt, and the tests that stop them with SIGINT (Ctrl-C) time out. A Python-level
+# handler here is reset to the default at exec, so the children get Ctrl-C's usual meaning.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TEST_BUCKET = "renders-test"
 TEST_MODEL = "tiny"

@@ -20,6 +20,9 @@ SIZES = ((64, 64), (64, 72))
 
 @pytest.fixture(scope="module")
 def warmed():
+    import torch
+
+    torch._dynamo.reset()  # graphs another test compiled in this process for the same code would be reused
     pool = PoolOptions(sizes=SIZES, steps=1)
     renderer, _ = prepare_renderer("tiny", "cpu", "exact", '{"compile_vae": true}', pool=pool)
     assert renderer.recipe["report"]["applied"]["compile"]["modules"] == ["vae.decoder"]
