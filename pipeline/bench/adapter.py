@@ -149,10 +149,11 @@ def pool_batch_size(renderer, profile: DeviceProfile, width: int, height: int, s
     return batch_size_from_memory(renderer, profile.to_dict(), width=width, height=height, steps=min(steps, 2))
 
 
-def farm_renderer(model: str, device: str = "auto", recipe: str = "exact", overrides: str = ""):
+def farm_renderer(model: str, device: str = "auto", recipe: str = "exact", overrides: str = "", pool=None):
     """A worker's warm renderer of ``model`` (``pipeline.warm.prepare_renderer``: the device's
-    recipe applied, with ``overrides``, a JSON object of knobs) and the device profile as a dict;
-    its ``upscale_stage()`` is the worker's."""
+    recipe applied, with ``overrides``, a JSON object of knobs, fitted to ``pool``, a
+    :class:`pipeline.pool_options.PoolOptions` or None) and the device profile as a dict; its
+    ``upscale_stage()`` is the worker's."""
     from pipeline.warm import prepare_renderer
 
-    return prepare_renderer(model, device, recipe, overrides)
+    return prepare_renderer(model, device, recipe, overrides, pool=pool)

@@ -22,7 +22,6 @@ costs are the real ones.
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -36,6 +35,7 @@ from pipeline.bench.adapter import farm_renderer
 from pipeline.bench.measure import DeviceTimer, load_average, machine_caption
 from pipeline.bench.probes import count_render
 from pipeline.device import cpu_summary
+from pipeline.pool_options import PoolOptions
 
 PROMPT = "a ceramic mug on a wooden table, product photography"
 
@@ -76,10 +76,9 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
     """
     load_before = load_average()
     log(f"loading {config.model} (recipe {config.recipe})")
-    overrides = json.loads(config.overrides or "{}")
-    if config.adapters:  # as a pool that declares adapters (pipeline.recipes.fit_adapters): no OpenVINO denoiser
-        overrides.setdefault("backend", "torch")
-    renderer, profile = farm_renderer(config.model, config.device, config.recipe, json.dumps(overrides))
+    # with adapters, as a worker of a pool that declares them (pipeline.recipes.fit_adapters)
+    pool = PoolOptions(lora_adapters=True) if config.adapters else None
+    renderer, profile = farm_renderer(config.model, config.device, config.recipe, config.overrides, pool=pool)
     inputs = _inputs(config.width, config.height)
     renderer.input_loader = inputs.__getitem__
     base = {"prompt": PROMPT, "model": config.model, "width": config.width, "height": config.height,
