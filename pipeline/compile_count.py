@@ -19,18 +19,20 @@ import threading
 from collections.abc import Iterator
 
 _lock = threading.Lock()
-_state = {"compiles": 0, "installed": False}
+_state = {"compiles": 0}
 
 
 def install() -> None:
-    """Register the compile-start callback once per process (idempotent; cheap without compile)."""
+    """Register the compile-start callback (idempotent; cheap without compile).
+
+    Registered again whenever it is missing from TorchDynamo's handler: ``torch._dynamo.reset()``
+    clears every callback, so a flag alone would leave the counter silently at zero afterwards.
+    """
     with _lock:
-        if _state["installed"]:
-            return
         from torch._dynamo import callback_handler
 
-        callback_handler.register_start_callback(_on_start)
-        _state["installed"] = True
+        if _on_start not in callback_handler.start_callbacks:
+            callback_handler.register_start_callback(_on_start)
 
 
 def _on_start(_args) -> None:
