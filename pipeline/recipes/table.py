@@ -65,7 +65,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # torch.compile stays opt-in on every CPU: Inductor made that exact
     # row 2.6x the baseline at batch 1 (25.8 s/img) but its cold start was 861 s at batch 1 and 893 s
     # at batch 4 on the 2 loaded cores (eager: 54 and 107 s), per bucket x size, before any cache.
-    Recipe("cpu", attention="sdpa", fuse_qkv=True, max_batch_size=4,
+    # OpenVINO in float32 runs the SD 1.x/2.x UNet here (an AVX2-only EPYC, 2 cores, the same
+    # sd-turbo-arch command, two runs each with its own baseline, load ~2): fast 3.28x / 3.50x the
+    # baseline at batch 1 / 4 with OpenVINO against 2.61x / 3.00x without; exact 1.14x / 1.00x against
+    # 1.01x / 1.02x. Exact stays near 1.0x because the full VAE decoder, which exact keeps, is about
+    # half of its time at 256² (docs/benchmarks/cpu-epyc-avx2-pipeline-sd-turbo-arch-256-*.json).
+    Recipe("cpu", attention="sdpa", fuse_qkv=True, backend="openvino", max_batch_size=4,
            memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
 )}
 

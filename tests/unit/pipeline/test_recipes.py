@@ -193,7 +193,7 @@ def test_approximate_override_needs_permission():
         select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "torchao_int8_dynamic"})
     # NNCF's int8 weights compress the OpenVINO UNet: refused at resolution without that backend
     with pytest.raises(ValueError, match="needs backend=openvino"):
-        select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "openvino_int8"})
+        select_recipe(cpu(False), allow_approximate=True, overrides={"backend": "torch", "quantization": "openvino_int8"})
     ov = select_recipe(cpu(False), allow_approximate=True,
                        overrides={"backend": "openvino", "quantization": "openvino_int8"})
     assert "quantization" in ov.approximations() and ov.without_approximations().quantization is None
@@ -317,6 +317,8 @@ def test_a_pool_with_lora_adapters_keeps_the_denoiser_in_pytorch():
         fitted = fit_adapters(recipe)
         assert fitted.backend == "torch" and fitted.quantization != "openvino_int8"
         assert "LoRA" in fitted.adjusted[-1] and fitted.dtype == recipe.dtype
+    no_bf16 = select_recipe(cpu(False), family="sd1")  # float32 OpenVINO: settled the same way
+    assert no_bf16.backend == "openvino" and fit_adapters(no_bf16).backend == "torch"
     plain = select_recipe(cpu(True), family="sd1")  # no OpenVINO: nothing to settle
     assert fit_adapters(plain) is plain
     with pytest.raises(ValueError, match="LoRA"):
