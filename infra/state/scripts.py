@@ -17,9 +17,11 @@ happens at most once whatever runs it concurrently (several workers, reapers or 
 #           ``cost_bytes`` its record's bytes (a record without the field, from before the byte
 #           quota, gives back 0); a dead-letter retry takes them again (infra.state.quota)
 # Only INFO and TIME are read besides these keys; no key is named inside a script.
-# Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running (keep); each
-# move to a terminal state sets its TTL afresh, and its batch's keys get theirs once no job of
-# the batch is queued or running (expire_ended). Records without ``ttl_s`` keep their creation TTL.
+# Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running; each move to a
+# terminal state sets its TTL afresh, and its batch's keys get theirs once no job of the batch is
+# queued or running (expire_ended). Only a dead-letter retry takes a job from a terminal state
+# back to a live one, so only it removes those TTLs again (keep); every other transition starts
+# from a live job, whose keys have none. Records without ``ttl_s`` keep their creation TTL.
 # Times are the Redis server's clock (TIME), so a lease never depends on a worker's clock.
 _PRELUDE = """
 local id = ARGV[1]
@@ -84,7 +86,6 @@ local function requeue(state, t, err)
   if err ~= '' then redis.call('HSET', KEYS[1], 'last_error', err) end
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZADD', KEYS[4], t, id)
-  keep()
 end
 -- a worker holding this attempt was lost (its lease expired: killed, or stopped by its render
 -- watchdog). Bisection across attempts (module docstring): the attempt is charged only when the
@@ -162,7 +163,6 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at',
 redis.call('HDEL', KEYS[1], 'group_n')
 redis.call('ZADD', KEYS[3], lease, id)
 redis.call('ZREM', KEYS[4], id)
-keep()
 return {attempt, head[2], ep, num('suspect_n')}
 """
 
@@ -258,6 +258,7 @@ if num('kills') > 0 then
 end
 redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'), 'losses', '0')
 requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
+keep()
 quota(1)
 redis.call('HDEL', KEYS[1], 'error', 'finished_at')
 redis.call('ZREM', KEYS[5], id)
