@@ -79,8 +79,7 @@ local worker, lease_s, force = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local out, t, ep, lease = {}, nil, nil, nil
 for i = 1, #ARGV - 3 do
   local id = ARGV[i + 3]
-  local f = redis.call('HMGET', k(i, 1), 'state', 'request', 'attempts', 'progress', 'suspect_n', 'group_n',
-                       'lease_until')
+  local f = redis.call('HMGET', k(i, 1), 'state', 'request', 'attempts', 'progress', 'suspect_n', 'group_n')
   local state = f[1]
   if not state then
     z(k(i, 3), id, false)
@@ -90,7 +89,7 @@ for i = 1, #ARGV - 3 do
     out[i] = {0, state}
   else
     if not t then t = now(); lease = t + lease_s end
-    if state == 'running' and (force == '1' or (tonumber(f[7] or '0') or 0) <= t) then
+    if state == 'running' and (force == '1' or (tonumber(redis.call('ZSCORE', k(i, 3), id) or '0') or 0) <= t) then
       out[i] = {-1}
     elseif state == 'running' then
       out[i] = {0, 'running'}
@@ -101,7 +100,7 @@ for i = 1, #ARGV - 3 do
       incr(k(i, 2), 'running', 1)
       incr(k(i, 2), 'done', -(tonumber(f[4] or '0') or 0))
       redis.call('HSET', k(i, 1), 'state', 'running', 'attempts', attempt, 'worker', worker, 'started_at', fmt(t),
-                 'progress', '0', 'lease_until', fmt(lease), 'epoch', ep)
+                 'progress', '0', 'epoch', ep)
       if f[6] then redis.call('HDEL', k(i, 1), 'group_n') end
       z(k(i, 3), id, lease)
       z(k(i, 4), id, false)
@@ -114,21 +113,22 @@ return out
 """
 
 # progress / renew, per job of the call: only for the current attempt of a running job; extends
-# its lease. ARGV: lease_s, then per job four: id, token, progress ('' = leave it), group ('' =
-# leave it). Per job: 1 (ours), 0 (stale), 2 (canceled).
+# its lease (its score in the shard's lease index); the job's hash is written only when its
+# progress grows or its group size changes. ARGV: lease_s, then per job four: id, token,
+# progress ('' = leave it), group ('' = leave it). Per job: 1 (ours), 0 (stale), 2 (canceled).
 TOUCH = _GROUP_PRELUDE + """
 local lease = now() + tonumber(ARGV[1])
 local out = {}
 for i = 1, (#ARGV - 1) / 4 do
   local id, token, progress, group = ARGV[4 * i - 2], ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1]
-  local f = redis.call('HMGET', k(i, 1), 'state', 'attempts', 'epoch', 'progress')
+  local f = redis.call('HMGET', k(i, 1), 'state', 'attempts', 'epoch', 'progress', 'group_n')
   if f[1] == 'canceled' then
     out[i] = 2
   elseif not ours(f[1], f[2], f[3], token) then
     out[i] = 0
   else
-    local set = {'lease_until', fmt(lease)}
-    if group ~= '' then set[#set + 1] = 'group_n'; set[#set + 1] = group end
+    local set = {}
+    if group ~= '' and group ~= f[5] then set[#set + 1] = 'group_n'; set[#set + 1] = group end
     if progress ~= '' then
       local new, old = tonumber(progress), tonumber(f[4] or '0') or 0
       if new > old then
@@ -136,7 +136,7 @@ for i = 1, (#ARGV - 1) / 4 do
         incr(k(i, 2), 'done', new - old)
       end
     end
-    redis.call('HSET', k(i, 1), unpack(set))
+    if #set > 0 then redis.call('HSET', k(i, 1), unpack(set)) end
     z(k(i, 3), id, lease)
     out[i] = 1
   end
@@ -160,8 +160,7 @@ for i = 1, #ARGV / 3 do
     incr(k(i, 2), 'running', -1)
     incr(k(i, 2), 'succeeded', 1)
     incr(k(i, 2), 'done', 1 - (tonumber(f[4] or '0') or 0))
-    redis.call('HSET', k(i, 1), 'state', 'succeeded', 'finished_at', fmt(t), 'lease_until', '0', 'progress', '1',
-               'result', result)
+    redis.call('HSET', k(i, 1), 'state', 'succeeded', 'finished_at', fmt(t), 'progress', '1', 'result', result)
     z(k(i, 3), id, false)
     z(k(i, 4), id, false)
     if KEYS[9 * i] then

@@ -13,14 +13,14 @@ stale attempt is discarded (fencing) — also after a rollback of Redis, when a 
 reuse the number but never the epoch. Per-state counters of the batch
 move in the same script as the state, so they always add up to the batch's total.
 
-A running job holds a lease (``lease_until``, on the Redis server's clock), renewed by progress
+A running job holds a lease (its score in ``leases``, on the Redis server's clock), renewed by progress
 writes and the worker's heartbeat. Three sorted sets index the jobs the reaper must look at, so
 it never scans all jobs; the scripts keep them in step with the states.
 
 Keys (prefix ``rf:``; every key is named in :mod:`infra.keys`):
     job:{id}          hash: batch_id, tenant, pool, priority, state, progress, attempts,
                       attempt_base (attempts before the last dead-letter retry), worker,
-                      lease_until, created_at, started_at, finished_at, queued_at (epoch
+                      created_at, started_at, finished_at, queued_at (epoch
                       seconds), request/result/error/last_error (JSON), cost_s and
                       cost_bytes (the job's share of its tenant's quota, :mod:`infra.state.quota`)
     batch:{id}        hash: created_at, total, priority, pool, tenant
@@ -128,7 +128,6 @@ class JobStore(JobReads):
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self._start = client.register_script(scripts.START)
-        self._progress = client.register_script(scripts.PROGRESS)
         self._finish = client.register_script(scripts.FINISH)
         self._requeue = client.register_script(scripts.REQUEUE)
         self._release = client.register_script(scripts.RELEASE)

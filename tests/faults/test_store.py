@@ -68,8 +68,7 @@ def _counts_add_up(store: JobStore, batch_id: str = "b1") -> None:
 
 
 def _expire(store: JobStore, job_id: str) -> None:
-    """Make a running job's lease run out now (as if its worker died long ago)."""
-    store.r.hset(keys.job(job_id), "lease_until", "1")
+    """Make a running job's lease (its score in the lease index) run out now (as if its worker died long ago)."""
     store.r.zadd(keys.leases(keys.shard(job_id)), {job_id: 1})
 
 
