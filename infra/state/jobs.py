@@ -13,14 +13,14 @@ stale attempt is discarded (fencing) — also after a rollback of Redis, when a 
 reuse the number but never the epoch. Per-state counters of the batch
 move in the same script as the state, so they always add up to the batch's total.
 
-A running job holds a lease (``lease_until``, on the Redis server's clock), renewed by progress
+A running job holds a lease (its score in ``leases``, on the Redis server's clock), renewed by progress
 writes and the worker's heartbeat. Three sorted sets index the jobs the reaper must look at, so
 it never scans all jobs; the scripts keep them in step with the states.
 
 Keys (prefix ``rf:``; every key is named in :mod:`infra.keys`):
     job:{id}          hash: batch_id, tenant, pool, priority, state, progress, attempts,
                       attempt_base (attempts before the last dead-letter retry), worker,
-                      lease_until, created_at, started_at, finished_at, queued_at (epoch
+                      created_at, started_at, finished_at, queued_at (epoch
                       seconds), request/result/error/last_error (JSON), cost_s and
                       cost_bytes (the job's share of its tenant's quota, :mod:`infra.state.quota`)
     batch:{id}        hash: created_at, total, priority, pool, tenant
@@ -41,7 +41,7 @@ shard, so each script runs in one slot. Submission gives a batch's job ids the b
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ from redis.commands.core import Script
 from infra import keys
 from infra.background import server_time
 from infra.schemas import JobError, JobResult, JobStatus, RenderRequest
-from infra.state import scripts, shards
+from infra.state import group_scripts, scripts, shards
 from infra.state.job_reads import PUBLIC_TENANT, JobReads
 
 #: Answers of :meth:`JobStore.progress_many` / :meth:`JobStore.renew_leases`, per job.
@@ -128,11 +128,13 @@ class JobStore(JobReads):
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self._start = client.register_script(scripts.START)
-        self._progress = client.register_script(scripts.PROGRESS)
         self._finish = client.register_script(scripts.FINISH)
         self._requeue = client.register_script(scripts.REQUEUE)
         self._release = client.register_script(scripts.RELEASE)
         self._retry = client.register_script(scripts.RETRY)
+        self._start_group = client.register_script(group_scripts.START)
+        self._touch_group = client.register_script(group_scripts.TOUCH)
+        self._succeed_group = client.register_script(group_scripts.SUCCEED)
         #: On Redis Cluster, a job gives its quota back to its shard's counter (its own slot);
         #: on one Redis, to the tenant's counter itself, so a submission reads one key.
         self._cluster = isinstance(client, RedisCluster)
@@ -211,27 +213,56 @@ class JobStore(JobReads):
         return [(b or "_", t or (PUBLIC_TENANT if b else "_")) for b, t in pipe.execute()]
 
     def start_many(self, job_ids: Sequence[str], worker: str, *, force: bool = False) -> dict[str, StartedJob | str]:
-        """Move each job to ``running`` for ``worker`` with a fresh lease; two round trips.
+        """Move each job to ``running`` for ``worker`` with a fresh lease; two round trips (one
+        script call per shard of the jobs, :mod:`infra.state.group_scripts`), and a third for
+        running jobs whose lease expired (or all running ones, forced), which the one-job start
+        script takes over, accounting the lost attempt first.
 
         A repeated id is started once. Returns, per job id, a :class:`StartedJob`, or the reason
         it must not run: ``missing``, a terminal state, or ``running`` (another attempt holds a
         live lease). ``force`` takes over a running job whatever its lease (operators only).
         """
         job_ids = list(dict.fromkeys(job_ids))
-        owners = self._owners(job_ids)
-        pipe = self.r.pipeline(transaction=False)
-        for job_id, (batch_id, tenant) in zip(job_ids, owners):
-            self._run(self._start, self._keys(job_id, batch_id, tenant),
-                      [job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts, MAX_LOSSES],
-                      pipe)
+        owners = dict(zip(job_ids, self._owners(job_ids)))
+        answers = self._grouped(self._start_group, [(j, *owners[j]) for j in job_ids],
+                                [worker, repr(self.lease_s), "1" if force else "0"], lambda job_id: [job_id])
+        single = [j for j in job_ids if int(answers[j][0]) < 0]  # expired or forced: the one-job script
+        if single:  # accounts the lost attempt first
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in single:
+                self._run(self._start, self._keys(job_id, *owners[job_id]),
+                          [job_id, worker, repr(self.lease_s), "1" if force else "0", self.max_attempts, MAX_LOSSES],
+                          pipe)
+            answers.update(zip(single, pipe.execute()))
         out: dict[str, StartedJob | str] = {}
-        for job_id, (batch_id, tenant), (attempt, payload, *rest) in zip(job_ids, owners, pipe.execute()):
+        for job_id in job_ids:
+            (attempt, payload, *rest), (batch_id, tenant) = answers[job_id], owners[job_id]
             if int(attempt) == 0:
                 out[job_id] = payload
             else:
                 out[job_id] = StartedJob(job_id, batch_id, int(attempt), RenderRequest.model_validate_json(payload),
                                          tenant, rest[0] if rest else "", int(rest[1]) if len(rest) > 1 else 0)
         return out
+
+    def _grouped(self, script: Script, jobs: Sequence[tuple[str, str, str | None]], head: list,
+                 per_job: Callable[[str], list]) -> dict[str, Any]:
+        """Run a per-group script (:mod:`infra.state.group_scripts`) once per shard of ``jobs``
+        (``(job_id, batch_id, tenant)``, one slot each on Redis Cluster), all in one round trip:
+        ``head`` then ``per_job(job_id)`` as arguments. Returns each job's answer by id."""
+        groups = self._shard_groups(jobs)
+        pipe = self.r.pipeline(transaction=False)
+        for group, names in groups:
+            self._run(script, names, [*head, *(arg for j, _, _ in group for arg in per_job(j))], pipe)
+        return {j: answer for (group, _), answers in zip(groups, pipe.execute() if groups else [])
+                for (j, _, _), answer in zip(group, answers)}
+
+    def _shard_groups(self, jobs: Sequence[tuple[str, str, str | None]]) -> list[tuple[list, list[str]]]:
+        """``jobs`` (``(job_id, batch_id, tenant)``) by the shard of their ids, each group with the
+        keys of its script call (nine per job; one slot on Redis Cluster)."""
+        groups: dict[str, list[tuple[str, str, str | None]]] = {}
+        for job in jobs:
+            groups.setdefault(keys.shard(job[0]), []).append(job)
+        return [(group, [name for j, b, t in group for name in self._keys(j, b, t)]) for group in groups.values()]
 
     def progress_many(self, updates: Iterable[tuple[StartedJob, float]]) -> dict[str, int]:
         """Record progress 0…1 for running jobs and renew their leases, in one round trip.
@@ -258,13 +289,12 @@ class JobStore(JobReads):
         return self._touch([*((job, "", "0") for job in rendered), *((job, "", group) for job in jobs)])
 
     def _touch(self, updates: Iterable[tuple[StartedJob, str, str]]) -> dict[str, int]:
-        pipe = self.r.pipeline(transaction=False)
-        ids = []
-        for job, progress, group in updates:
-            self._run(self._progress, self._keys(job.job_id, job.batch_id, job.tenant or PUBLIC_TENANT),
-                      [job.job_id, job.token, repr(self.lease_s), progress, group], pipe)
-            ids.append(job.job_id)
-        return dict(zip(ids, (int(code) for code in pipe.execute()))) if ids else {}
+        updates = list(updates)  # a job twice: its last update wins, as one write after another would
+        args = {job.job_id: [job.job_id, job.token, progress, group] for job, progress, group in updates}
+        jobs = {job.job_id: job for job, _, _ in updates}
+        return {j: int(code) for j, code in self._grouped(
+            self._touch_group, [(j, job.batch_id, job.tenant or PUBLIC_TENANT) for j, job in jobs.items()],
+            [repr(self.lease_s)], args.__getitem__).items()}
 
     def succeed(self, job: StartedJob, result: JobResult) -> bool:
         """``running`` → ``succeeded`` for this attempt. False when the attempt is stale."""
@@ -272,18 +302,15 @@ class JobStore(JobReads):
                                      batch_id=job.batch_id, tenant=job.tenant))
 
     def succeed_many(self, results: Sequence[tuple[StartedJob, JobResult]]) -> dict[str, bool]:
-        """:meth:`succeed` for a group's jobs in one pipelined round trip (one FINISH script per
-        job, each atomic and fenced on its own by the attempt's ``attempt:epoch`` token; jobs
+        """:meth:`succeed` for a group's jobs in one round trip (one script call per shard of the
+        jobs, :mod:`infra.state.group_scripts`, in which each job is fenced on its own by its
+        attempt's ``attempt:epoch`` token; jobs
         started by :meth:`start_many` carry their tenant, so no lookup precedes it). Returns, per
         job id, False for a stale attempt."""
-        if not results:
-            return {}
-        pipe = self.r.pipeline(transaction=False)
-        for job, result in results:
-            self._run(self._finish, self._keys(job.job_id, job.batch_id, job.tenant),
-                      [job.job_id, job.token, "succeeded", "result", result.model_dump_json(), "0",
-                       self.max_attempts], pipe)
-        return {job.job_id: bool(int(code)) for (job, _), code in zip(results, pipe.execute())}
+        payloads = {job.job_id: [job.job_id, job.token, result.model_dump_json()] for job, result in results}
+        answers = self._grouped(self._succeed_group, [(job.job_id, job.batch_id, job.tenant) for job, _ in results],
+                                [], payloads.__getitem__)
+        return {job.job_id: bool(int(answers[job.job_id])) for job, _ in results}
 
     def fail(self, job: StartedJob, error: JobError, *, retry: bool = False) -> str | None:
         """``running`` → ``failed`` for this attempt, listed in the dead-letter set.

@@ -17,9 +17,11 @@ happens at most once whatever runs it concurrently (several workers, reapers or 
 #           ``cost_bytes`` its record's bytes (a record without the field, from before the byte
 #           quota, gives back 0); a dead-letter retry takes them again (infra.state.quota)
 # Only INFO and TIME are read besides these keys; no key is named inside a script.
-# Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running (keep); each
-# move to a terminal state sets its TTL afresh, and its batch's keys get theirs once no job of
-# the batch is queued or running (expire_ended). Records without ``ttl_s`` keep their creation TTL.
+# Expiry: a job written with a ``ttl_s`` field has no TTL while queued or running; each move to a
+# terminal state sets its TTL afresh, and its batch's keys get theirs once no job of the batch is
+# queued or running (expire_ended). Only a dead-letter retry takes a job from a terminal state
+# back to a live one, so only it removes those TTLs again (keep); every other transition starts
+# from a live job, whose keys have none. Records without ``ttl_s`` keep their creation TTL.
 # Times are the Redis server's clock (TIME), so a lease never depends on a worker's clock.
 _PRELUDE = """
 local id = ARGV[1]
@@ -61,6 +63,8 @@ local function expire_ended()
 end
 local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') or 0 end
 local function used() return num('attempts') - num('attempt_base') end
+-- a running job's lease: its score in the shard's lease index (the hash keeps no copy)
+local function lease_of() return tonumber(redis.call('ZSCORE', KEYS[3], id) or '0') or 0 end
 -- the fencing token is "attempt" or "attempt:epoch"; the epoch is the run_id of the redis-server
 -- that started the attempt (stored as the job's 'epoch'), so after a rollback (kill -9, failover)
 -- a stale worker holding the same attempt number from before it is refused
@@ -80,11 +84,10 @@ local function requeue(state, t, err)
   local share = terminal(state) and 1 or num('progress')
   move(state, 'queued')
   redis.call('HINCRBYFLOAT', KEYS[2], 'done', -share)
-  redis.call('HSET', KEYS[1], 'state', 'queued', 'progress', '0', 'lease_until', '0', 'queued_at', fmt(t))
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'progress', '0', 'queued_at', fmt(t))
   if err ~= '' then redis.call('HSET', KEYS[1], 'last_error', err) end
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZADD', KEYS[4], t, id)
-  keep()
 end
 -- a worker holding this attempt was lost (its lease expired: killed, or stopped by its render
 -- watchdog). Bisection across attempts (module docstring): the attempt is charged only when the
@@ -113,7 +116,7 @@ local function finish(state, new, t, field, payload)
   local old = num('progress')
   move(state, new)
   redis.call('HINCRBYFLOAT', KEYS[2], 'done', 1 - old)
-  redis.call('HSET', KEYS[1], 'state', new, 'finished_at', fmt(t), 'lease_until', '0',
+  redis.call('HSET', KEYS[1], 'state', new, 'finished_at', fmt(t),
              'progress', new == 'succeeded' and '1' or tostring(old))
   if field ~= '' then redis.call('HSET', KEYS[1], field, payload) end
   redis.call('ZREM', KEYS[3], id)
@@ -143,7 +146,7 @@ end
 if terminal(state) then return {0, state} end
 local t = now()
 if state == 'running' and ARGV[4] ~= '1' then
-  if num('lease_until') > t then return {0, 'running'} end
+  if lease_of() > t then return {0, 'running'} end
   local err, spent = lost(ARGV[5], ARGV[6])
   if spent then
     finish(state, 'failed', t, 'error', err)
@@ -158,33 +161,11 @@ redis.call('HINCRBYFLOAT', KEYS[2], 'done', -old)
 local lease = t + tonumber(ARGV[3])
 local ep = epoch()
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[2], 'started_at', fmt(t), 'progress', '0',
-           'lease_until', fmt(lease), 'epoch', ep)
+           'epoch', ep)
 redis.call('HDEL', KEYS[1], 'group_n')
 redis.call('ZADD', KEYS[3], lease, id)
 redis.call('ZREM', KEYS[4], id)
-keep()
 return {attempt, head[2], ep, num('suspect_n')}
-"""
-
-# progress / renew: only for the current attempt of a running job; both extend its lease.
-# ARGV: id, token (attempt[:epoch]), lease_s, progress ('' = leave it), group ('' = leave it: the
-# size of the group this attempt starts rendering the job in, read by lost()).
-# Returns 1 (ours), 0 (stale), 2 (canceled).
-PROGRESS = _PRELUDE + """
-if redis.call('HGET', KEYS[1], 'state') == 'canceled' then return 2 end
-if not ours(ARGV[2]) then return 0 end
-local lease = now() + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'lease_until', fmt(lease))
-redis.call('ZADD', KEYS[3], lease, id)
-if ARGV[5] and ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'group_n', ARGV[5]) end
-if ARGV[4] ~= '' then
-  local new, old = tonumber(ARGV[4]), num('progress')
-  if new > old then
-    redis.call('HSET', KEYS[1], 'progress', ARGV[4])
-    redis.call('HINCRBYFLOAT', KEYS[2], 'done', new - old)
-  end
-end
-return 1
 """
 
 # finish: running (this attempt; '*' = any non-terminal state) → succeeded|failed|canceled.
@@ -216,7 +197,7 @@ if state ~= 'running' then
   return {0, ''}
 end
 local t = now()
-local lease = num('lease_until')
+local lease = lease_of()
 if lease > t then
   redis.call('ZADD', KEYS[3], lease, id)
   return {0, ''}
@@ -258,6 +239,7 @@ if num('kills') > 0 then
 end
 redis.call('HSET', KEYS[1], 'attempt_base', redis.call('HGET', KEYS[1], 'attempts'), 'losses', '0')
 requeue(state, now(), redis.call('HGET', KEYS[1], 'error') or '')
+keep()
 quota(1)
 redis.call('HDEL', KEYS[1], 'error', 'finished_at')
 redis.call('ZREM', KEYS[5], id)

@@ -68,8 +68,7 @@ def _counts_add_up(store: JobStore, batch_id: str = "b1") -> None:
 
 
 def _expire(store: JobStore, job_id: str) -> None:
-    """Make a running job's lease run out now (as if its worker died long ago)."""
-    store.r.hset(keys.job(job_id), "lease_until", "1")
+    """Make a running job's lease (its score in the lease index) run out now (as if its worker died long ago)."""
     store.r.zadd(keys.leases(keys.shard(job_id)), {job_id: 1})
 
 
@@ -105,6 +104,45 @@ def test_succeed_many_is_fenced_per_job(r):
     assert [s.state for s in store.get_jobs([a, b, c])] == ["succeeded", "running", "canceled"]
     assert store.succeed_many([(taken, RESULT)]) == {b: True} and store.succeed_many([]) == {}
     _counts_add_up(store)
+
+
+def test_a_group_spanning_batches_and_tenants_ends_as_one_job_after_another_would(r):
+    """The group scripts write each shared key once per call (a shard's lease and pending index, a
+    batch's counters, a tenant's quota): the counters, indexes, quotas and TTLs end as the jobs'
+    writes one after another leave them, and each job is still fenced on its own."""
+    store = _store(r, job_ttl_s=100)
+    ids = {}
+    for b, tenant in (("b1", "t1"), ("b2", "t2")):
+        ids[b] = [f"{b}j{i}" for i in range(6)]
+        store.create_batch(b, [NewJob(j, request(i), "null", cost_s=1.5, cost_bytes=100 + i)
+                               for i, j in enumerate(ids[b])], tenant=tenant)
+    everyone = ids["b1"] + ids["b2"]
+    assert len({keys.shard(j) for j in everyone}) > 1  # several script calls, one per shard
+    started = store.start_many(everyone, "w1")
+    assert all(isinstance(s, StartedJob) and s.attempt == 1 and s.epoch for s in started.values())
+    assert store.start_many(everyone[:2], "w2") == dict.fromkeys(everyone[:2], "running")
+    assert all(r.zscore(keys.leases(keys.shard(j)), j) and r.zscore(keys.pending(keys.shard(j)), j) is None
+               for j in everyone)
+    jobs = [started[j] for j in everyone]  # type: ignore[misc]
+    assert store.mark_rendering(jobs) == dict.fromkeys(everyone, HELD)
+    assert store.progress_many((job, 0.5) for job in jobs) == dict.fromkeys(everyone, HELD)
+    assert {r.hget(keys.job(j), "group_n") for j in everyone} == {str(len(everyone))}
+    _counts_add_up(store, "b1")
+    _counts_add_up(store, "b2")
+    late = ids["b2"][-1]
+    assert store.cancel(late)
+    stale = StartedJob(everyone[0], "b1", 0, jobs[0].request, "t1", jobs[0].epoch)  # another attempt's token
+    assert store.succeed_many([(stale, RESULT)]) == {everyone[0]: False}
+    assert store.succeed_many([(job, RESULT) for job in jobs]) == {j: j != late for j in everyone}
+    assert [s.state for s in store.get_jobs(everyone)] == ["succeeded"] * 11 + ["canceled"]
+    for b, tenant in (("b1", "t1"), ("b2", "t2")):
+        _counts_add_up(store, b)
+        quota = r.hgetall(keys.quota(tenant))
+        assert int(quota["jobs"]) == -6 and float(quota["gpu_s"]) == pytest.approx(-9.0)
+        assert int(quota["bytes"]) == -sum(100 + i for i in range(6))
+        assert all(95 <= r.ttl(k) <= 100 for k in (keys.batch(b), keys.batch_counts(b), keys.batch_jobs(b)))
+    assert all(95 <= r.ttl(keys.job(j)) <= 100 for j in everyone)
+    assert not any(r.zscore(keys.leases(keys.shard(j)), j) for j in everyone)
 
 
 def test_cancel_is_signalled_to_the_running_attempt(r):

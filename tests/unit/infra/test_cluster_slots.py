@@ -33,6 +33,19 @@ def test_transition_scripts_touch_one_slot(seed):
         assert len(names) == 9 and len(slots(names)) == 1, names
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_group_script_call_touches_one_slot(seed):
+    """A worker's group mixes batches of several shards: each group script call is one slot."""
+    store = JobStore.__new__(JobStore)
+    store._cluster = True
+    jobs = [(job_id, batch_id, f"tenant{seed}-{n}") for n in range(4)
+            for batch_id, job_ids in [farm_batch(n=8)] for job_id in job_ids]
+    groups = store._shard_groups(jobs)
+    assert sorted(j for group, _ in groups for j, _, _ in group) == sorted(j for j, _, _ in jobs)
+    for group, names in groups:
+        assert len(names) == 9 * len(group) and len(slots(names)) == 1, names
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_a_batch_transaction_is_one_slot_with_its_idempotency_key(seed):
     tenant, key = f"t{seed}", f"client-key-{seed}"
@@ -64,9 +77,10 @@ def test_pool_workers_metrics_and_api_keys_share_their_tags():
 def test_no_script_names_a_key_of_its_own():
     """A script that built key names from ARGV would touch keys Redis Cluster cannot route."""
     from infra.broker import dispatch
-    from infra.state import scripts
+    from infra.state import group_scripts, scripts
 
-    bodies = [getattr(scripts, n) for n in ("START", "PROGRESS", "FINISH", "REQUEUE", "RELEASE", "RETRY")]
+    bodies = [getattr(scripts, n) for n in ("START", "FINISH", "REQUEUE", "RELEASE", "RETRY")]
+    bodies += [group_scripts.START, group_scripts.TOUCH, group_scripts.SUCCEED]
     for body in [*bodies, dispatch._DISPATCH]:
         assert keys.PREFIX + "job" not in body
     assert "job_prefix" not in dispatch._DISPATCH

@@ -75,7 +75,7 @@ class StoreMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.store = JobStore(self.client, lease_s=3600, max_attempts=MAX_ATTEMPTS)
-        # renewing through this store sets lease_until = now, i.e. the lease has expired
+        # renewing through this store sets the lease to now, i.e. the lease has expired
         self.expiring = JobStore(self.client, lease_s=0.0, max_attempts=MAX_ATTEMPTS)
         self.batch_id = secrets.token_hex(8)
         self.ids = [secrets.token_hex(8) for _ in range(JOBS)]
