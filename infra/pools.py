@@ -38,6 +38,7 @@ declared with the wrong family.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple, get_args
@@ -144,6 +145,7 @@ def capability_errors(request: Any, family: "str | Capabilities | None") -> list
     return errors
 
 
+@functools.lru_cache(maxsize=1024)  # once per model, not once per job of a 10,000-job batch
 def pool_for_model(model: str) -> str:
     """The pool name of a model spec: a lowercase slug, e.g. ``stabilityai/sd-turbo`` → ``stabilityai--sd-turbo``."""
     slug = re.sub(r"[^a-z0-9._-]+", "-", model.lower().replace("/", "--")).strip("-.")
