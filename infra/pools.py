@@ -169,10 +169,13 @@ class LoraSpec(BaseModel):
 def lora_errors(request: Any, allowed: Sequence[LoraSpec], where: str) -> list[dict[str, Any]]:
     """An error dict (type ``unknown_lora``, field ``loras``) for each adapter ``request`` names
     that ``allowed`` lacks; ``where`` names the declaration (a pool, or RENDERFARM_LORAS)."""
+    named = getattr(request, "loras", ())
+    if not named:  # most requests: no set to build
+        return []
     names = {spec.name for spec in allowed}
     return [{"type": "unknown_lora", "field": "loras", "input": lora.name,
              "msg": f"{where} has no adapter {lora.name!r} (it has: {', '.join(map(repr, sorted(names))) or 'none'})"}
-            for lora in getattr(request, "loras", ()) if lora.name not in names]
+            for lora in named if lora.name not in names]
 
 
 class PoolSpec(BaseModel):
