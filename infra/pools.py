@@ -38,6 +38,7 @@ declared with the wrong family.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple, get_args
@@ -144,6 +145,7 @@ def capability_errors(request: Any, family: "str | Capabilities | None") -> list
     return errors
 
 
+@functools.lru_cache(maxsize=1024)  # once per model, not once per job of a 10,000-job batch
 def pool_for_model(model: str) -> str:
     """The pool name of a model spec: a lowercase slug, e.g. ``stabilityai/sd-turbo`` → ``stabilityai--sd-turbo``."""
     slug = re.sub(r"[^a-z0-9._-]+", "-", model.lower().replace("/", "--")).strip("-.")
@@ -167,10 +169,13 @@ class LoraSpec(BaseModel):
 def lora_errors(request: Any, allowed: Sequence[LoraSpec], where: str) -> list[dict[str, Any]]:
     """An error dict (type ``unknown_lora``, field ``loras``) for each adapter ``request`` names
     that ``allowed`` lacks; ``where`` names the declaration (a pool, or RENDERFARM_LORAS)."""
+    named = getattr(request, "loras", ())
+    if not named:  # most requests: no set to build
+        return []
     names = {spec.name for spec in allowed}
     return [{"type": "unknown_lora", "field": "loras", "input": lora.name,
              "msg": f"{where} has no adapter {lora.name!r} (it has: {', '.join(map(repr, sorted(names))) or 'none'})"}
-            for lora in getattr(request, "loras", ()) if lora.name not in names]
+            for lora in named if lora.name not in names]
 
 
 class PoolSpec(BaseModel):

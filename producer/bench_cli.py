@@ -1,9 +1,10 @@
-"""``renderfarm bench pipeline|profile|farm …``: the benchmark commands.
+"""``renderfarm bench pipeline|profile|farm|submit …``: the benchmark commands.
 
 Place in the data flow: beside it. ``bench pipeline`` measures the pipeline package alone
 against diffusers (:mod:`pipeline.bench`); ``bench profile`` shows where one hot render's time,
 kernels and host-device syncs go; ``bench farm`` measures the whole path, producer → Redis →
-worker → S3 → job state (:mod:`producer.bench_farm`). This module only registers the arguments:
+worker → S3 → job state (:mod:`producer.bench_farm`); ``bench submit`` one batch submission
+alone (:mod:`producer.bench_submit`). This module only registers the arguments:
 the CLI root imports it at start, so the heavy modules (torch, diffusers, celery) are imported
 inside the handlers.
 
@@ -147,6 +148,13 @@ def _farm(args: argparse.Namespace) -> int:
     return _run_and_report("bench farm", lambda log: run_farm_bench(config, log=log), result_table, args.json)
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from producer.bench_submit import SubmitBenchConfig, run_submit_bench, submit_table
+
+    config = SubmitBenchConfig(jobs=args.jobs, repeats=args.repeats)
+    return _run_and_report("bench submit", lambda log: run_submit_bench(config, log=log), submit_table, args.json)
+
+
 def _redis(args: argparse.Namespace) -> int:
     import os
 
@@ -203,13 +211,14 @@ def _ready(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench redis``, ``bench ready``, ``bench s3`` and
-    ``bench encode`` to the CLI."""
+    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench submit``, ``bench redis``, ``bench ready``,
+    ``bench s3`` and ``bench encode`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
+    _register_submit(sub)
     _register_redis(sub)
     _register_ready(sub)
     _register_io(sub)
@@ -306,6 +315,18 @@ def _register_farm(sub) -> None:
     f.set_defaults(func=lambda args: sys.exit(_farm(args)))
 
 
+def _register_submit(sub) -> None:
+    s = sub.add_parser("submit", help="seconds from one POST /v1/batches of --jobs jobs to its 202 answer",
+                       description="Start a private local stack with no workers (its own redis-server, SeaweedFS, "
+                                   "the API) and time --repeats POSTs of --jobs jobs each (body serialized "
+                                   "beforehand; HTTP request to 202 answer) with the API process's CPU seconds, "
+                                   "and as many RenderClient.submit_batch calls (client JSON + POST), alternating.")
+    s.add_argument("--jobs", type=int, default=10_000, help="jobs per submission, 1…10,000 (default 10,000)")
+    s.add_argument("--repeats", type=int, default=5, help="submissions of each kind timed (default 5; median)")
+    s.add_argument("--json", default=None, help="write the result here")
+    s.set_defaults(func=lambda args: sys.exit(_submit(args)))
+
+
 def _register_redis(sub) -> None:
     r = sub.add_parser("redis", help="where one redis-server saturates: null workers (0 ms) as their number grows",
                        description="Run bench farm --model null (0 ms renders, no submission test) once per worker "
@@ -387,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
+    _register_submit(sub)
     _register_redis(sub)
     _register_ready(sub)
     _register_io(sub)

@@ -9,6 +9,7 @@ not know. Every step is pipelined: the whole batch costs a few round trips, neve
 
 from __future__ import annotations
 
+import os
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
@@ -49,6 +50,17 @@ def new_id(shard: str | None = None) -> str:
     Cluster a batch's keys and its jobs' keys share a slot)."""
     fresh = uuid.uuid4().hex
     return fresh if shard is None else shard + fresh[2:]
+
+
+def new_ids(n: int, shard: str) -> list[str]:
+    """``n`` fresh ids in ``shard``, shaped like :func:`new_id`'s (UUID4 version and variant bits,
+    32 lowercase hex characters, the first two replaced by ``shard``), from one ``os.urandom``
+    call instead of one :func:`uuid.uuid4` per id (a 10,000-job batch costs a few milliseconds)."""
+    raw = bytearray(os.urandom(16 * n))
+    raw[6::16] = bytes(b & 0x0F | 0x40 for b in raw[6::16])  # version 4
+    raw[8::16] = bytes(b & 0x3F | 0x80 for b in raw[8::16])  # RFC 4122 variant
+    text = raw.hex()
+    return [shard + text[i + 2:i + 32] for i in range(0, 32 * n, 32)]
 
 
 def resolve(request: RenderRequest, default_model: str) -> RenderRequest:
@@ -123,12 +135,20 @@ class Submitter:
         steps = request.num_inference_steps * (request.effective_strength or 1.0)  # img2img runs steps × strength
         return job_cost_s(request.width, request.height, max(1, round(steps)), rate)
 
-    def _new_job(self, batch_id: str, request: RenderRequest, pool: str) -> NewJob:
-        """A job of ``batch_id`` (an id in its shard) with its quota costs: estimated GPU-seconds,
-        and the bytes of its record, measured on the request's JSON exactly as it will be stored."""
-        payload = request.model_dump_json()
-        return NewJob(new_id(keys.shard(batch_id)), request, pool, cost_s=self.cost_s(request, pool),
-                      cost_bytes=job_bytes(payload), request_json=payload)
+    def _new_jobs(self, batch_id: str, requests: Sequence[RenderRequest], pools: Sequence[str]) -> list[NewJob]:
+        """The jobs of ``batch_id`` (ids in its shard) with their quota costs: estimated GPU-seconds
+        (computed once per distinct pool, size, steps and strength in the batch), and the bytes of
+        each record, measured on the request's JSON exactly as it will be stored."""
+        costs: dict[tuple, float] = {}
+        jobs = []
+        for job_id, request, pool in zip(new_ids(len(requests), keys.shard(batch_id)), requests, pools):
+            shape = (pool, request.width, request.height, request.num_inference_steps, request.effective_strength)
+            cost = costs.get(shape)
+            if cost is None:
+                cost = costs[shape] = self.cost_s(request, pool)
+            payload = request.model_dump_json()
+            jobs.append(NewJob(job_id, request, pool, cost_s=cost, cost_bytes=job_bytes(payload), request_json=payload))
+        return jobs
 
     def submit(self, requests: Sequence[RenderRequest], *, priority: str = "normal",
                idempotency_key: str | None = None, webhook_url: str | None = None,
@@ -166,7 +186,7 @@ class Submitter:
         if key is not None and (first := self.redis.get(key)):
             return self._existing(key, first)  # before any quota
         batch_id = new_id(keys.idempotency_shard(tenant, idempotency_key) if idempotency_key is not None else None)
-        jobs = [self._new_job(batch_id, request, pool) for request, pool in zip(resolved, pools)]
+        jobs = self._new_jobs(batch_id, resolved, pools)
         gpu_s = sum(j.cost_s or 0.0 for j in jobs)
         nbytes = sum(j.cost_bytes or 0 for j in jobs)
         drain = self.drain_gpu_s_per_s() if self.drain_gpu_s_per_s is not None else 1.0

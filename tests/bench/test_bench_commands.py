@@ -188,3 +188,14 @@ def test_bench_two_stage_refuses_a_target_that_does_not_divide(capsys):
         main(["bench", "pipeline", "--two-stage", "--model", "tiny", "--target", "100", "--device", "cpu"])
     assert exit_info.value.code == 2
     assert "bench pipeline --two-stage: target 100 / 4 is not a multiple of 8" in capsys.readouterr().out
+
+
+def test_bench_submit_records_every_job_of_each_post(tmp_path, capsys):
+    out = tmp_path / "submit.json"
+    run_cli(["bench", "submit", "--jobs", "40", "--repeats", "2", "--json", str(out)])
+    assert "bench submit: 40 jobs per POST /v1/batches" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["config"] == {"jobs": 40, "repeats": 2}
+    for what in ("post", "client", "api_cpu"):
+        assert len(result[what]["runs_s"]) == 2 and result[what]["median_s"] >= 0
+    assert result["post"]["jobs_per_s"] > 0  # every POST answered 202 with 40 job ids, or the command failed
