@@ -193,7 +193,8 @@ def test_approximate_override_needs_permission():
         select_recipe(cpu(False), allow_approximate=True, overrides={"quantization": "torchao_int8_dynamic"})
     # NNCF's int8 weights compress the OpenVINO UNet: refused at resolution without that backend
     with pytest.raises(ValueError, match="needs backend=openvino"):
-        select_recipe(cpu(False), allow_approximate=True, overrides={"backend": "torch", "quantization": "openvino_int8"})
+        select_recipe(cpu(False), allow_approximate=True,
+                      overrides={"backend": "torch", "quantization": "openvino_int8"})
     ov = select_recipe(cpu(False), allow_approximate=True,
                        overrides={"backend": "openvino", "quantization": "openvino_int8"})
     assert "quantization" in ov.approximations() and ov.without_approximations().quantization is None
