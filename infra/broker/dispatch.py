@@ -90,9 +90,26 @@ local want, now, aging = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local weight = {[0] = tonumber(ARGV[4]), [1] = tonumber(ARGV[5]), [2] = tonumber(ARGV[6])}
 local levels = {high = 0, normal = 1, low = 2}
 local prefix = ARGV[7]
+-- each lane's entries are read in chunks (LRANGE) and the taken ones trimmed once at the end
+-- (LTRIM), instead of one LINDEX and one LPOP per job; buf[key] = {entries, next index, taken}
+local CHUNK = 64
+local buf = {}
+local function entry_at(key)
+  local b = buf[key]
+  if not b then
+    b = {entries = {}, i = 1, taken = 0, done = false}
+    buf[key] = b
+  end
+  if b.i > #b.entries and not b.done then
+    b.entries = redis.call('LRANGE', key, b.taken, b.taken + CHUNK - 1)
+    b.i = 1
+    b.done = #b.entries < CHUNK
+  end
+  return b.entries[b.i]
+end
 local function head(member)
   local key = prefix .. member
-  local entry = redis.call('LINDEX', key, 0)
+  local entry = entry_at(key)
   if not entry then return nil end
   local ms, rest = string.match(entry, '^(%d+):(.+)$')
   rest = rest or entry
@@ -127,14 +144,26 @@ while #out < want do
   end
   if pick == nil then break end
   local h = pick.h
-  redis.call('LPOP', h.key)
+  local b = buf[h.key]
+  b.i = b.i + 1
+  b.taken = b.taken + 1
   vt = pick_pass
   pass[h.tenant] = pick_pass + h.cost / weight[pick.eff]
   local nxt = head(h.member)
   lanes[h.member] = nxt
   if not nxt then redis.call('SREM', KEYS[1], h.member) end
-  redis.call('ZADD', KEYS[3], stamp, h.id)
   out[#out + 1] = h.id
+end
+for key, b in pairs(buf) do
+  if b.taken > 0 then redis.call('LTRIM', key, b.taken, -1) end
+end
+for i = 1, #out, 500 do
+  local args = {}
+  for j = i, math.min(i + 499, #out) do
+    args[#args + 1] = stamp
+    args[#args + 1] = out[j]
+  end
+  redis.call('ZADD', KEYS[3], unpack(args))
 end
 for tenant, p in pairs(pass) do redis.call('HSET', KEYS[2], tenant, string.format('%.9f', p)) end
 redis.call('HSET', KEYS[2], '_vt', string.format('%.9f', vt))
