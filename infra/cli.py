@@ -5,7 +5,9 @@ Place in the data flow: beside it. Each package that offers commands declares th
 where ``register(subparsers)`` adds its subcommands). The root reads that group, so it names
 no package above ``infra`` (imports still point downward), and a command module imports its
 heavy dependencies (torch, diffusers, celery) inside its handler, so ``renderfarm status``
-never pays for loading torch.
+never pays for loading torch. A command named like its entry point (``renderfarm worker``,
+``renderfarm api``, ``renderfarm up``) loads that entry's module alone, so a worker does not
+import FastAPI nor a client the whole farm's modules at start-up.
 
 The base install (``pip install renderfarm``) is the client: a command whose module needs an
 extra that is not installed (``[api]``: Redis, Celery, FastAPI, boto3; ``[worker]``: torch,
@@ -69,13 +71,27 @@ def _unavailable(name: str, extra: str, exc: ImportError):
     return run
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand; a command whose module needs a
-    missing extra gets a stub that says which one."""
+    missing extra gets a stub that says which one.
+
+    ``command``: the subcommand about to run. When an entry point has that name and registers it,
+    the parser holds that entry's commands only, so ``renderfarm worker`` does not import the API's
+    modules (FastAPI) nor any other command's; otherwise it holds every command.
+    """
+    if command is not None:
+        [parser, registered] = _parser_of([entry for entry in commands() if entry.name == command])
+        if command in registered:
+            return parser
+    return _parser_of(commands())[0]
+
+
+def _parser_of(entries: list[EntryPoint]) -> tuple[argparse.ArgumentParser, set[str]]:
+    """The root parser with the commands of ``entries``, and the names of the commands it holds."""
     parser = argparse.ArgumentParser(prog="renderfarm", description="A render farm for text-to-image diffusion models.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     missing: dict[str, list[str]] = {}
-    for entry in commands():
+    for entry in entries:
         try:
             register = entry.load()
         except ModuleNotFoundError as exc:
@@ -92,12 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     if missing:
         parser.epilog = "not installed here: " + "; ".join(
             f"{', '.join(names)} (pip install 'renderfarm[{extra}]')" for extra, names in sorted(missing.items()))
-    return parser
+    return parser, set(subparsers.choices)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``renderfarm`` console script."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = words[0] if words and not words[0].startswith("-") else None
+    args = build_parser(command).parse_args(argv)
     try:
         result = args.func(args)
     except ModuleNotFoundError as exc:  # a handler's heavy import: say which extra, not a traceback

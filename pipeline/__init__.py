@@ -16,16 +16,16 @@ _EXPORTS = {
     "build_offline_model": "pipeline.models",
     "OFFLINE_MODELS": "pipeline.models",
     "Renderer": "pipeline.render",
-    "compat_key": "pipeline.render",
+    "compat_key": "pipeline.compat",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
+    from pipeline.compat import compat_key as compat_key
     from pipeline.models import OFFLINE_MODELS as OFFLINE_MODELS
     from pipeline.models import build_offline_model as build_offline_model
     from pipeline.models import load_pipeline as load_pipeline
     from pipeline.render import Renderer as Renderer
-    from pipeline.render import compat_key as compat_key
 
 
 def __getattr__(name: str):

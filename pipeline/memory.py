@@ -33,20 +33,25 @@ import threading
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import torch
-
-from pipeline.device import DeviceProfile
+if TYPE_CHECKING:
+    from pipeline.device import DeviceProfile
 
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 T = TypeVar("T")
 R = TypeVar("R")
-_TORCH_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 def _accel(kind: str):
-    mod = getattr(torch, kind, None) if kind in ("cuda", "xpu", "npu") else None
+    """torch's module of accelerator ``kind`` (``cuda``, ``xpu``, ``npu``), or None (the CPU, or
+    an accelerator this torch lacks). torch is imported only for an accelerator: the CPU's
+    figures come from /proc, so a worker that renders nothing with torch never loads it."""
+    if kind not in ("cuda", "xpu", "npu"):
+        return None
+    import torch
+
+    mod = getattr(torch, kind, None)
     return mod if mod is not None and hasattr(mod, "max_memory_allocated") else None
 
 
@@ -153,7 +158,10 @@ def batch_size_for_stages(measurements: Iterable[PeakMeasurement], device_total_
 
 def is_oom_error(exc: BaseException) -> bool:
     """Whether ``exc`` means out of memory (CUDA/XPU/MPS allocator, or the host)."""
-    if isinstance(exc, (_TORCH_OOM, MemoryError)):
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")  # an allocator's OOM needs torch loaded: never import it here
+    if torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
@@ -252,6 +260,8 @@ def guard_vae_decode(vae) -> None:
             if not is_oom_error(e) or z.shape[0] <= 1:
                 raise
         vae._renderfarm_sliced_decodes = getattr(vae, "_renderfarm_sliced_decodes", 0) + 1
+        import torch
+
         parts = [decode(z[i:i + 1], *args, return_dict=False, **kwargs)[0] for i in range(z.shape[0])]
         sample = torch.cat(parts)
         if not return_dict:

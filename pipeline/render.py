@@ -26,6 +26,8 @@ import torch
 from infra.schemas import RenderRequest
 from pipeline.buckets import split
 from pipeline.capabilities import call_arguments, derive_capabilities
+from pipeline.compat import CompatKey as CompatKey
+from pipeline.compat import compat_key as compat_key
 from pipeline.invariance import make_batch_invariant, make_per_sample
 from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
@@ -38,27 +40,8 @@ if TYPE_CHECKING:
     from pipeline.memory import BatchLimits
     from pipeline.pool_options import PoolOptions
 
-CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler][, mode])
 ShapeKey = tuple[int, int, int, bool]  # (images, width, height, classifier-free guidance on)
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
-
-
-def compat_key(request: RenderRequest) -> CompatKey:
-    """``(model, width, height, num_inference_steps, guidance_scale, scheduler)``, followed by
-    ``(upscale, upscaler)`` for a request that asks for upscaling, and by
-    ``((mode, strength, adapters),)`` for an img2img or inpainting request or one with adapters
-    (``adapters``: the sorted ``(name, weight)`` pairs; :mod:`pipeline.modes`).
-
-    Requests with equal keys can share one pipeline call (and one upscale batch); prompts,
-    negative prompts, seeds and input images may differ.
-    """
-    r = request
-    key: CompatKey = (r.model, r.width, r.height, r.num_inference_steps, r.guidance_scale, r.scheduler)
-    if r.upscale is not None:
-        key = (*key, r.upscale, r.upscaler)
-    if r.mode != "txt2img" or r.loras:
-        key = (*key, (r.mode, r.effective_strength, tuple(sorted((a.name, a.weight) for a in r.loras))))
-    return key
 
 
 class Renderer:

@@ -16,7 +16,7 @@ from typing import Any
 from PIL import Image
 
 from infra.state.jobs import StartedJob
-from pipeline.render import compat_key
+from pipeline.compat import compat_key
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -65,7 +65,7 @@ class PostItem:
 
 def render_groups(jobs: list[StartedJob]) -> list[list[StartedJob]]:
     """The render groups of a started batch, in order: jobs of one compatibility group
-    (``pipeline.render.compat_key``) render together, except *suspects* — jobs a worker was lost
+    (``pipeline.compat.compat_key``) render together, except *suspects* — jobs a worker was lost
     with while they rendered in a group of ``suspect_n`` (bisection across attempts,
     :mod:`infra.state.scripts`) — which render apart from the unsuspected jobs, in groups of at
     most half the smallest ``suspect_n`` among them (at least 1), so that each loss halves the

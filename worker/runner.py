@@ -53,8 +53,8 @@ from infra.state import metrics
 from infra.state.jobs import HELD, JobStore, StartedJob
 from infra.storage.results import StoredImage, store_image
 from infra.storage.s3 import Storage
+from pipeline.compat import compat_key
 from pipeline.memory import BatchLimits, is_oom_error
-from pipeline.render import compat_key
 from worker.batch import BatchOutcome, BatchWork, PostItem, job_ids_from_messages, render_groups
 from worker.errors import CREDENTIALS, DEVICE, REQUEST, TRANSIENT, classify
 from worker.watchdog import RenderWatchdog

@@ -1,16 +1,19 @@
 """Integration fixtures beside the session farm of ``tests/conftest.py``: ``start_worker``, the one
 way a test module starts workers of its own (a model, a pool, a Redis database other than the
-session farm's), stopped when the module ends."""
+session farm's), stopped when the module ends; ``private_env`` and ``port_open`` for the tests that
+start a local stack of their own (``renderfarm up``, ``renderfarm demo``, the service classes)."""
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from infra.localstack import WorkerProcess, start_workers
+from infra.localstack import WorkerProcess, free_port, start_workers
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -56,3 +59,31 @@ def openai_client(api_server, workers):
     # the SDK insists on a key; this farm does not require one, and a non-key bearer is anonymous
     with OpenAI(base_url=f"{api_server.url}/v1", api_key="sk-not-needed", max_retries=0) as sdk:
         yield sdk
+
+
+@pytest.fixture
+def private_env(cache_dir: Path) -> Callable[[], dict[str, str | None]]:
+    """``private_env()``: environment overrides for a child that starts a stack of its own: no
+    RENDERFARM_*/AWS_* of this session, a Redis URL nobody answers at (a new free port each call,
+    so the stack starts its own redis-server), the session's model cache, and no client settings
+    file."""
+
+    def make() -> dict[str, str | None]:
+        env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
+        env.update(RENDERFARM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", RENDERFARM_CACHE_DIR=str(cache_dir),
+                   RENDERFARM_ENV_FILE="", COLUMNS="200")  # fmt: skip
+        return env
+
+    return make
+
+
+@pytest.fixture
+def port_open() -> Callable[[int], bool]:
+    """``port_open(port)``: whether something accepts TCP connections on 127.0.0.1:``port``."""
+
+    def probe(port: int) -> bool:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    return probe

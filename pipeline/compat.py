@@ -1,0 +1,33 @@
+"""Which render requests can share one pipeline call: :func:`compat_key`.
+
+Place in the data flow: producer → queue → worker → **pipeline** → storage → status. The worker
+groups the jobs it pulled by this key before any renderer sees them; kept apart from
+:mod:`pipeline.render` and free of torch and diffusers, so that a worker of the null model (and
+anything else that only batches) does not import them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra.schemas import RenderRequest
+
+CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler][, mode])
+
+
+def compat_key(request: RenderRequest) -> CompatKey:
+    """``(model, width, height, num_inference_steps, guidance_scale, scheduler)``, followed by
+    ``(upscale, upscaler)`` for a request that asks for upscaling, and by
+    ``((mode, strength, adapters),)`` for an img2img or inpainting request or one with adapters
+    (``adapters``: the sorted ``(name, weight)`` pairs; :mod:`pipeline.modes`).
+
+    Requests with equal keys can share one pipeline call (and one upscale batch); prompts,
+    negative prompts, seeds and input images may differ.
+    """
+    r = request
+    key: CompatKey = (r.model, r.width, r.height, r.num_inference_steps, r.guidance_scale, r.scheduler)
+    if r.upscale is not None:
+        key = (*key, r.upscale, r.upscaler)
+    if r.mode != "txt2img" or r.loras:
+        key = (*key, (r.mode, r.effective_strength, tuple(sorted((a.name, a.weight) for a in r.loras))))
+    return key
