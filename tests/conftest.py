@@ -69,6 +69,23 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def cache_with_shared_models(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``cache_with_shared_models(name)``: a new, otherwise empty cache dir whose ``models/`` is the
+    session ``cache_dir``'s, so an offline model is built once per session whichever cache asks
+    first (builds are locked and renamed into place, see ``build_offline_model``). Everything
+    else a cache holds (LoRAs, the stack's data, run dirs) stays apart."""
+    models = cache_dir / "models"
+    models.mkdir(exist_ok=True)
+
+    def make(name: str) -> Path:
+        cache = tmp_path_factory.mktemp(name)
+        (cache / "models").symlink_to(models, target_is_directory=True)
+        return cache
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def redis_server(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A private redis-server on a free port, with the AOF on so a restart keeps the queue."""
     server = RedisServer(free_port(), appendonly=True, dir=tmp_path_factory.mktemp("redis"), run_dir=run_dir)

@@ -1,16 +1,19 @@
-"""Fixtures for the pipeline tests: one offline cache per session, one warm ``tiny`` renderer."""
+"""Fixtures for the pipeline tests: one offline cache per session (its models shared with the
+session farm's cache), one warm ``tiny`` renderer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def offline_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty cache dir for offline model builds, shared by the whole session."""
-    return tmp_path_factory.mktemp("renderfarm-cache")
+def offline_cache(cache_with_shared_models: Callable[[str], Path]) -> Path:
+    """A cache dir for offline model builds, shared by the whole session; its ``models/`` is the
+    session farm's, so a model the workers built is not built again here (nor the reverse)."""
+    return cache_with_shared_models("renderfarm-cache")
 
 
 @pytest.fixture(scope="session")
