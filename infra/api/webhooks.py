@@ -262,6 +262,11 @@ class WebhookDispatcher:
         if state.get("status") in ("delivered", "failed"):
             self.r.zrem(keys.WEBHOOKS_PENDING, batch_id)
             return None
+        due = self.r.zscore(keys.WEBHOOKS_PENDING, batch_id)
+        if due is not None and due > self._now():
+            # Another replica made the attempt this poll saw as due and rescheduled it while this
+            # one waited for the claim: the backoff holds, the next attempt is that replica's due time.
+            return None
         meta = self.r.hgetall(keys.batch(batch_id))
         url = meta.get("webhook_url")
         if not url:
