@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from producer.bench_farm import FarmBenchConfig, requests_for
+from producer.bench_farm import FarmBenchConfig, cpu_seconds, requests_for
 
 #: The target this command checks: seconds for 10,000 jobs in one POST.
 TARGET_S = 0.5
@@ -36,13 +36,6 @@ class SubmitBenchConfig:
 
     jobs: int = 10_000
     repeats: int = 5
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _median(values: list[float]) -> float:
@@ -87,10 +80,10 @@ def run_submit_bench(config: SubmitBenchConfig, log=print) -> dict:
                 requests = requests_for(shape, config.jobs, offset=(2 * r + 1) * config.jobs)
                 for what in ("post", "client") if r % 2 == 0 else ("client", "post"):
                     if what == "post":
-                        cpu0, t0 = _cpu_s(pid), time.perf_counter()
+                        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
                         response = http.post("/v1/batches", content=body, headers={"Content-Type": "application/json"})
                         post_s.append(round(time.perf_counter() - t0, 4))
-                        api_cpu_s.append(round(_cpu_s(pid) - cpu0, 3))
+                        api_cpu_s.append(round(cpu_seconds(pid) - cpu0, 3))
                         if response.status_code != 202 or len(response.json()["job_ids"]) != config.jobs:
                             raise RuntimeError(f"POST /v1/batches answered {response.status_code}: "
                                                f"{response.text[:300]}")
