@@ -1,10 +1,11 @@
-"""``renderfarm bench pipeline|profile|farm|submit …``: the benchmark commands.
+"""``renderfarm bench pipeline|profile|farm|submit|messages …``: the benchmark commands.
 
 Place in the data flow: beside it. ``bench pipeline`` measures the pipeline package alone
 against diffusers (:mod:`pipeline.bench`); ``bench profile`` shows where one hot render's time,
 kernels and host-device syncs go; ``bench farm`` measures the whole path, producer → Redis →
 worker → S3 → job state (:mod:`producer.bench_farm`); ``bench submit`` one batch submission
-alone (:mod:`producer.bench_submit`). This module only registers the arguments:
+alone (:mod:`producer.bench_submit`); ``bench messages`` the broker's cost per job, one message per
+job against one per group (:mod:`producer.bench_messages`). This module only registers the arguments:
 the CLI root imports it at start, so the heavy modules (torch, diffusers, celery) are imported
 inside the handlers.
 
@@ -155,6 +156,14 @@ def _submit(args: argparse.Namespace) -> int:
     return _run_and_report("bench submit", lambda log: run_submit_bench(config, log=log), submit_table, args.json)
 
 
+def _messages(args: argparse.Namespace) -> int:
+    from producer.bench_messages import MessagesBenchConfig, messages_table, run_messages_bench
+
+    config = MessagesBenchConfig(jobs=args.jobs, group=args.group, prefetch=args.prefetch, rounds=args.rounds)
+    return _run_and_report("bench messages", lambda log: run_messages_bench(config, log=log), messages_table,
+                           args.json)
+
+
 def _redis(args: argparse.Namespace) -> int:
     import os
 
@@ -211,14 +220,15 @@ def _ready(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench submit``, ``bench redis``, ``bench ready``,
-    ``bench s3`` and ``bench encode`` to the CLI."""
+    """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench submit``, ``bench messages``,
+    ``bench redis``, ``bench ready``, ``bench s3`` and ``bench encode`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
     _register_pipeline(sub)
     _register_profile(sub)
     _register_farm(sub)
     _register_submit(sub)
+    _register_messages(sub)
     _register_redis(sub)
     _register_ready(sub)
     _register_io(sub)
@@ -327,6 +337,20 @@ def _register_submit(sub) -> None:
     s.set_defaults(func=lambda args: sys.exit(_submit(args)))
 
 
+def _register_messages(sub) -> None:
+    m = sub.add_parser("messages", help="broker CPU per job: one Celery message per job against one per group",
+                       description="On a private redis-server, publish and consume --jobs job ids through the "
+                                   "farm's Celery configuration as one message per job (the dispatcher's path) "
+                                   "and as one message per --group ids, alternating for --rounds; CPU ms per job "
+                                   "of publishing, consuming (kombu consumer, cheap acks) and redis-server.")
+    m.add_argument("--jobs", type=int, default=5000, help="job ids per mode and round (default 5,000)")
+    m.add_argument("--group", type=int, default=64, help="job ids per group message (default 64)")
+    m.add_argument("--prefetch", type=int, default=128, help="messages the consumer may hold (default 128)")
+    m.add_argument("--rounds", type=int, default=3, help="rounds, mode order alternating (default 3; medians)")
+    m.add_argument("--json", default=None, help="write the result here")
+    m.set_defaults(func=lambda args: sys.exit(_messages(args)))
+
+
 def _register_redis(sub) -> None:
     r = sub.add_parser("redis", help="where one redis-server saturates: null workers (0 ms) as their number grows",
                        description="Run bench farm --model null (0 ms renders, no submission test) once per worker "
@@ -409,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_profile(sub)
     _register_farm(sub)
     _register_submit(sub)
+    _register_messages(sub)
     _register_redis(sub)
     _register_ready(sub)
     _register_io(sub)

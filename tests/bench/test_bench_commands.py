@@ -199,3 +199,16 @@ def test_bench_submit_records_every_job_of_each_post(tmp_path, capsys):
     for what in ("post", "client", "api_cpu"):
         assert len(result[what]["runs_s"]) == 2 and result[what]["median_s"] >= 0
     assert result["post"]["jobs_per_s"] > 0  # every POST answered 202 with 40 job ids, or the command failed
+
+
+def test_bench_messages_moves_every_job_id_once_in_both_modes(tmp_path, capsys):
+    """Per-job mode sends one message per job and group mode ceil(jobs / group); the command itself
+    fails when a mode loses or repeats a job id, so a result means every id arrived exactly once."""
+    out = tmp_path / "messages.json"
+    run_cli(["bench", "messages", "--jobs", "130", "--group", "64", "--rounds", "2", "--json", str(out)])
+    assert "bench messages: 130 jobs per mode and round, groups of 64" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert [run["messages"] for run in result["runs"]["per-job"]] == [130, 130]
+    assert [run["messages"] for run in result["runs"]["group"]] == [3, 3]
+    for mode in ("per-job", "group"):
+        assert result["medians"][mode]["total_ms"] > 0
