@@ -52,6 +52,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # 1 step, 3 rounds, load average ~2): exact 1.33x the baseline with OpenVINO vs 1.11x without
     # (batch 1), fast 8.01x vs 5.21x (batch 1) and 8.96x vs 7.25x (batch 4). Skipped, with the
     # reason in the report, where the openvino wheel is not installed or the family is not SD 1/2.
+    # sd15-arch 256², 4 steps, exact (float32, OpenVINO UNet called per sample for the invariant
+    # kernels): 1.34x / 1.09x the baseline at batch 1 / 4; the baseline at batch 4 already runs near
+    # the float32 GEMM rate, so no float32 recipe gains much more (docs/performance/index.md).
     Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
            backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
     # No bf16 (AVX-512 without AVX512_BF16, AVX2-only EPYCs): no batch-invariant kernels by default
