@@ -67,6 +67,7 @@ from infra.broker.app import broker_keys
 from infra.broker.publish import publish_jobs
 from infra.settings import Settings
 from infra.state import registry, shards
+from infra.state.lua import CALL_CHUNKED
 
 log = logging.getLogger("renderfarm.dispatch")
 
@@ -85,7 +86,7 @@ MAX_PER_PASS = 5_000
 # entries; states are checked by the caller). ARGV: want, now (s), aging_s, weight high, normal,
 # low, the pool's lane prefix. Returns {lanes left (0: the pool has none), job_id…}: the ids popped
 # in dispatch order, each also added to the popped set (the caller moves them to rf:pending).
-_DISPATCH = """
+_DISPATCH = CALL_CHUNKED + """
 local want, now, aging = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local weight = {[0] = tonumber(ARGV[4]), [1] = tonumber(ARGV[5]), [2] = tonumber(ARGV[6])}
 local levels = {high = 0, normal = 1, low = 2}
@@ -157,14 +158,12 @@ end
 for key, b in pairs(buf) do
   if b.taken > 0 then redis.call('LTRIM', key, b.taken, -1) end
 end
-for i = 1, #out, 500 do
-  local args = {}
-  for j = i, math.min(i + 499, #out) do
-    args[#args + 1] = stamp
-    args[#args + 1] = out[j]
-  end
-  redis.call('ZADD', KEYS[3], unpack(args))
+local popped = {}
+for _, id in ipairs(out) do
+  popped[#popped + 1] = stamp
+  popped[#popped + 1] = id
 end
+if #popped > 0 then call_chunked('ZADD', KEYS[3], popped) end
 for tenant, p in pairs(pass) do redis.call('HSET', KEYS[2], tenant, string.format('%.9f', p)) end
 redis.call('HSET', KEYS[2], '_vt', string.format('%.9f', vt))
 table.insert(out, 1, redis.call('SCARD', KEYS[1]))

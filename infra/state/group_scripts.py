@@ -16,9 +16,11 @@ caller groups the jobs by shard. ARGV: the call's own arguments, then one per jo
 token where the call fences).
 """
 
+from infra.state.lua import CALL_CHUNKED, CLOCK_AND_FENCE
+
 # Merged writes: zset[key][member] = score (ZADD) or false (ZREM), the last write of a member
 # winning as it would one write after another; add[key][field] = the sum of the increments.
-_GROUP_PRELUDE = """
+_GROUP_PRELUDE = CLOCK_AND_FENCE + CALL_CHUNKED + """
 local zset, zkeys, add, akeys = {}, {}, {}, {}
 local function z(key, member, score)
   if not zset[key] then zset[key] = {}; zkeys[#zkeys + 1] = key end
@@ -27,11 +29,6 @@ end
 local function incr(key, field, d)
   if not add[key] then add[key] = {}; akeys[#akeys + 1] = key end
   add[key][field] = (add[key][field] or 0) + d
-end
-local function call_chunked(cmd, key, args)
-  for i = 1, #args, 4000 do
-    redis.call(cmd, key, unpack(args, i, math.min(i + 3999, #args)))
-  end
 end
 local function flush()
   for _, key in ipairs(zkeys) do
@@ -54,19 +51,7 @@ local function flush()
     end
   end
 end
-local function now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local function fmt(x) return string.format('%.6f', x) end
 local function k(i, j) return KEYS[9 * (i - 1) + j] end
--- the fence of the one-job scripts: running, and this attempt (and epoch, when the token has one)
-local function ours(state, attempts, ep, token)
-  if state ~= 'running' then return false end
-  local attempt, tep = string.match(token, '^(%d+):(%w+)$')
-  if not attempt then return attempts == token end
-  return attempts == attempt and ep == tep
-end
 """
 
 # start, common path: queued → running, attempts += 1, a fresh lease. ARGV: worker, lease_s,
@@ -85,7 +70,7 @@ for i = 1, #ARGV - 3 do
     z(k(i, 3), id, false)
     z(k(i, 4), id, false)
     out[i] = {0, 'missing'}
-  elseif state == 'succeeded' or state == 'failed' or state == 'canceled' then
+  elseif terminal(state) then
     out[i] = {0, state}
   else
     if not t then t = now(); lease = t + lease_s end
@@ -94,7 +79,7 @@ for i = 1, #ARGV - 3 do
     elseif state == 'running' then
       out[i] = {0, 'running'}
     else
-      if not ep then ep = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') end
+      if not ep then ep = epoch() end
       local attempt = (tonumber(f[3] or '0') or 0) + 1
       incr(k(i, 2), state, -1)
       incr(k(i, 2), 'running', 1)
@@ -124,7 +109,7 @@ for i = 1, (#ARGV - 1) / 4 do
   local f = redis.call('HMGET', k(i, 1), 'state', 'attempts', 'epoch', 'progress', 'group_n')
   if f[1] == 'canceled' then
     out[i] = 2
-  elseif not ours(f[1], f[2], f[3], token) then
+  elseif not fenced(f[1], f[2], f[3], token) then
     out[i] = 0
   else
     local set = {}
@@ -154,7 +139,7 @@ local out, ended = {}, {}
 for i = 1, #ARGV / 3 do
   local id, token, result = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local f = redis.call('HMGET', k(i, 1), 'state', 'attempts', 'epoch', 'progress', 'ttl_s', 'cost_s', 'cost_bytes')
-  if not ours(f[1], f[2], f[3], token) then
+  if not fenced(f[1], f[2], f[3], token) then
     out[i] = 0
   else
     incr(k(i, 2), 'running', -1)

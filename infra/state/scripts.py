@@ -6,6 +6,8 @@ Each script is atomic over every key it touches and re-checks its condition, so 
 happens at most once whatever runs it concurrently (several workers, reapers or API replicas).
 """
 
+from infra.state.lua import CLOCK_AND_FENCE
+
 # Every transition script gets the same keys, so each one is atomic over everything it touches;
 # every key is in the job's shard s (hash tag {s}), so on Redis Cluster the script runs in one slot:
 #   KEYS[1] job hash   KEYS[2] its batch's counts hash
@@ -23,18 +25,12 @@ happens at most once whatever runs it concurrently (several workers, reapers or 
 # back to a live one, so only it removes those TTLs again (keep); every other transition starts
 # from a live job, whose keys have none. Records without ``ttl_s`` keep their creation TTL.
 # Times are the Redis server's clock (TIME), so a lease never depends on a worker's clock.
-_PRELUDE = """
+_PRELUDE = CLOCK_AND_FENCE + """
 local id = ARGV[1]
 local function move(old, new)
   redis.call('HINCRBY', KEYS[2], old, -1)
   redis.call('HINCRBY', KEYS[2], new, 1)
 end
-local function terminal(s) return s == 'succeeded' or s == 'failed' or s == 'canceled' end
-local function now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local function fmt(x) return string.format('%.6f', x) end
 local function ttl() return tonumber(redis.call('HGET', KEYS[1], 'ttl_s') or '0') or 0 end
 local function quota(sign)
   if not KEYS[9] then return end
@@ -65,19 +61,11 @@ local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or 
 local function used() return num('attempts') - num('attempt_base') end
 -- a running job's lease: its score in the shard's lease index (the hash keeps no copy)
 local function lease_of() return tonumber(redis.call('ZSCORE', KEYS[3], id) or '0') or 0 end
--- the fencing token is "attempt" or "attempt:epoch"; the epoch is the run_id of the redis-server
--- that started the attempt (stored as the job's 'epoch'), so after a rollback (kill -9, failover)
--- a stale worker holding the same attempt number from before it is refused
-local function epoch()
-  return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
-end
+-- this attempt's fence (infra.state.lua): one HMGET reads the three fields it compares; the
+-- epoch is stored as the job's 'epoch' when the attempt starts
 local function ours(token)
-  -- one HMGET reads the three fields the fence compares
   local f = redis.call('HMGET', KEYS[1], 'state', 'attempts', 'epoch')
-  if f[1] ~= 'running' then return false end
-  local attempt, ep = string.match(token, '^(%d+):(%w+)$')
-  if not attempt then return f[2] == token end
-  return f[2] == attempt and f[3] == ep
+  return fenced(f[1], f[2], f[3], token)
 end
 -- back to queued for another attempt; the attempt counter is kept (it fences)
 local function requeue(state, t, err)
@@ -253,7 +241,6 @@ return {1, redis.call('HGET', KEYS[1], 'pool') or ''}
 # whole chunk of a batch inside the batch's MULTI/EXEC: the common fields travel once instead of in
 # every job's HSET, which was most of a 10,000-job submission's client-side packing.
 CREATE = """
-local n = 0
 for i = 1, #KEYS do
   local a = 5 + 4 * (i - 1)
   local f = {'batch_id', ARGV[1], 'tenant', ARGV[2], 'pool', ARGV[a + 1], 'state', 'queued', 'progress', '0',
@@ -261,7 +248,6 @@ for i = 1, #KEYS do
   if ARGV[a + 3] ~= '' then f[#f + 1] = 'cost_s'; f[#f + 1] = ARGV[a + 3] end
   if ARGV[a + 4] ~= '' then f[#f + 1] = 'cost_bytes'; f[#f + 1] = ARGV[a + 4] end
   redis.call('HSET', KEYS[i], unpack(f))
-  n = n + 1
 end
-return n
+return #KEYS
 """
