@@ -223,16 +223,15 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench submit``, ``bench messages``,
     ``bench redis``, ``bench ready``, ``bench s3`` and ``bench encode`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
-    sub = bench.add_subparsers(dest="bench", required=True, metavar="WHAT")
-    _register_pipeline(sub)
-    _register_profile(sub)
-    _register_farm(sub)
-    _register_submit(sub)
-    _register_messages(sub)
-    _register_redis(sub)
-    _register_ready(sub)
-    _register_io(sub)
+    _add_commands(bench.add_subparsers(dest="bench", required=True, metavar="WHAT"))
     return bench
+
+
+def _add_commands(sub) -> None:
+    """Every bench command, in the order ``--help`` lists them (the CLI root and :func:`build_parser`)."""
+    for add in (_register_pipeline, _register_profile, _register_farm, _register_submit, _register_messages,
+                _register_redis, _register_ready, _register_io):
+        add(sub)
 
 
 def _register_pipeline(sub) -> None:
@@ -426,17 +425,9 @@ def _register_io(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The bench commands alone: ``pipeline``, ``profile`` and ``farm`` (see the module docstring)."""
+    """The bench commands alone, the same as under the CLI root (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="renderfarm bench", description="renderfarm benchmarks")
-    sub = parser.add_subparsers(dest="bench", required=True, metavar="WHAT")
-    _register_pipeline(sub)
-    _register_profile(sub)
-    _register_farm(sub)
-    _register_submit(sub)
-    _register_messages(sub)
-    _register_redis(sub)
-    _register_ready(sub)
-    _register_io(sub)
+    _add_commands(parser.add_subparsers(dest="bench", required=True, metavar="WHAT"))
     return parser
 
 
