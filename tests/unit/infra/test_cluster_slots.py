@@ -79,7 +79,7 @@ def test_no_script_names_a_key_of_its_own():
     from infra.broker import dispatch
     from infra.state import group_scripts, scripts
 
-    bodies = [getattr(scripts, n) for n in ("START", "FINISH", "REQUEUE", "RELEASE", "RETRY")]
+    bodies = [getattr(scripts, n) for n in ("CREATE", "START", "FINISH", "REQUEUE", "RELEASE", "RETRY")]
     bodies += [group_scripts.START, group_scripts.TOUCH, group_scripts.SUCCEED]
     for body in [*bodies, dispatch._DISPATCH]:
         assert keys.PREFIX + "job" not in body
