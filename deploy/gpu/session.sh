@@ -9,7 +9,7 @@
 #
 # A lent session has 15 minutes of device time in all, machine start included, so everything is
 # one call. The parts run in priority order, each under its own budget (`timeout`, capped by what
-# is left of the total deadline SESSION_DEADLINE_S, default 470 s); each writes its JSON into the
+# is left of the total deadline SESSION_DEADLINE_S, default 475 s); each writes its JSON into the
 # results folder the moment it ends and the folder is packed into $OUT/results.tgz after every part,
 # so a run cut off anywhere still returns what finished. $OUT gets results.tgz, session.log and
 # the JSONs themselves while they fit (a device call returns at most 8 files).
@@ -25,7 +25,9 @@
 #               compiles the tiny VAE decoder only)
 #   3 flux-*    flux-schnell-arch 1024², 4 steps, guidance 0, batch 1, one row per invocation (each
 #               its own JSON): reference, the farm's `fast` (its torchao fp8 + compile), `exact`
-# Budgets (seconds, env overrides): SD15_B1_S 190, SD15_B8_S 100, READY_S 110, FLUX_S 50 each.
+# Budgets (seconds, env overrides): SD15_B1_S 210, SD15_B8_S 110, READY_S 150 (a phase at most 2/3 of it:
+# the cold compile took 80 s on the H100), FLUX_S 50 each: the flux parts run only on what the others leave.
+# SESSION_PARTS=a,b runs only the parts named (a second call on a warm machine: the parts the first left).
 # parts.json records each part's exit status, seconds and JSON (124: its budget ran out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -42,7 +44,7 @@ R=${BENCH_RESULTS:-/tmp/session-results}
 mkdir -p "$OUT" "$R"
 exec > >(tee -a "$OUT/session.log") 2>&1
 start=$(date +%s)
-deadline=${SESSION_DEADLINE_S:-470}
+deadline=${SESSION_DEADLINE_S:-475}
 export RENDERFARM_CACHE_DIR=${RENDERFARM_CACHE_DIR:-/tmp/renderfarm-cache}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
 # static shapes per bucket, CUDA graphs (the farm's compiled rows; the peer keeps its own mode)
@@ -57,8 +59,10 @@ else
   READY='{"compile_denoiser": true, "compile_vae": true, "compile_dynamic": false, "compile_mode": "reduce-overhead"}'
   tar xJf .gpu-carry/farmsite.tar.xz -C /tmp || exit 1
   mkdir -p /tmp/farmbin
-  xz -dc .gpu-carry/redis-server.xz > /tmp/farmbin/redis-server && xz -dc .gpu-carry/weed.xz > /tmp/farmbin/weed \
-    && chmod +x /tmp/farmbin/* || exit 1
+  # the parts below need neither Redis nor S3; the binaries are unpacked when carried (farm-gpu.sh needs them)
+  for b in redis-server weed; do
+    [ -f ".gpu-carry/$b.xz" ] && { xz -dc ".gpu-carry/$b.xz" > "/tmp/farmbin/$b" && chmod +x "/tmp/farmbin/$b" || exit 1; }
+  done
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl-farm/*.whl || exit 1
   export PATH=/tmp/farmbin:$PATH PYTHONPATH=/tmp/site:/tmp/farmsite:$root
@@ -89,7 +93,9 @@ part() {  # part NAME BUDGET_S JSON ARGS...: one invocation inside its budget an
   local left=$((deadline - ($(date +%s) - start) - 5)) t0 rc
   [ "$budget" -lt "$left" ] || budget=$left
   t0=$(date +%s)
-  if [ "$left" -lt 20 ]; then
+  if [ -n "${SESSION_PARTS:-}" ] && [[ ",$SESSION_PARTS," != *",$name,"* ]]; then
+    echo "=== skipped (not in SESSION_PARTS): $name"; rc=-1
+  elif [ "$left" -lt 20 ]; then
     echo "=== skipped (deadline): $name"; rc=-1
   else
     echo "=== $(date +%T) $name: budget $budget s (${left} s left)"
@@ -112,12 +118,12 @@ PY
 bench() { local name=$1 budget=$2; shift 2; part "$name" "$budget" "$R/$name.json" "$PY" -m producer.bench_cli "$@" --json "$R/$name.json"; }
 
 sd15=(pipeline --model "$SD15" --device "$DEV" --width "$S" --height "$S" --steps "$STEPS" --no-flops)
-bench sd15-b1 "${SD15_B1_S:-190}" "${sd15[@]}" --batch-sizes 1 --repeats "${N:-3}" \
+bench sd15-b1 "${SD15_B1_S:-210}" "${sd15[@]}" --batch-sizes 1 --repeats "${N:-3}" \
   --recipes "reference,peer:compile_mode=default+tuning=false,exact:$FARM"
-bench sd15-b8 "${SD15_B8_S:-100}" "${sd15[@]}" --batch-sizes 8 --repeats "${N:-2}" --recipes "reference,exact:$FARM"
-ready_s=${READY_S:-110}
+bench sd15-b8 "${SD15_B8_S:-110}" "${sd15[@]}" --batch-sizes 8 --repeats "${N:-2}" --recipes "reference,exact:$FARM"
+ready_s=${READY_S:-150}
 bench ready "$ready_s" ready --model "$SD15" --device "$DEV" --recipe exact --buckets 1 --sizes "${S}x${S}" \
-  --steps "$STEPS" --guidance-scale 7.5 --overrides "$READY" --timeout $((ready_s / 2))
+  --steps "$STEPS" --guidance-scale 7.5 --overrides "$READY" --timeout $((ready_s * 2 / 3))
 flux=(pipeline --model "$FLUX" --device "$DEV" --width "$L" --height "$L" --steps "$FSTEPS" --guidance-scale 0
       --batch-sizes 1 --repeats "${N:-2}" --no-flops --sequential)
 bench flux-reference "${FLUX_S:-50}" "${flux[@]}" --recipes reference

@@ -18,6 +18,10 @@ the previous replay's outputs, while schedulers keep earlier noise predictions b
 concatenation. So the module's ``forward`` is compiled (not its whole call), and hooks outside the
 compiled region mark a new step before every call (``torch.compiler.cudagraph_mark_step_begin()``)
 and clone the outputs after it: the two remedies PyTorch's CUDAGraph Trees documentation gives.
+Regional compilation runs without CUDA graphs (:func:`regional_mode`): one block graph replayed for
+every block overwrites the block before it while the next block still reads it (seen on an H200:
+FLUX's ``hidden_states + ff_output`` "accessing tensor output of CUDAGraphs that has been
+overwritten by a subsequent run"); the VAE decoder keeps them.
 """
 
 from __future__ import annotations
@@ -60,19 +64,41 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
         except Exception as exc:
             failed[label] = f"{type(exc).__name__}: {exc}"
 
+    notes = {}
     if denoiser:
         model = getattr(pipe, denoiser_name)
         if regional and getattr(model, "_repeated_blocks", None):
+            block_mode, why = regional_mode(mode, graphs)
+            if why:
+                notes["regional_mode"] = f"{block_mode}: {why}"
             attempt(f"{denoiser_name} (regional: {', '.join(model._repeated_blocks)})",
-                    lambda: model.compile_repeated_blocks(**options))
+                    lambda: model.compile_repeated_blocks(**{**options, "mode": block_mode}))
         else:
             attempt(denoiser_name, lambda: whole(model))
     if vae and hasattr(getattr(pipe, "vae", None), "decoder"):
         attempt("vae.decoder", lambda: whole(pipe.vae.decoder))
     if not done:
         return Skip("; ".join(f"{k}: {v}" for k, v in failed.items()) or "nothing to compile")
-    return {"mode": mode, "dynamic": dynamic, "modules": done, "cuda_graphs": graphs,
+    return {"mode": mode, "dynamic": dynamic, "modules": done, "cuda_graphs": graphs, **notes,
             **({"failed": failed} if failed else {})}
+
+
+REGIONAL_VS_CUDA_GRAPHS = (
+    "CUDA graphs off for the repeated blocks: one block graph replayed for every block overwrites the "
+    "output the next block reads")
+
+
+def regional_mode(mode: str, cuda_graphs: bool) -> tuple[str, str | None]:
+    """The ``torch.compile`` mode for regionally compiled blocks, and why it differs from ``mode``.
+
+    With CUDA graphs (``cuda_graphs`` true: ``mode`` in :data:`CUDAGRAPH_MODES` on CUDA) the blocks
+    compile in ``default`` mode (or ``max-autotune-no-cudagraphs`` for ``max-autotune``): CUDAGraph
+    Trees give every replay of one graph the same output buffers, and the blocks of a transformer
+    are one graph called in a row, so a block's output would be overwritten by the next block's
+    replay before the block after it reads it. Returns ``(mode, None)`` when nothing changes."""
+    if not cuda_graphs:
+        return mode, None
+    return ("max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"), REGIONAL_VS_CUDA_GRAPHS
 
 
 def cudagraph_safe(module: torch.nn.Module) -> torch.nn.Module:

@@ -138,12 +138,16 @@ def test_session_dry_run_runs_every_part_in_order_and_packs_each_json(tmp_path):
 def test_session_cut_off_by_its_budgets_still_returns_what_it_recorded(tmp_path):
     # 3 s cannot import torch and diffusers, load a pipeline and render: every part is cut off, or
     # skipped once less than 20 s of the deadline is left
+    # (SESSION_PARTS: a second call runs only the parts the first left; the others are skipped at once)
     budgets = {"SD15_B1_S": "3", "SD15_B8_S": "3", "READY_S": "3", "FLUX_S": "3"}
-    done, out, results = _session(tmp_path, SESSION_DEADLINE_S="45", **budgets)
+    done, out, results = _session(tmp_path, SESSION_DEADLINE_S="45", SESSION_PARTS="sd15-b1,flux-fast", **budgets)
     assert done.returncode == 0, done.stderr[-3000:]
     parts = json.loads((results / "parts.json").read_text())
     assert [p["part"] for p in parts] == PARTS
     assert parts[0]["status"] == "budget ran out" and parts[0]["json"] is None
+    not_named = [p for p in parts if p["part"] not in ("sd15-b1", "flux-fast")]
+    assert all(p["status"] == "skipped" and p["seconds"] <= 1 for p in not_named), parts
+    assert done.stdout.count("skipped (not in SESSION_PARTS)") == len(not_named)
     assert all(p["status"] in ("budget ran out", "skipped", "failed") and p["json"] is None for p in parts[1:])
     with tarfile.open(out / "results.tgz") as tgz:
         assert "parts.json" in {Path(n).name for n in tgz.getnames()}

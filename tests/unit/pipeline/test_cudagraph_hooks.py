@@ -40,3 +40,16 @@ def test_outputs_survive_the_next_call_and_every_call_marks_a_step():
         assert torch.equal(first, torch.ones(2, 3)), wrap  # a kept prediction is not overwritten
         assert torch.equal(second, torch.full((2, 3), 2.0)) and first.data_ptr() != module.out.data_ptr()
         assert cudagraph_trees.MarkStepBox.mark_step_counter != before, wrap
+
+
+def test_regionally_compiled_blocks_never_replay_cuda_graphs():
+    """One block graph replayed for every FLUX block overwrote the previous block's output on an
+    H200 (reduce-overhead); the blocks compile without CUDA graphs, the reason kept for the report."""
+    from pipeline.optimize.compile import CUDAGRAPH_MODES, regional_mode
+
+    for mode in CUDAGRAPH_MODES:
+        block_mode, why = regional_mode(mode, cuda_graphs=True)
+        assert "cudagraphs" not in block_mode.replace("no-cudagraphs", "") and block_mode not in CUDAGRAPH_MODES
+        assert why and "CUDA graphs off" in why
+    assert regional_mode("reduce-overhead", cuda_graphs=False) == ("reduce-overhead", None)  # the CPU: no graphs
+    assert regional_mode("default", cuda_graphs=False) == ("default", None)
