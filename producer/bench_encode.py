@@ -171,7 +171,7 @@ def run_encode_bench(config: EncodeBenchConfig, log=print) -> dict:
     "parameters_kept"} | {"size", "encoder", "missing"}], "pools": [...], "cpu", "cores",
     "load_average"}``."""
     from pipeline.null import null_image
-    from producer.bench_farm import _load_average
+    from producer.bench_farm import load_average
     from producer.bench_s3 import _cpu_model
 
     encoders = _encoders(PARAMETERS)
@@ -189,7 +189,7 @@ def run_encode_bench(config: EncodeBenchConfig, log=print) -> dict:
             log(f"{side}² {name}: {ms:.1f} ms, {len(data)} B")
     pools = [row for side in config.sizes for row in _pools(side, config.pool_images, log)]
     return {"config": config.__dict__, "rows": rows, "pools": pools, "cpu": _cpu_model(), "cores": os.cpu_count(),
-            "load_average": _load_average()}
+            "load_average": load_average()}
 
 
 def encode_tables(result: dict) -> list:

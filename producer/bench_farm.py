@@ -119,7 +119,11 @@ def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[Rende
             for i in range(offset, offset + n)]
 
 
-def _load_average() -> list[float]:
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages, rounded to 0.01 (runnable processes; compare with
+    ``nproc``): what every producer bench command records around its runs. The same figure as
+    :func:`pipeline.bench.measure.load_average`, kept here so that the farm's bench commands do
+    not import torch."""
     return [round(x, 2) for x in os.getloadavg()]
 
 
@@ -283,7 +287,7 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
 
     config = config.resolved()
     assert config.jobs is not None and config.batch_size is not None  # resolved() fills both
-    load_before = _load_average()
+    load_before = load_average()
     started = time.time()
     # the bench's own knobs for its private stack: no rate limits, the recipe under test, and a
     # fresh /metrics answer on every read (the timing sums are read right before and after a run)
@@ -319,11 +323,11 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                             cpu[name] = cpu.get(name, 0.0) + seconds - before.get(name, seconds)
                         farm_runs.append(run)
                         log(f"round {r + 1} farm: {run['images_per_s']:.3f} img/s end to end, "
-                            f"{run['worker_images_per_s']:.3f} on the worker(s) (load {_load_average()[0]})")
+                            f"{run['worker_images_per_s']:.3f} on the worker(s) (load {load_average()[0]})")
                     elif bare is not None:
                         run = _run_bare(bare, config, config.jobs, offset=r * config.jobs)
                         bare_runs.append(run)
-                        log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {_load_average()[0]})")
+                        log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {load_average()[0]})")
             timing_after = farm_timing(client)
             rounds_end = time.time()
             result["redis"] = counter.read(config.jobs * config.rounds)
@@ -361,7 +365,7 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                     "peak_after": round(rss_after["VmHWM"] / 1024, 1),
                     "peak_growth": round((rss_after["VmHWM"] - rss_before["VmRSS"]) / 1024, 1)}
     result["machine"] = {"cpu": cpu_summary(), "load_average_before": load_before,
-                         "load_average_after": _load_average(), "nproc": os.cpu_count()}
+                         "load_average_after": load_average(), "nproc": os.cpu_count()}
     result["seconds"] = round(time.time() - started, 1)
     return result
 
@@ -396,7 +400,7 @@ def _submission(client, config: FarmBenchConfig, log, redis_url: str) -> dict:
             accepted = client.submit_batch(requests)
             seconds[policy].append(round(time.perf_counter() - t0, 4))
             log(f"submitted {config.submit_jobs} jobs in {seconds[policy][-1]:.3f} s"
-                + (f" (appendfsync {policy})" if policy else "") + f" (load {_load_average()[0]})")
+                + (f" (appendfsync {policy})" if policy else "") + f" (load {load_average()[0]})")
     admin.close()
     first = seconds[policies[0]]
     median = statistics.median(first)

@@ -115,13 +115,13 @@ def run_messages_bench(config: MessagesBenchConfig, log=print) -> dict:
     from infra.localstack.services import RedisServer
     from infra.settings import Settings
     from pipeline.device import cpu_summary
-    from producer.bench_farm import _load_average
+    from producer.bench_farm import load_average
 
     if not (1 <= config.jobs <= 100_000 and 2 <= config.group <= 1000 and config.prefetch >= 1
             and config.rounds >= 1):
         raise ValueError(f"jobs 1…100,000, group 2…1,000, prefetch ≥ 1 and rounds ≥ 1, got {config}")
     install_cheap_acks()
-    load_before = _load_average()
+    load_before = load_average()
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     server = RedisServer(name="bench-messages-redis")
     with server:
@@ -149,7 +149,7 @@ def run_messages_bench(config: MessagesBenchConfig, log=print) -> dict:
                       for k in ("publish_ms", "consume_ms", "redis_ms", "total_ms")} for mode in MODES}
     return {"benchmark": "messages", "config": asdict(config), "runs": runs, "medians": medians,
             "machine": {"cpu": cpu_summary(), "load_average_before": load_before,
-                        "load_average_after": _load_average(), "nproc": os.cpu_count()}}
+                        "load_average_after": load_average(), "nproc": os.cpu_count()}}
 
 
 def messages_table(result: dict):

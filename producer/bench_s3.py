@@ -161,7 +161,7 @@ def run_s3_bench(config: S3BenchConfig, log=print) -> dict:
     from infra.localstack import SeaweedS3, patched_environ
     from infra.settings import Settings
     from infra.storage.s3 import Storage
-    from producer.bench_farm import _load_average
+    from producer.bench_farm import load_average
 
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp, SeaweedS3(run_dir=tmp) as server:
         s3 = cast(SeaweedS3, server.wait_ready(60))
@@ -196,7 +196,7 @@ def run_s3_bench(config: S3BenchConfig, log=print) -> dict:
               "ops_per_s": config.ops / statistics.median(w for _, w in runs)}
              for (op, side, threads, name), runs in samples.items()]
     return {"config": config.__dict__, "cells": cells, "checks": checks, "cpu": _cpu_model(),
-            "cores": os.cpu_count(), "load_average": _load_average()}
+            "cores": os.cpu_count(), "load_average": load_average()}
 
 
 def _cpu_model() -> str:

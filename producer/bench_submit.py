@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from producer.bench_farm import FarmBenchConfig, _load_average, cpu_seconds, requests_for
+from producer.bench_farm import FarmBenchConfig, cpu_seconds, load_average, requests_for
 
 #: The target this command checks: seconds for 10,000 jobs in one POST.
 TARGET_S = 0.5
@@ -59,7 +59,7 @@ def run_submit_bench(config: SubmitBenchConfig, log=print) -> dict:
     if not 1 <= config.jobs <= 10_000 or config.repeats < 1:
         raise ValueError(f"jobs must be 1…10,000 and repeats >= 1, got {config.jobs} and {config.repeats}")
     shape = FarmBenchConfig(model="null").resolved()
-    load_before = _load_average()
+    load_before = load_average()
     # no rate limits and no byte quota: every repeat's jobs stay queued (nothing consumes them)
     env = {"RENDERFARM_RATE_LIMIT_JOBS_PER_S": "0", "RENDERFARM_RATE_LIMIT_REQUESTS_PER_S": "0",
            "RENDERFARM_QUOTA_OUTSTANDING_BYTES": "0", "RENDERFARM_QUOTA_OUTSTANDING_JOBS": "0"}
@@ -92,14 +92,14 @@ def run_submit_bench(config: SubmitBenchConfig, log=print) -> dict:
                         client.submit_batch(requests)
                         client_s.append(round(time.perf_counter() - t0, 4))
                 log(f"round {r + 1}: POST {post_s[-1]:.3f} s (API CPU {api_cpu_s[-1]:.2f} s), client "
-                    f"{client_s[-1]:.3f} s (load {_load_average()[0]})")
+                    f"{client_s[-1]:.3f} s (load {load_average()[0]})")
     return {"benchmark": "submit", "config": asdict(config),
             "post": {"runs_s": post_s, "median_s": _median(post_s),
                      "jobs_per_s": round(config.jobs / statistics.median(post_s), 1)},
             "client": {"runs_s": client_s, "median_s": _median(client_s)},
             "api_cpu": {"runs_s": api_cpu_s, "median_s": _median(api_cpu_s)},
             "machine": {"load_average_before": load_before,
-                        "load_average_after": _load_average(), "nproc": os.cpu_count()}}
+                        "load_average_after": load_average(), "nproc": os.cpu_count()}}
 
 
 def submit_table(result: dict):
