@@ -22,6 +22,16 @@ Regional compilation runs without CUDA graphs (:func:`regional_mode`): one block
 every block overwrites the block before it while the next block still reads it (seen on an H200:
 FLUX's ``hidden_states + ff_output`` "accessing tensor output of CUDAGraphs that has been
 overwritten by a subsequent run"); the VAE decoder keeps them.
+
+Freezing on the CPU (Inductor's ``freezing``, the setting PyTorch's "Inductor CPU backend" tutorial
+recommends for inference): the VAE decoder's weights become constants, so its oneDNN convolutions
+get prepacked weights. Measured on a 2-vCPU AVX2-only AMD EPYC, sd15-arch decoder at 32×32 latents,
+float32, medians of 3 (s per call, batch 1 / 4): eager 6.36 / 25.5, Inductor 6.47 / 22.7, Inductor
+with freezing 5.77 / 21.7 (1.10× / 1.18× eager; max difference 5.7e-5). A frozen graph reads the
+module's weights when it is built, from the module and not from the FX graph cache (a cache hit
+after changing a bias gave the changed output), so the compile cache still serves it. Only the
+decoder is frozen: a LoRA hot-swap rewrites the denoiser's weights in place, which a frozen graph
+would not see.
 """
 
 from __future__ import annotations
@@ -50,10 +60,14 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
     done, failed = [], {}
     graphs = kind == "cuda" and mode in CUDAGRAPH_MODES
 
-    def whole(module) -> None:
+    freeze = kind == "cpu" and mode == "default"
+
+    def whole(module, frozen: bool = False) -> None:
         if graphs:  # compile forward only, so that the step mark and the clone run outside the graph
             module.forward = torch.compile(module.forward, **options)
             cudagraph_safe(module)
+        elif frozen:  # torch.compile takes mode or options, not both; "default" is no mode
+            module.compile(dynamic=options["dynamic"], options={"freezing": True})
         else:
             module.compile(**options)
 
@@ -76,7 +90,9 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
         else:
             attempt(denoiser_name, lambda: whole(model))
     if vae and hasattr(getattr(pipe, "vae", None), "decoder"):
-        attempt("vae.decoder", lambda: whole(pipe.vae.decoder))
+        attempt("vae.decoder", lambda: whole(pipe.vae.decoder, frozen=freeze))
+        if freeze and "vae.decoder" in done:
+            notes["frozen"] = ["vae.decoder"]
     if not done:
         return Skip("; ".join(f"{k}: {v}" for k, v in failed.items()) or "nothing to compile")
     return {"mode": mode, "dynamic": dynamic, "modules": done, "cuda_graphs": graphs, **notes,

@@ -146,8 +146,20 @@ def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
     pipe = tiny_pipeline(tmp_path)
     report = apply_recipe(pipe, recipe)  # compiles lazily: nothing is run here
     assert report["applied"]["compile"] == {"mode": "default", "dynamic": False, "modules": ["unet", "vae.decoder"],
-                                            "cuda_graphs": False}  # CUDA graphs only on CUDA
+                                            "cuda_graphs": False,  # CUDA graphs only on CUDA
+                                            "frozen": ["vae.decoder"]}  # Inductor freezing, CPU decoder
     assert pipe.unet._compiled_call_impl is not None
+
+
+def test_the_frozen_compiled_vae_decoder_renders_what_the_eager_one_does(tmp_path, exact_recipe):
+    """Inductor freezing bakes the decoder's weights into its graph: the images must not change."""
+    torch._dynamo.reset()
+    reference = render(tiny_pipeline(tmp_path), 2)
+    pipe = tiny_pipeline(tmp_path)
+    report = apply_recipe(pipe, dataclasses.replace(exact_recipe, compile_vae=True, batch_invariant=False))
+    assert report["applied"]["compile"]["frozen"] == ["vae.decoder"]
+    assert psnr(render(pipe, 2), reference) > 60
+    torch._dynamo.reset()
 
 
 def _fake_flash(q, k, v, dropout_p=0.0, causal=False):
