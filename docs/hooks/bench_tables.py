@@ -46,7 +46,10 @@ def _machine(data: dict[str, Any]) -> dict[str, Any]:
 
 def _device(data: dict[str, Any]) -> dict[str, Any]:
     machine = _machine(data)
-    device = machine.get("device") or data.get("device")
+    phase = data.get("cold") if isinstance(data.get("cold"), dict) else {}  # `bench ready`: per phase
+    device = machine.get("device") or data.get("device") or phase.get("device")
+    if isinstance(device, dict) and isinstance(phase.get("cpu"), dict) and phase["cpu"].get("isa"):
+        device = {**device, "isa": phase["cpu"]["isa"]}
     return device if isinstance(device, dict) else {}
 
 
@@ -56,7 +59,8 @@ def machine_line(name: str, data: dict[str, Any]) -> str:
     machine = _machine(data)
     parts = []
     if device:
-        flags = [f for f in ("avx512", "avx512_bf16", "amx") if device.get(f)]
+        flags = [f for f in ("avx512", "avx512_bf16", "amx") if device.get(f)] or \
+            ([f"ISA {device['isa']}"] if device.get("isa") else [])
         parts.append(f"{device.get('name', device.get('kind'))} ({device.get('kind')}, "
                      f"{device.get('cpu_cores')} cores{', ' + ', '.join(flags) if flags else ''}, "
                      f"{device.get('total_memory_gb')} GB)")
