@@ -78,7 +78,7 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
         except Exception as exc:
             failed[label] = f"{type(exc).__name__}: {exc}"
 
-    notes = {}
+    notes: dict[str, Any] = {}
     if denoiser:
         model = getattr(pipe, denoiser_name)
         if regional and getattr(model, "_repeated_blocks", None):
