@@ -61,9 +61,12 @@ def machine_line(name: str, data: dict[str, Any]) -> str:
     if device:
         flags = [f for f in ("avx512", "avx512_bf16", "amx") if device.get(f)] or \
             ([f"ISA {device['isa']}"] if device.get("isa") else [])
-        parts.append(f"{device.get('name', device.get('kind'))} ({device.get('kind')}, "
-                     f"{device.get('cpu_cores')} cores{', ' + ', '.join(flags) if flags else ''}, "
-                     f"{device.get('total_memory_gb')} GB)")
+        cpu = ", ".join([f"{device.get('cpu_cores')} cores", *flags])
+        if device.get("kind") == "cpu":
+            parts.append(f"{device.get('name')} (cpu, {cpu}, {device.get('total_memory_gb')} GB)")
+        else:  # an accelerator's profile carries its host's cores and ISA flags
+            parts.append(f"{device.get('name', device.get('kind'))} ({device.get('kind')}, "
+                         f"{device.get('total_memory_gb')} GB; host {cpu})")
     elif isinstance(data.get("gpu"), str):
         parts.append(f"{data['gpu']} (torch {data.get('torch')})")
     else:
