@@ -74,7 +74,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # 1.01x / 1.02x. Exact stays near 1.0x because the full VAE decoder, which exact keeps, is about
     # half of its time at 256² (docs/benchmarks/cpu-epyc-avx2-pipeline-sd-turbo-arch-256-*.json).
     # sd15-arch 256², 4 steps on that class (2 rounds, load ~2): exact 1.49x / 1.20x the baseline at
-    # batch 1 / 4; with compile_vae (Inductor, frozen weights) 1.58x / 1.28x, for 35 s more cold start
+    # batch 1 / 4; with compile_vae (Inductor, frozen weights) 1.58x / 1.28x, for 33-34 s more cold start
     # per bucket x size: compile stays a pool's override (docs/performance/index.md).
     Recipe("cpu", attention="sdpa", fuse_qkv=True, backend="openvino", max_batch_size=4,
            memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
