@@ -58,7 +58,7 @@ def peek_family(model: str) -> str | None:
 
 def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact",
                      overrides: str = "", pool: PoolOptions | None = None,
-                     upscalers: Sequence[str] | None = None) -> tuple[Renderer, dict]:
+                     upscalers: Sequence[str] | None = None, ir_store=None) -> tuple[Renderer, dict]:
     """Load ``model`` on ``device`` with the recipe of the device and the model's family applied.
 
     Args:
@@ -71,6 +71,8 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
         upscalers: the upscalers the renderer may load when ``pool`` declares none (``None`` in
             :attr:`PoolOptions.upscalers`): a worker of an undeclared pool passes
             ``RENDERFARM_UPSCALERS``; None = any (a benchmark naming its own). They are not measured.
+        ir_store: where converted OpenVINO UNets are shared (:class:`pipeline.optimize.openvino_ir.IRStore`:
+            the worker passes the farm's bucket); None converts at every load.
     Returns:
         (renderer, device profile as a dict). ``renderer.recipe`` is the recipe with the report
         of what was applied, the family, its capabilities and the batch invariance in force;
@@ -97,7 +99,7 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     pipe = load_pipeline(model, device="cpu" if recipe.cpu_offload else target, torch_dtype=DTYPES[recipe.dtype],
                          use_pe=pool.use_pe)
     check_pool_family(pipe, pool.family)
-    report = apply_recipe(pipe, recipe, device=target)
+    report = apply_recipe(pipe, recipe, device=target, ir_store=ir_store)
     upscale = UpscaleStage(device=target, dtype=torch.float32 if profile.kind in ("cpu", "mps") else torch.float16,
                            allowed=pool.upscalers if pool.upscalers is not None else upscalers)
     renderer = Renderer(pipe, device=target, model=model, batch_invariant=recipe.batch_invariant, use_pe=pool.use_pe,

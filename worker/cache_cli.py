@@ -1,6 +1,6 @@
 """``renderfarm cache ls|rm``: the operator's commands for the workers' shared compile cache.
 
-Data flow: operator → **this CLI** → ``compile-cache/<key>.bin`` in the farm's bucket
+Data flow: operator → **this CLI** → ``compile-cache/<key>.bin`` and ``compile-cache/<key>.ir/`` in the farm's bucket
 (``infra.storage.compile_cache``; endpoint, bucket and credentials as the workers read them:
 ``RENDERFARM_S3_*``, ``AWS_*``). Workers save an artifact after a warm-up that compiled and load
 it at their next start (``pipeline.ready``); ``rm`` only costs the next worker a compile.
@@ -32,7 +32,8 @@ def _age(modified: datetime, now: datetime) -> str:
 
 
 def ls_command(args: argparse.Namespace) -> int:
-    """List the artifacts (key, model, device, versions, size, age), oldest first, or JSON lines."""
+    """List the artifacts (key, kind, model, device, versions, size, age), oldest first, or JSON lines.
+    Kinds: ``inductor`` (compiled graphs and kernels), ``openvino-ir`` (a converted UNet)."""
     from infra.storage.compile_cache import describe
 
     artifacts = _store().list()
@@ -41,10 +42,10 @@ def ls_command(args: argparse.Namespace) -> int:
             print(describe(artifact))
         return 0
     now = datetime.now(timezone.utc)
-    print(f"{'KEY':<44}{'MODEL':<20}{'DEVICE':<34}{'VERSIONS':<52}{'MiB':>8}{'AGE':>6}")
+    print(f"{'KEY':<44}{'KIND':<13}{'MODEL':<20}{'DEVICE':<34}{'VERSIONS':<52}{'MiB':>8}{'AGE':>6}")
     for a in artifacts:
         meta = a.meta
-        print(f"{a.key:<44}{meta.get('model', '')[:19]:<20}{meta.get('device', '')[:33]:<34}"
+        print(f"{a.key:<44}{a.kind:<13}{meta.get('model', '')[:19]:<20}{meta.get('device', '')[:33]:<34}"
               f"{meta.get('versions', '')[:51]:<52}{a.bytes / 2**20:>8.1f}{_age(a.modified, now):>6}")
     print(f"{len(artifacts)} artifact(s), {sum(a.bytes for a in artifacts) / 2**20:.1f} MiB", file=sys.stderr)
     return 0
@@ -88,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``renderfarm cache ls|rm`` to the CLI."""
     cache = subparsers.add_parser("cache", help="list and prune the workers' shared compile cache (S3)")
     sub = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    ls = sub.add_parser("ls", help="list the artifacts: key, model, device, versions, size, age")
+    ls = sub.add_parser("ls", help="list the artifacts: key, kind, model, device, versions, size, age")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.set_defaults(func=lambda args: sys.exit(ls_command(args)))
     rm = sub.add_parser("rm", help="delete artifacts by key, all of them, or those older than DAYS")

@@ -74,12 +74,14 @@ def _job_id(request) -> str | None:
     return job_id if isinstance(job_id, str) else None
 
 
-def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) -> tuple[object, dict, int]:
+def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None,
+                   cache: CompileCacheStore | None = None) -> tuple[object, dict, int]:
     """The loaded (not yet warmed) renderer for ``args.model`` (the null renderer, or a diffusers
     pipeline), the device profile, and the batch size: the flag, the setting, or measured from memory
     at the declared pool's largest size and steps, then capped by the pool's ``max_batch`` when it
     declares one. It loads only the declared pool's upscalers, or without a declared pool those of
-    ``RENDERFARM_UPSCALERS``."""
+    ``RENDERFARM_UPSCALERS``. ``cache`` shares the converted OpenVINO UNet between workers (the
+    farm's bucket; a missing or corrupt entry only means converting, with one log line)."""
     if args.model == NULL_MODEL:
         batch_size = args.batch_size or settings.batch_size or DEFAULT_NULL_BATCH
         return NullRenderer(settings.null_render_ms_per_image), {"kind": "none"}, batch_size
@@ -93,7 +95,8 @@ def _load_renderer(args: argparse.Namespace, settings, spec: PoolSpec | None) ->
                            sizes=spec.sizes, guidance_scale=spec.guidance_scale, lora_adapters=bool(spec.loras))
     # an undeclared pool loads only RENDERFARM_UPSCALERS, whatever a request names
     renderer, profile = prepare_renderer(args.model, args.device, args.recipe or settings.recipe,
-                                         settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names)
+                                         settings.recipe_overrides, pool=pool, upscalers=settings.upscaler_names,
+                                         ir_store=cache)
     batch_size = args.batch_size or settings.batch_size
     if not batch_size:  # measured eagerly: the sizing shapes need no compiled graph (warm-up builds those)
         from pipeline import compile_count
@@ -211,7 +214,10 @@ def run_worker(args: argparse.Namespace) -> int:
     name = args.name or f"{pool}@{socket.gethostname()}-{os.getpid()}"
     t0 = time.perf_counter()
     warm = WarmState(settings.worker_state_file)
-    loaded, device_info, batch_size = _load_renderer(args, settings, spec)
+    upload_threads = settings.resolved_upload_threads()
+    # put_once retries outages for upload_retry_s; one connection per upload thread (+ a spare for deletes)
+    storage = Storage(settings, max_attempts=3, max_pool_connections=upload_threads + 2)
+    loaded, device_info, batch_size = _load_renderer(args, settings, spec, CompileCacheStore(storage))
     renderer = wrap_renderer(loaded)
     log.info("worker %s: model %s loaded in %.1fs, batch size %d, queue %s",
              name, args.model, time.perf_counter() - t0, batch_size, queue)
@@ -219,9 +225,6 @@ def run_worker(args: argparse.Namespace) -> int:
     client = state_client(settings.state_url)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
-    upload_threads = settings.resolved_upload_threads()
-    # put_once retries outages for upload_retry_s; one connection per upload thread (+ a spare for deletes)
-    storage = Storage(settings, max_attempts=3, max_pool_connections=upload_threads + 2)
     inner = getattr(renderer, "inner", renderer)  # img2img and inpainting read their inputs from the bucket only
     if hasattr(inner, "input_loader"):
         inner.input_loader = functools.partial(load_input, storage, max_pixels=settings.input_max_pixels)

@@ -1,9 +1,13 @@
-"""Compile-cache artifacts in the farm's own bucket: ``compile-cache/<key>.bin``.
+"""Compile-cache artifacts in the farm's own bucket: ``compile-cache/<key>.bin`` (Inductor's) and
+``compile-cache/<key>.ir/<file>`` (converted OpenVINO UNets: ``model.xml``, ``model.bin``,
+``manifest.json``).
 
 Data flow: a worker's start-up (``pipeline.ready``: restore before the warm-up, save after a
-warm-up that compiled) → **here** → S3; ``renderfarm cache ls|rm`` (``worker.cache_cli``) lists
-and prunes them. The blobs are opaque bytes here (their format and checks are
-``pipeline.compile_cache``'s); a few key fields ride along as S3 user metadata so that a
+warm-up that compiled; ``pipeline.optimize.openvino_ir``: fetch the converted UNet at load,
+store it after converting) → **here** → S3; ``renderfarm cache ls|rm`` (``worker.cache_cli``)
+lists and prunes them. The blobs are opaque bytes here (their format and checks are those two
+modules'); the IR files, gigabytes for SD 1.5, stream through boto3's managed transfer
+(multipart, never whole in memory). A few key fields ride along as S3 user metadata so that a
 listing can say what each artifact is for without downloading it.
 
 Writes overwrite: the artifact under a key is a pure function of the key (same model, recipe,
@@ -14,8 +18,9 @@ artifact is replaced by the next worker that had to compile (write-once would ke
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from botocore.exceptions import ClientError
 
@@ -23,19 +28,23 @@ from infra.storage.s3 import Storage, decode_metadata, encode_metadata
 
 PREFIX = "compile-cache/"
 SUFFIX = ".bin"
+IR_SUFFIX = ".ir/"
+IR_MANIFEST = "manifest.json"  # uploaded last; its metadata describes the entry
 CONTENT_TYPE = "application/octet-stream"
 
 
 @dataclass(frozen=True)
 class CachedArtifact:
-    """One stored artifact: its key (without prefix and suffix), size in bytes, last-modified time
-    (timezone-aware UTC) and the metadata saved with it (``model``, ``device``, ``versions``,
-    ``recipe``, ``buckets``, ``sizes``; empty strings where missing)."""
+    """One stored artifact: its key (without prefix and suffix), size in bytes (all its files),
+    last-modified time (timezone-aware UTC), the metadata saved with it (``model``, ``device``,
+    ``versions``, ``recipe``, ``buckets``, ``sizes``; empty strings where missing) and its
+    ``kind``: ``inductor`` (one blob) or ``openvino-ir`` (a converted UNet's files)."""
 
     key: str
     bytes: int
     modified: datetime
     meta: dict
+    kind: str = field(default="inductor")
 
 
 def object_name(key: str) -> str:
@@ -47,6 +56,15 @@ def object_name(key: str) -> str:
     if not key or "/" in key:
         raise ValueError(f"invalid compile-cache key {key!r}")
     return f"{PREFIX}{key}{SUFFIX}"
+
+
+def ir_prefix(key: str) -> str:
+    """The S3 prefix of the converted OpenVINO model ``key``: ``compile-cache/<key>.ir/``.
+
+    Raises:
+        ValueError: ``key`` is empty or holds a ``/``.
+    """
+    return object_name(key)[:-len(SUFFIX)] + IR_SUFFIX
 
 
 def metadata_of(fields: dict) -> dict[str, str]:
@@ -91,31 +109,67 @@ class CompileCacheStore:
         """Store ``blob`` under ``key``, replacing any artifact there (see the module docstring)."""
         self.storage.put(object_name(key), blob, CONTENT_TYPE, metadata_of(fields or {}))
 
+    def fetch_files(self, key: str, dest: Path) -> bool:
+        """Download every file of the converted model ``key`` into the directory ``dest``; False
+        when none is stored (``pipeline.optimize.openvino_ir.IRStore``)."""
+        prefix, found = ir_prefix(key), False
+        paginator = self.storage.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.storage.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(prefix):]
+                if name and "/" not in name:
+                    self.storage.client.download_file(self.storage.bucket, obj["Key"], str(Path(dest) / name))
+                    found = True
+        return found
+
+    def store_files(self, key: str, src: Path, fields: dict) -> None:
+        """Upload every file of the directory ``src`` under ``key``, the manifest last (an entry
+        whose upload was cut short has none, and reads as incomplete)."""
+        prefix, meta = ir_prefix(key), metadata_of(fields)
+        for path in sorted(Path(src).iterdir(), key=lambda p: p.name == IR_MANIFEST):
+            self.storage.client.upload_file(str(path), self.storage.bucket, prefix + path.name,
+                                            ExtraArgs={"ContentType": CONTENT_TYPE, "Metadata": meta})
+
     def list(self) -> list[CachedArtifact]:
         """Every artifact, oldest first, with its size, date and metadata (one HEAD each)."""
-        out = []
+        out: list[CachedArtifact] = []
+        ir_files: dict[str, list[dict]] = {}
         paginator = self.storage.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.storage.bucket, Prefix=PREFIX):
             for obj in page.get("Contents", []):
                 name = obj["Key"]
-                if not name.endswith(SUFFIX):
-                    continue
-                try:
-                    head = self.storage.client.head_object(Bucket=self.storage.bucket, Key=name)
-                    meta = {k: decode_metadata(v) for k, v in head.get("Metadata", {}).items()}
-                except ClientError:  # deleted between the listing and the HEAD
-                    continue
-                out.append(CachedArtifact(name[len(PREFIX):-len(SUFFIX)], int(obj["Size"]), obj["LastModified"], meta))
+                stem, ir, file = name[len(PREFIX):].partition(IR_SUFFIX)
+                if ir and file and "/" not in stem:
+                    ir_files.setdefault(stem, []).append(obj)
+                elif name.endswith(SUFFIX) and (meta := self._meta(name)) is not None:
+                    out.append(CachedArtifact(name[len(PREFIX):-len(SUFFIX)], int(obj["Size"]), obj["LastModified"],
+                                              meta))
+        for key, objects in ir_files.items():
+            manifest = next((o for o in objects if o["Key"].endswith("/" + IR_MANIFEST)), None)
+            meta = self._meta(manifest["Key"]) if manifest is not None else {"state": "incomplete"}
+            out.append(CachedArtifact(key, sum(int(o["Size"]) for o in objects),
+                                      max(o["LastModified"] for o in objects), meta or {}, "openvino-ir"))
         return sorted(out, key=lambda a: a.modified)
 
+    def _meta(self, name: str) -> dict | None:
+        try:
+            head = self.storage.client.head_object(Bucket=self.storage.bucket, Key=name)
+        except ClientError:  # deleted between the listing and the HEAD
+            return None
+        return {k: decode_metadata(v) for k, v in head.get("Metadata", {}).items()}
+
     def delete(self, key: str) -> None:
-        """Remove the artifact ``key`` (no error when it does not exist)."""
+        """Remove the artifact ``key``, whichever its kind (no error when it does not exist)."""
         self.storage.delete(object_name(key))
+        paginator = self.storage.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.storage.bucket, Prefix=ir_prefix(key)):
+            for obj in page.get("Contents", []):
+                self.storage.delete(obj["Key"])
 
 
 def describe(artifact: CachedArtifact) -> str:
     """One artifact as a JSON line (key, bytes, modified as ISO 8601 UTC, metadata)."""
-    return json.dumps({"key": artifact.key, "bytes": artifact.bytes,
+    return json.dumps({"key": artifact.key, "kind": artifact.kind, "bytes": artifact.bytes,
                        "modified": artifact.modified.isoformat(timespec="seconds"), **artifact.meta})
 
 

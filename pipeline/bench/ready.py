@@ -10,6 +10,10 @@ size) of the plan, save.
 2. **cached**: another empty Inductor cache directory; the artifact file is loaded before the
    warm-up (PyTorch recipe "Compile Time Caching in ``torch.compile``").
 
+Where the recipe runs the UNet in OpenVINO, the cold phase also saves the converted UNet (IR) to
+a directory beside the artifact and the cached phase reads it instead of tracing
+(:mod:`pipeline.optimize.openvino_ir`): the worker does the same through the farm's bucket.
+
 "Ready" is the wall time from the process's spawn to the end of its warm-up: interpreter and
 imports, load, restore, warm-up. Each phase also reports Inductor's FX graph cache hits and
 misses: the cached phase should compile nothing (0 misses). The target is cached ≤ 25 % of cold.
@@ -66,11 +70,14 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
     imported = time.time()
     from pipeline.compile_cache import compile_counters
     from pipeline.device import cpu_summary
+    from pipeline.optimize.openvino_ir import DirectoryIRStore
     from pipeline.ready import get_ready
     from pipeline.warm import WarmPlan, prepare_renderer
 
     started = time.perf_counter()
-    renderer, profile = prepare_renderer(config.model, config.device, config.recipe, config.overrides)
+    ir_store = DirectoryIRStore(artifact.parent / "openvino-ir", read=phase == "cached", write=phase == "cold")
+    renderer, profile = prepare_renderer(config.model, config.device, config.recipe, config.overrides,
+                                         ir_store=ir_store)
     loaded = time.perf_counter()
     plan = WarmPlan(tuple(sorted(config.buckets)), tuple(config.sizes), config.steps, config.guidance_scale)
 
@@ -88,7 +95,9 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
             "warm_up_s": ready["warm_up"].get("seconds"), "renders": ready["warm_up"].get("renders"),
             "compile_cache": ready["compile_cache"], "counters": compile_counters(),
             "compiles": ready["warm_up"].get("compiles"),
-            "recipe": renderer.recipe.get("name"), "compiled": (renderer.recipe.get("report") or {})
+            "recipe": renderer.recipe.get("name"),
+            "openvino_ir": ((renderer.recipe.get("report") or {}).get("applied", {}).get("backend") or {}).get("ir"),
+            "compiled": (renderer.recipe.get("report") or {})
             .get("applied", {}).get("compile"), "device": profile,
             "cpu": cpu_summary() if profile.get("kind") == "cpu" else None}
 
@@ -145,14 +154,15 @@ def ready_table(result: dict):
     table = Table(title=f"time to ready (spawn → warm-up done), load average {load.get('before')} → "
                         f"{load.get('after')}; artifact {result['artifact_bytes'] / 2**20:.1f} MiB")
     for column in ("model", "device", "recipe", "buckets", "sizes", "steps", "cold s", "cached s", "ratio",
-                   "compiles cold", "compiles cached", "cache hits cached", "outcome"):
+                   "compiles cold", "compiles cached", "cache hits cached", "outcome", "OpenVINO IR cached"):
         table.add_column(column)
     ratio = result.get("ratio")
     table.add_row(config["model"], device, str(cold.get("recipe")), ",".join(map(str, config["buckets"])),
                   ",".join(f"{w}x{h}" for w, h in config["sizes"]), str(config["steps"]),
                   f"{cold['ready_s']:.1f}", f"{cached['ready_s']:.1f}", f"{ratio:.1%}" if ratio else "-",
                   str(cold["counters"]["fxgraph_cache_miss"]), str(cached["counters"]["fxgraph_cache_miss"]),
-                  str(cached["counters"]["fxgraph_cache_hit"]), (cached.get("compile_cache") or {}).get("outcome", "-"))
+                  str(cached["counters"]["fxgraph_cache_hit"]), (cached.get("compile_cache") or {}).get("outcome", "-"),
+                  (cached.get("openvino_ir") or {}).get("outcome", "-"))
     return table
 
 

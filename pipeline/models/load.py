@@ -66,6 +66,7 @@ def load_pipeline(spec: str, *, device: str = "cpu", torch_dtype: torch.dtype = 
     pipe = pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     pipe._renderfarm_offline = spec in OFFLINE_MODELS  # the tiny-VAE step picks offline builds for these
+    pipe._renderfarm_model = spec  # the name the user gave (cache listings name it)
     return pipe
 
 

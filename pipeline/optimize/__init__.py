@@ -31,13 +31,16 @@ __all__ = ["DTYPES", "OFFLINE_TINY_VAES", "FlashAttnProcessor", "apply_recipe"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool | None = None) -> dict:
+def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool | None = None,
+                 ir_store=None) -> dict:
     """Apply ``recipe`` to ``pipe`` in place and return a JSON-able report.
 
     ``device`` (e.g. ``"cuda:0"``) is where the pipeline should run; with ``cpu_offload`` the
     pipeline is offloaded to it instead of moved. ``None`` leaves the pipeline where it is.
     ``offline`` says the pipeline is an offline random-weight build (the tiny VAE is then the
     offline one); None reads it from the pipeline (:func:`pipeline.models.load_pipeline` marks it).
+    ``ir_store``: where the converted OpenVINO UNet is shared between workers
+    (:class:`pipeline.optimize.openvino_ir.IRStore`; None: converted at every load).
     Report keys: ``recipe``, ``family``, ``denoiser``, ``device``, ``applied`` (step → value),
     ``skipped`` (step → reason), ``approximations`` (approximate knobs in force), ``seconds``.
     """
@@ -70,7 +73,7 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
     step("attention", lambda: set_attention(pipe, denoiser_name, attention, "fuse_qkv" in applied, device))
     if recipe.backend == "openvino":
         step("backend", lambda: to_openvino(pipe, denoiser_name, DTYPES[recipe.dtype], device,
-                                            int8_weights=recipe.quantization == "openvino_int8"))
+                                            int8_weights=recipe.quantization == "openvino_int8", ir_store=ir_store))
     converted = "backend" in applied
     if recipe.channels_last and not converted:
         step("channels_last", lambda: _channels_last(pipe, denoiser_name))

@@ -78,7 +78,8 @@ class OpenVinoUNet(torch.nn.Module):
         return UNet2DConditionOutput(sample=out)
 
 
-def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None, int8_weights: bool = False):
+def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None, int8_weights: bool = False,
+                ir_store=None):
     """Replace ``pipe.unet`` by its OpenVINO compilation; returns a report dict or a :class:`Skip`.
 
     ``int8_weights``: compress the weights of the converted model to int8 (asymmetric, per output
@@ -86,6 +87,11 @@ def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None
     Compression" guide describes: approximate, about a quarter of the float32 weight bytes. Skipped
     with its reason when the ``nncf`` package is not installed. The report's ``weights`` says
     which weights the compiled model holds.
+
+    ``ir_store``: where converted models are shared (:class:`pipeline.optimize.openvino_ir.IRStore`;
+    None: convert every time). With one, the converted model is read from it when stored, else
+    converted and stored; the report's ``ir`` is the outcome (``hit``, ``miss``, ``corrupt`` or
+    ``error``, with its reason, bytes and seconds).
     """
     if (device or "cpu").partition(":")[0] != "cpu":
         return Skip("the OpenVINO backend runs on the CPU only")
@@ -94,6 +100,36 @@ def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None
     unet = getattr(pipe, denoiser_name)
     if denoiser_name != "unet" or unet.config.get("addition_embed_type") or unet.config.get("time_cond_proj_dim"):
         return Skip(f"only SD 1.x/2.x UNets are converted; this {type(unet).__name__} has other inputs")
+    if int8_weights and importlib.util.find_spec("nncf") is None:
+        return Skip("quantization=openvino_int8 needs the nncf package (the [cpu] extra)")
+    import openvino as ov
+
+    ir = None
+    if ir_store is None:
+        model = _convert(unet, int8_weights)
+    else:
+        from pipeline.optimize.openvino_ir import read_or_convert
+
+        model, outcome = read_or_convert(unet, lambda: _convert(unet, int8_weights), ir_store,
+                                         int8_weights=int8_weights,
+                                         model=str(getattr(pipe, "_renderfarm_model", "")
+                                                   or getattr(pipe, "name_or_path", "") or ""))
+        ir = outcome.to_dict()
+    weights = "as dtype"
+    if int8_weights:
+        import nncf
+
+        weights = f"int8_asym (nncf {nncf.__version__})"
+    precision = "bf16" if dtype == torch.bfloat16 else "f16" if dtype == torch.float16 else "f32"
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
+    setattr(pipe, denoiser_name, OpenVinoUNet(unet.to(dtype), compiled, precision))
+    report = {"backend": "openvino", "version": ov.__version__, "precision": precision, "weights": weights}
+    return {**report, "ir": ir} if ir is not None else report
+
+
+def _convert(unet, int8_weights: bool):
+    """``unet`` traced into an OpenVINO model with dynamic batch, sides and sequence (float32
+    weights; int8 ones after NNCF's ``compress_weights`` when asked)."""
     import openvino as ov
 
     # An example latent whose sides are not multiples of the UNet's overall upsampling factor, so
@@ -105,22 +141,19 @@ def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None
     side = max(1, unet.config.sample_size // 2 // up_factor) * up_factor + 1
     example = (torch.randn(1, unet.config.in_channels, side, side + 2), torch.tensor(999.0),
                torch.randn(1, 77, unet.config.cross_attention_dim))
-    with torch.inference_mode():
-        model = ov.convert_model(UNetCall(unet.float()).eval(), example_input=example)
+    dtype = unet.dtype
+    try:
+        with torch.inference_mode():
+            model = ov.convert_model(UNetCall(unet.float()).eval(), example_input=example)
+    finally:
+        unet.to(dtype)
     shapes = {}
     for port in model.inputs:  # dynamic batch, height, width and sequence: one model for every shape
         dims = list(port.get_partial_shape())
         shapes[port] = ov.PartialShape([ov.Dimension(-1) if i != 1 else d for i, d in enumerate(dims)])
     model.reshape(shapes)
-    weights = "as dtype"
     if int8_weights:
-        if importlib.util.find_spec("nncf") is None:
-            return Skip("quantization=openvino_int8 needs the nncf package (the [cpu] extra)")
         import nncf
 
         model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-        weights = f"int8_asym (nncf {nncf.__version__})"
-    precision = "bf16" if dtype == torch.bfloat16 else "f16" if dtype == torch.float16 else "f32"
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
-    setattr(pipe, denoiser_name, OpenVinoUNet(unet.to(dtype), compiled, precision))
-    return {"backend": "openvino", "version": ov.__version__, "precision": precision, "weights": weights}
+    return model

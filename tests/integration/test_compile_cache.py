@@ -3,14 +3,16 @@ Redis (its own database) and SeaweedFS, each start with an empty Inductor cache 
 new pod has).
 
 1. The first start finds no artifact (``miss``), compiles during its warm-up and saves
-   ``compile-cache/<key>.bin``.
-2. A second start loads it (``hit``) and compiles nothing new: Inductor's FX graph cache
-   counts hits and no misses, and its log says so.
+   ``compile-cache/<key>.bin``; it also converts the UNet to OpenVINO and saves the IR
+   (``compile-cache/<key>.ir/``).
+2. A second start loads both (``hit``): it reads the IR instead of tracing the UNet, and
+   compiles nothing new: Inductor's FX graph cache counts hits and no misses, and its log says so.
 3. A corrupt artifact (one payload byte flipped) falls back to compiling with one log line
    naming the checksum; the worker still serves a job, and its save replaces the corrupt blob.
 
-Shapes are tiny: the tiny model, a pool of 64² at 1 step, buckets 1 and 2; only the VAE decoder
-is compiled, which keeps a cold start to a few minutes on this 2-core machine.
+Shapes are tiny: the tiny model, a pool of 64² at 1 step, buckets 1 and 2; the UNet runs in
+OpenVINO on every CPU class (the override), so only the VAE decoder is compiled, which keeps a
+cold start to a few minutes on this 2-core machine.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ pytestmark = pytest.mark.integration
 DB = 11
 POOL = {"name": "tiny-cc", "model": "tiny", "device_class": "cpu", "max_pixels": 64 * 64, "max_batch": 2,
         "steps": 1, "queue": "renderfarm.tiny-cc"}
-OVERRIDES = {"compile_vae": True, "batch_invariant": False}
+OVERRIDES = {"compile_vae": True, "batch_invariant": False, "backend": "openvino"}
 
 
 @pytest.fixture(scope="module")
@@ -91,26 +93,37 @@ def _entry(env: dict[str, str], name: str, timeout_s: float = 900.0) -> dict:
         time.sleep(1.0)
 
 
+def _ir(entry: dict) -> dict:
+    """The worker's OpenVINO IR cache outcome, from its recipe report."""
+    return entry["recipe"]["report"]["applied"]["backend"]["ir"]
+
+
 def _log(proc: WorkerProcess) -> str:
     return Path(proc.log_path).read_text(errors="replace")
 
 
 def test_first_start_compiles_and_saves(env, api, store, start) -> None:
     proc = start("cold")
-    cache = _entry(env, proc.worker_name)["compile_cache"]
+    entry = _entry(env, proc.worker_name)
+    cache = entry["compile_cache"]
     assert cache["outcome"] == "miss", cache
     assert cache["counters"]["fxgraph_cache_miss"] > 0, cache  # it compiled
     assert cache["saved"]["bytes"] > 0, cache
     stored = {a.key: a for a in store.list()}
     assert cache["key"] in stored and stored[cache["key"]].bytes == cache["saved"]["bytes"]
-    assert stored[cache["key"]].meta["model"] == "tiny"
+    assert stored[cache["key"]].meta["model"] == "tiny" and stored[cache["key"]].kind == "inductor"
     assert f"compile cache miss: {cache['key']}" in _log(proc)
+    ir = _ir(entry)
+    assert ir["outcome"] == "miss" and ir["saved"]["bytes"] == ir["bytes"] > 0, ir
+    assert stored[ir["key"]].kind == "openvino-ir" and stored[ir["key"]].bytes > ir["bytes"]  # + the manifest
+    assert f"openvino IR cache miss: {ir['key']}" in _log(proc)
     proc.stop()
 
 
 def test_second_start_loads_and_compiles_nothing(env, api, store, start) -> None:
     proc = start("cached")
-    cache = _entry(env, proc.worker_name)["compile_cache"]
+    entry = _entry(env, proc.worker_name)
+    cache = entry["compile_cache"]
     assert cache["outcome"] == "hit", cache
     assert cache["counters"]["fxgraph_cache_miss"] == 0, cache  # nothing new compiled
     assert cache["counters"]["fxgraph_cache_hit"] > 0, cache
@@ -118,11 +131,14 @@ def test_second_start_loads_and_compiles_nothing(env, api, store, start) -> None
     log = _log(proc)
     assert f"compile cache hit: {cache['key']}" in log
     assert "compile cache hit: Inductor FX graph cache" in log and ", 0 miss(es) after the warm-up" in log
+    ir = _ir(entry)
+    assert ir["outcome"] == "hit" and ir["saved"] is None, ir  # read, not traced again
+    assert f"openvino IR cache hit: {ir['key']}" in log
     proc.stop()
 
 
 def test_corrupt_artifact_falls_back_and_serves(env, api, store, start) -> None:
-    (artifact,) = [a for a in store.list() if a.meta.get("model") == "tiny"]
+    (artifact,) = [a for a in store.list() if a.meta.get("model") == "tiny" and a.kind == "inductor"]
     blob = bytearray(store.get(artifact.key) or b"")
     blob[-100] ^= 0xFF  # one payload byte: the header still reads, the checksum does not match
     store.storage.client.put_object(Bucket=store.storage.bucket, Key=object_name(artifact.key), Body=bytes(blob))

@@ -74,3 +74,29 @@ def test_cli_ls_and_rm(store) -> None:
     assert store.get("store-test-2") is None and store.get("store-test-3") is None
     store.put("store-test-4", b"y", FIELDS)
     assert _cli("rm", "--all").returncode == 0 and store.list() == []
+
+
+def test_ir_files_round_trip_list_as_one_entry_and_delete(store, tmp_path) -> None:
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    dest.mkdir()
+    payload = os.urandom(9 * 2**20)  # over boto3's 8 MiB multipart threshold: a multipart upload
+    (src / "model.bin").write_bytes(payload)
+    (src / "model.xml").write_text("<net/>")
+    (src / "manifest.json").write_text("{}")
+    assert store.fetch_files("openvino-store-test", dest) is False  # nothing stored
+    store.store_files("openvino-store-test", src, {"model": "store-test", "versions": {"openvino": "2026.4"}})
+    store.put("store-test-inductor", b"z", FIELDS)
+    assert store.fetch_files("openvino-store-test", dest) is True
+    assert (dest / "model.bin").read_bytes() == payload and (dest / "model.xml").read_text() == "<net/>"
+    listed = {a.key: a for a in store.list()}
+    ir = listed["openvino-store-test"]
+    assert ir.kind == "openvino-ir" and ir.bytes == len(payload) + len("<net/>") + 2
+    assert ir.meta["model"] == "store-test" and "openvino=2026.4" in ir.meta["versions"]
+    assert listed["store-test-inductor"].kind == "inductor"
+    rows = {json.loads(line)["key"]: json.loads(line) for line in _cli("ls", "--json").stdout.splitlines()}
+    assert rows["openvino-store-test"]["kind"] == "openvino-ir"
+    assert _cli("rm", "openvino-store-test").returncode == 0  # every file of the entry goes
+    assert "openvino-store-test" not in {a.key for a in store.list()}
+    assert store.fetch_files("openvino-store-test", tmp_path) is False
+    assert store.get("store-test-inductor") == b"z"  # the other kind is untouched
