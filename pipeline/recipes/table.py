@@ -54,7 +54,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # reason in the report, where the openvino wheel is not installed or the family is not SD 1/2.
     # sd15-arch 256², 4 steps, exact (float32, OpenVINO UNet called per sample for the invariant
     # kernels): 1.34x / 1.09x the baseline at batch 1 / 4; the baseline at batch 4 already runs near
-    # the float32 GEMM rate, so no float32 recipe gains much more (docs/performance/index.md).
+    # the float32 GEMM rate, so no float32 recipe gains much more (docs/performance/index.md). On a
+    # faster EPYC of the class (family 26; bf16 GEMM 871 vs 391 GFLOP/s) the same exact row gave
+    # 1.83x / 1.29x, and 1.64x / 1.49x with the invariant kernels off: they stay on.
     Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
            backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
     # No bf16 (AVX-512 without AVX512_BF16, AVX2-only EPYCs): no batch-invariant kernels by default
