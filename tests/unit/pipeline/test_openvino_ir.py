@@ -91,6 +91,19 @@ def test_unreachable_storage_only_means_converting(offline_cache):
     assert len(images) == 2 and all(im.shape == (64, 64, 3) for im in images)
 
 
+def test_a_scratch_disk_that_cannot_hold_the_ir_keeps_the_converted_unet(offline_cache, tmp_path, monkeypatch):
+    from pipeline.optimize import openvino_ir
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(openvino_ir, "_write", full_disk)
+    images, outcome = _load(offline_cache, DirectoryIRStore(tmp_path))
+    assert outcome is not None and outcome["outcome"] == "error" and "No space left" in outcome["reason"], outcome
+    assert outcome["saved"] is None and not any(tmp_path.iterdir())  # nothing half-written was stored
+    assert len(images) == 2  # the UNet still runs in OpenVINO: the backend was applied
+
+
 def test_the_key_follows_the_weights_and_the_options(offline_cache):
     from pipeline.models import load_pipeline
 
