@@ -37,10 +37,12 @@ def test_unknown_offline_name(tmp_path):
         build_offline_model("nope", tmp_path)
 
 
-def test_loaded_pipeline(tiny_pipe):
-    assert tiny_pipe.safety_checker is None
-    assert tiny_pipe.tokenizer("a photo of a cat").input_ids == [49406, 320, 1125, 539, 320, 2368, 49407]
-    assert type(tiny_pipe.scheduler).__name__ == "DDIMScheduler"
+def test_loaded_pipeline(offline_cache):
+    # its own load: the session's tiny_pipe has the scheduler of whichever render ran last
+    pipe = load_pipeline("tiny", cache_dir=offline_cache)
+    assert pipe.safety_checker is None
+    assert pipe.tokenizer("a photo of a cat").input_ids == [49406, 320, 1125, 539, 320, 2368, 49407]
+    assert type(pipe.scheduler).__name__ == "DDIMScheduler"
 
 
 def test_missing_local_path():
