@@ -136,7 +136,8 @@ def model_revision(model: str) -> str:
         return "unknown"
 
 
-def _version(package: str) -> str:
+def package_version(package: str) -> str:
+    """The installed version of the distribution ``package``, or ``"none"`` when it is not installed."""
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -175,7 +176,8 @@ def cache_key(model: str, recipe: dict, profile: dict, plan) -> CacheKey:
         "revision": model_revision(model),
         "recipe": knobs,
         "device": device_fields(profile),
-        "versions": {"torch": torch.__version__, "triton": _version("triton"), "diffusers": _version("diffusers")},
+        "versions": {"torch": torch.__version__, "triton": package_version("triton"),
+                     "diffusers": package_version("diffusers")},
         "buckets": [int(b) for b in plan.buckets],
         "sizes": [[int(w), int(h)] for w, h in plan.sizes],
         "guidance": float(plan.guidance_scale) > 1.0,
@@ -345,4 +347,4 @@ def log_outcome(outcome: CacheOutcome) -> None:
 
 __all__ = ["FORMAT", "MAGIC", "OUTCOMES", "CacheKey", "CacheOutcome", "CorruptArtifact", "MismatchedArtifact",
            "cache_key", "compile_counters", "device_fields", "export_artifacts", "import_artifacts",
-           "inductor_cache_dir", "log_outcome", "model_revision", "pack", "read_header", "unpack"]
+           "inductor_cache_dir", "log_outcome", "model_revision", "pack", "package_version", "read_header", "unpack"]

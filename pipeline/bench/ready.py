@@ -90,15 +90,15 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
 
     ready = get_ready(renderer, profile, plan, fetch=fetch, store=store)
     done = time.time()
+    applied = (renderer.recipe.get("report") or {}).get("applied", {})
     return {"phase": phase, "ready_s": done - spawned_at, "import_s": imported - spawned_at,
             "load_s": loaded - started, "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
             "warm_up_s": ready["warm_up"].get("seconds"), "renders": ready["warm_up"].get("renders"),
             "compile_cache": ready["compile_cache"], "counters": compile_counters(),
             "compiles": ready["warm_up"].get("compiles"),
             "recipe": renderer.recipe.get("name"),
-            "openvino_ir": ((renderer.recipe.get("report") or {}).get("applied", {}).get("backend") or {}).get("ir"),
-            "compiled": (renderer.recipe.get("report") or {})
-            .get("applied", {}).get("compile"), "device": profile,
+            "openvino_ir": (applied.get("backend") or {}).get("ir"), "compiled": applied.get("compile"),
+            "device": profile,
             "cpu": cpu_summary() if profile.get("kind") == "cpu" else None}
 
 

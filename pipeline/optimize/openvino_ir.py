@@ -33,13 +33,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from pipeline.compile_cache import CacheOutcome
+from pipeline.compile_cache import CacheOutcome, package_version
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -85,13 +84,6 @@ class DirectoryIRStore:
             shutil.copyfile(path, dest / path.name)
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return ""
-
-
 def ir_key(unet: torch.nn.Module, int8_weights: bool = False) -> tuple[str, dict]:
     """The cache key of ``unet``'s conversion: ``openvino-<32 hex digits>``, and the fields it was
     hashed from (without the weights), for the manifest and listings.
@@ -104,7 +96,8 @@ def ir_key(unet: torch.nn.Module, int8_weights: bool = False) -> tuple[str, dict
         "config": {k: v for k, v in dict(getattr(unet, "config", {})).items() if not k.startswith("_")},
         "attention": sorted({type(p).__name__ for p in processors.values()}),
         "int8_weights": bool(int8_weights),
-        "versions": {d: _version(d) for d in ("openvino", "torch", "diffusers", *(("nncf",) if int8_weights else ()))},
+        "versions": {d: package_version(d)
+                     for d in ("openvino", "torch", "diffusers", *(("nncf",) if int8_weights else ()))},
     }
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode())
     for name, tensor in unet.state_dict().items():
