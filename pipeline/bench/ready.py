@@ -6,9 +6,11 @@ storage): load the pipeline with the recipe (compile on), restore, warm up every
 size) of the plan, save.
 
 1. **cold**: an empty Inductor cache directory (``TORCHINDUCTOR_CACHE_DIR`` in a temporary
-   directory), no artifact: everything compiles; the artifact is exported to a file.
-2. **cached**: another empty Inductor cache directory; the artifact file is loaded before the
-   warm-up (PyTorch recipe "Compile Time Caching in ``torch.compile``").
+   directory) and an empty ``TMPDIR``, no artifact: everything compiles; the artifact is
+   exported to a file.
+2. **cached**: another empty Inductor cache directory and ``TMPDIR``, as on a new replica; the
+   artifact file is loaded before the warm-up (PyTorch recipe "Compile Time Caching in
+   ``torch.compile``").
 
 Where the recipe runs the UNet in OpenVINO, the cold phase also saves the converted UNet (IR) to
 a directory beside the artifact and the cached phase reads it instead of tracing
@@ -103,7 +105,12 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
 
 
 def _spawn(phase: str, config: ReadyConfig, artifact: Path, out: Path, cache_dir: Path) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+    # A temporary directory of its own too (TMPDIR), as a new replica's emptyDir /tmp: Inductor
+    # keeps its precompiled C++ headers under the default temporary directory, whatever
+    # TORCHINDUCTOR_CACHE_DIR says, so a shared /tmp would hand the cold phase's to the cached one.
+    scratch = cache_dir.with_name(f"tmp-{phase}")
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "TMPDIR": str(scratch),
            "RENDERFARM_BENCH_SPAWNED_AT": repr(time.time())}
     proc = subprocess.run([sys.executable, "-m", "pipeline.bench.ready", phase, json.dumps(asdict(config)),
                            str(artifact), str(out)], env=env, capture_output=True, text=True,
