@@ -1,0 +1,62 @@
+"""The child process that readies Inductor's C++ toolchain (pipeline.optimize.compile.start_compiler_warm_up).
+
+Every step runs in its own Python process on one fresh Inductor cache directory and one fresh
+``TMPDIR``, as on a new replica, with ``g++`` behind a wrapper that logs each invocation.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not shutil.which("g++") or platform.machine() not in ("x86_64", "AMD64"),
+                                reason="Inductor's CPU toolchain checks run on x86 with g++")
+
+WARM_UP = "from pipeline.optimize.compile import start_compiler_warm_up\nassert start_compiler_warm_up().wait() == 0\n"
+# Another kernel than the child's: a worker's first compile after the child finished.
+FIRST_COMPILE = "import torch\ntorch.compile(lambda x: torch.sin(x) * 3.0, dynamic=False)(torch.ones(64))\n"
+
+
+@pytest.fixture
+def box(tmp_path):
+    """(environment, g++ log): fresh cache and temporary directories, g++ logged."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "gxx.log"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "g++"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("g++")} "$@"\n')
+    wrapper.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TMPDIR": str(tmp_path / "tmp")}
+    return env, log
+
+
+def _run(code: str, env: dict) -> None:
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _header_builds(log: Path) -> int:
+    return sum("c++-header" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_after_the_warm_up_the_first_compile_builds_no_precompiled_header(box):
+    env, log = box
+    _run(WARM_UP, env)
+    assert _header_builds(log) == 1  # the child built the header
+    log.unlink()
+    _run(FIRST_COMPILE, env)
+    assert _header_builds(log) == 0
+
+
+def test_without_the_warm_up_the_first_compile_builds_the_header(box):
+    # The control: on a fresh temporary directory the first compile pays the header itself.
+    env, log = box
+    _run(FIRST_COMPILE, env)
+    assert _header_builds(log) == 1
