@@ -32,7 +32,7 @@ from pipeline.memory import BatchLimits, PeakMeasurement, batch_size_for_stages,
 from pipeline.models.families import FAMILY_SPECS, family_of_name
 from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
-from pipeline.optimize.compile import start_compiler_warm_up
+from pipeline.optimize.compile import has_cpp_compiler, start_compiler_warm_up
 from pipeline.pool_options import PoolOptions
 from pipeline.recipes import apply_overrides, fit_adapters, recipe_for, resolve_conflicts
 from pipeline.render import Renderer
@@ -97,7 +97,7 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     if pool.lora_adapters:
         recipe = fit_adapters(recipe)
     target = profile.torch_device
-    if profile.kind == "cpu" and (recipe.compile_denoiser or recipe.compile_vae):
+    if profile.kind == "cpu" and (recipe.compile_denoiser or recipe.compile_vae) and has_cpp_compiler():
         start_compiler_warm_up()  # the C++ toolchain's first-use work, beside the load below
     pipe = load_pipeline(model, device="cpu" if recipe.cpu_offload else target, torch_dtype=DTYPES[recipe.dtype],
                          use_pe=pool.use_pe)

@@ -61,6 +61,11 @@ _WARM_COMPILER = (
 )
 
 
+def has_cpp_compiler() -> bool:
+    """Whether a C++ compiler for Inductor's CPU kernels is on PATH (``$CXX``, g++, c++ or clang++)."""
+    return any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++"))
+
+
 def start_compiler_warm_up() -> subprocess.Popen:
     """Start a child process that readies Inductor's C++ toolchain for this worker; returns it.
 
@@ -87,7 +92,7 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
                      mode: str, device: str | None):
     """Compile as asked; returns ``{"mode", "dynamic", "modules"}`` or a :class:`Skip`."""
     kind = (device or str(getattr(pipe, "device", "cpu"))).partition(":")[0]
-    if kind == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++")):
+    if kind == "cpu" and not has_cpp_compiler():
         return Skip("torch.compile on the CPU needs a C++ compiler (g++/clang++); none on PATH")
     if kind in ("cuda", "xpu") and importlib.util.find_spec("triton") is None:
         return Skip(f"torch.compile on {kind} needs triton; not installed")
