@@ -200,8 +200,10 @@ class Storage:
             connect_timeout=connect_timeout_s, read_timeout=60, max_pool_connections=max_pool_connections,
         )
         session = boto3.Session(**settings.s3_credentials())
-        self.client = session.client(
-            "s3", endpoint_url=settings.s3_endpoint_url or None, region_name=settings.s3_region, config=config)
+        self._client_args = {"endpoint_url": settings.s3_endpoint_url or None, "region_name": settings.s3_region}
+        self._session = session
+        self.client = session.client("s3", **self._client_args, config=config)
+        self._probe_client = None
         endpoint = settings.s3_endpoint_url or None
         options = {"connect_timeout": f"{connect_timeout_s}s", "timeout": "60s",
                    "pool_max_idle_per_host": str(max_pool_connections)}
@@ -279,6 +281,21 @@ class Storage:
         expires = timedelta(seconds=expires_s or self.presign_expires_s)
         return obstore.sign(self.store, "GET", key, expires)
 
-    def ping(self) -> None:
-        """Raise when the bucket cannot be reached (used by ``/healthz``)."""
-        self.client.head_bucket(Bucket=self.bucket)
+    def ping(self, timeout_s: float = 2.0) -> None:
+        """Raise when the bucket cannot be reached now (used by ``/healthz``).
+
+        One ``HeadBucket`` on a client of its own: no retries, ``timeout_s`` seconds to connect
+        and as many to read, so a probe answers within about ``2 * timeout_s`` and reports what it
+        sees instead of retrying through an outage (the transfer client retries ``max_attempts``
+        times, with backoff, which could hide an S3 restart from every probe that ran during it).
+
+        Raises:
+            botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError: S3 did not answer,
+                or refused the bucket.
+        """
+        if self._probe_client is None:
+            config = Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                            retries={"mode": "standard", "max_attempts": 1},
+                            connect_timeout=timeout_s, read_timeout=timeout_s)
+            self._probe_client = self._session.client("s3", **self._client_args, config=config)
+        self._probe_client.head_bucket(Bucket=self.bucket)

@@ -8,7 +8,10 @@ reports ``degraded`` with HTTP 200 instead of leaving the load balancer.
 Cost: probes are unauthenticated and frequent. One evaluation (:class:`infra.api.probes.Readiness`:
 a Redis PING and the S3 check) serves every probe of the process for
 ``RENDERFARM_HEALTH_CACHE_S`` (1 s), the S3 check's answer is kept for
-``RENDERFARM_HEALTH_S3_CACHE_S`` (10 s), and the probe path writes nothing to Redis.
+``RENDERFARM_HEALTH_S3_CACHE_S`` (10 s), and the probe path writes nothing to Redis. The S3
+check is one ``HeadBucket`` without retries and with 2 s connect and read timeouts
+(:meth:`infra.storage.s3.Storage.ping`), so an evaluation ends well inside the chart's
+``timeoutSeconds: 5`` and reports an outage it sees rather than retrying through it.
 
 Disclosure: a caller gets ``{"status": …}`` and the HTTP code, which is all a probe needs. The
 checks' error texts (hosts, ports) and the names of workers whose circuit breaker is open go only

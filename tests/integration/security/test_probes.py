@@ -7,6 +7,8 @@ Redis server's own command statistics), and worker names go only to the scrape t
 from __future__ import annotations
 
 import secrets
+import socket
+import time
 
 import httpx
 import pytest
@@ -37,6 +39,20 @@ def no_s3_api(farm_env, run_dir):
                        RENDERFARM_HEALTH_S3_CACHE_S="30")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def hung_s3_api(farm_env, run_dir):
+    """An API whose S3 endpoint accepts connections and never answers (an S3 server still
+    starting, or wedged): the kernel completes the handshake from the listen backlog, and no
+    byte ever comes back."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        server = start_api(farm_env, run_dir, "api-hung-s3",
+                           RENDERFARM_S3_ENDPOINT_URL=f"http://127.0.0.1:{hung.getsockname()[1]}")
+        yield server
+        server.stop()
 
 
 def test_metrics_need_the_scrape_token_or_an_admin_key(secure_api, scraped_api, make_tenant):
@@ -72,6 +88,18 @@ def test_an_s3_outage_degrades_but_keeps_the_api_ready(no_s3_api):
     accepted = httpx.post(no_s3_api.url + "/v1/jobs", json={"prompt": "p", "model": "security-unserved",
                                                             "width": 64, "height": 64, "num_inference_steps": 2})
     assert accepted.status_code == 202, accepted.text
+
+
+def test_a_hung_s3_is_reported_within_the_probe_timeout(hung_s3_api):
+    # the chart's readinessProbe gives /healthz timeoutSeconds: 5; a probe that retried S3, or
+    # waited out the transfer client's 60 s read timeout, would time out instead of answering
+    started = time.monotonic()
+    health = httpx.get(hung_s3_api.url + "/healthz", timeout=60)
+    took = time.monotonic() - started
+    body = health.json()
+    assert health.status_code == 200 and body["status"] == "degraded", body
+    assert "timeout" in body["checks"]["s3"].lower(), body
+    assert took < 5.0, f"/healthz took {took:.1f} s with S3 hung"
 
 
 @pytest.fixture(scope="module")
