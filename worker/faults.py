@@ -18,8 +18,9 @@ recovery paths (bisection, out-of-memory split, timeouts, cancellation) in real 
     a group whose prompts contain ``<marker>`` ends the worker process with ``os._exit(137)``
     after its first step (a request that crashes its worker: bisection across attempts).
 ``RENDERFARM_TEST_COUNTERS=1``
-    count, per job, completed renders (``rf:test:renders``) and object writes that really
-    wrote (``rf:test:writes``) in Redis hashes, so a test can prove nothing ran twice.
+    record, per job, completed renders (``rf:test:renders``) and object writes that really
+    wrote (``rf:test:writes``) in Redis hashes, so a test can prove nothing ran twice
+    (:func:`read_counters` reads them).
 
 None of these is a setting: they are read from the environment here, and only here.
 """
@@ -30,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 
 import redis
@@ -115,18 +117,42 @@ def wrap_renderer(renderer, env: Mapping[str, str] = os.environ):
 
 
 def counters(client: redis.Redis, env: Mapping[str, str] = os.environ) -> tuple[Callable, Callable] | None:
-    """``(on_rendered(job_ids), on_written(job_id))`` that count into Redis, or None when
-    ``RENDERFARM_TEST_COUNTERS`` is not set."""
+    """``(on_rendered(job_ids), on_written(job_id))`` that record into Redis, or None when
+    ``RENDERFARM_TEST_COUNTERS`` is not set.
+
+    Each call is one event, recorded as a field ``{job_id}|{token}`` of the hash, with a token
+    drawn once per call and kept through its retries: a write that Redis made durable but whose
+    reply a ``kill -9`` of redis-server cut off is retried (here, and by redis-py itself) without
+    counting twice, which a plain ``HINCRBY`` would. :func:`read_counters` counts the fields.
+    Redis away: retried for up to 60 s, then the error is raised.
+    """
     if env.get(COUNTERS_ENV) != "1":
         return None
+    from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+    @retry(retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
+           wait=wait_exponential(multiplier=0.1, max=2.0), stop=stop_after_delay(60), reraise=True)
+    def record(key: str, fields: list[str]) -> None:
+        client.hset(key, mapping=dict.fromkeys(fields, 1))
 
     def on_rendered(job_ids: Sequence[str]) -> None:
-        pipe = client.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hincrby(keys.TEST_RENDERS, job_id, 1)
-        pipe.execute()
+        token = uuid.uuid4().hex
+        record(keys.TEST_RENDERS, [f"{job_id}|{token}" for job_id in job_ids])
 
     def on_written(job_id: str) -> None:
-        client.hincrby(keys.TEST_WRITES, job_id, 1)
+        record(keys.TEST_WRITES, [f"{job_id}|{uuid.uuid4().hex}"])
 
     return on_rendered, on_written
+
+
+def read_counters(client: redis.Redis) -> tuple[dict[str, int], dict[str, int]]:
+    """What :func:`counters` recorded: per job id, the completed renders and the object writes
+    that really wrote."""
+    def count(key: str) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for field in client.hkeys(key):
+            job_id = (field.decode() if isinstance(field, bytes) else field).split("|", 1)[0]
+            found[job_id] = found.get(job_id, 0) + 1
+        return found
+
+    return count(keys.TEST_RENDERS), count(keys.TEST_WRITES)

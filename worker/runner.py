@@ -348,7 +348,7 @@ class BatchRunner:
         self.limits.succeeded(key, len(jobs))
         self._rendered = jobs
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
-        self._redis(self.on_rendered, [j.job_id for j in jobs])
+        self.on_rendered([j.job_id for j in jobs])
         post(PostItem(work, jobs, images))
 
     def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome) -> None:
@@ -422,7 +422,7 @@ class BatchRunner:
                              scheduler=self._scheduler_name(job.request.scheduler),
                              lora_hashes=getattr(self.renderer, "lora_hashes", lambda request: None)(job.request))
         if stored.written:
-            self._redis(self.on_written, job.job_id)
+            self.on_written(job.job_id)
         return stored
 
     def _stale_result(self, job: StartedJob, stored: StoredImage, outcome: BatchOutcome) -> None:

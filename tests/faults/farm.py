@@ -28,6 +28,7 @@ from infra.schemas import JobStatus, RenderRequest
 from infra.state.jobs import JobStore
 from producer import RenderClient
 from tests.fault_table import TERMINAL, account_row, record_row
+from worker.faults import read_counters
 
 LEASE_S = 5.0
 
@@ -155,9 +156,7 @@ class FaultFarm:
 
     def counters(self) -> tuple[dict[str, int], dict[str, int]]:
         """Per job id: completed renders, and object writes that really wrote."""
-        renders = {k: int(v) for k, v in self.redis.hgetall(keys.TEST_RENDERS).items()}
-        writes = {k: int(v) for k, v in self.redis.hgetall(keys.TEST_WRITES).items()}
-        return renders, writes
+        return read_counters(self.redis)
 
     def account(self, scenario: str, job_ids: Sequence[str], recovery_s: float | None, **extra) -> dict:
         """Every job accounted for: one row of the fault table (:func:`tests.fault_table.account_row`,

@@ -22,10 +22,10 @@ import secrets
 import httpx
 import pytest
 
-from infra import keys
 from infra.schemas import CATALOG_KEY_FIELD, JobError
 from infra.state import registry
 from tests.fault_table import account_row, record_row
+from worker.faults import read_counters
 
 pytestmark = pytest.mark.integration
 
@@ -120,8 +120,7 @@ def test_every_probe_of_another_tenants_ids_looks_like_an_unknown_id(tenant_a, t
                                                  Prefix=f"{owned['batch_id']}/")
     bucket_keys = {o["Key"] for o in listing.get("Contents", [])}
     r = redis_server.client()
-    renders = {k: int(v) for k, v in zip(job_ids, r.hmget(keys.TEST_RENDERS, job_ids)) if v}
-    writes = {k: int(v) for k, v in zip(job_ids, r.hmget(keys.TEST_WRITES, job_ids)) if v}
+    renders, writes = read_counters(r)
     runs = {s.job_id: max(renders.get(s.job_id, 0), s.attempts) for s in statuses if s is not None}
     row = account_row("o. tenant B probes tenant A's ids through every route", job_ids, statuses, bucket_keys,
                       runs, writes, None, probes=pairs * 3, unlike_unknown=len(leaks))
