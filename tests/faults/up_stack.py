@@ -24,6 +24,7 @@ from infra.localstack import ManagedProcess
 from infra.localstack.services import cli_command
 from infra.state.jobs import JobStore
 from tests.fault_table import TERMINAL, account_row, record_row
+from worker.faults import read_counters
 
 from .farm import FAULT_SETTINGS, LEASE_S, request
 
@@ -32,17 +33,18 @@ STEP_DELAY_S = 0.1
 
 
 class UpRun:
-    """One ``renderfarm up --model null`` on ``data`` and fixed ports, with ``workers`` workers.
+    """One ``renderfarm up --model null`` on ``data`` and fixed ports, with ``workers`` workers
+    (``settings``: more ``RENDERFARM_*`` variables for every process of it).
 
     After :meth:`start`: :attr:`env` holds the exports it printed; :meth:`pids` the pid of each
     service from its ``✓`` lines and restarts.
     """
 
     def __init__(self, tmp_path: Path, run: str, data: Path, cache_dir: Path, api_port: int, s3_port: int,
-                 workers: int = 2):
+                 workers: int = 2, **settings: str):
         env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
         env.update(FAULT_SETTINGS, RENDERFARM_CACHE_DIR=str(cache_dir), RENDERFARM_ENV_FILE="", COLUMNS="200",
-                   RENDERFARM_TEST_STEP_DELAY_S=str(STEP_DELAY_S))
+                   RENDERFARM_TEST_STEP_DELAY_S=str(STEP_DELAY_S), **settings)
         argv = cli_command("up", "--workers", str(workers), "--model", "null", "--batch-size", "8",
                            "--data-dir", str(data), "--api-port", str(api_port), "--s3-port", str(s3_port))
         self.log = tmp_path / run / "up.log"
@@ -143,8 +145,7 @@ class UpRun:
         objects: set[str] = set()
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
             objects.update(o["Key"] for o in page.get("Contents", []))
-        renders = {k: int(v) for k, v in self.redis.hgetall(keys.TEST_RENDERS).items()}
-        writes = {k: int(v) for k, v in self.redis.hgetall(keys.TEST_WRITES).items()}
+        renders, writes = read_counters(self.redis)
         fetched = 0
         with httpx.Client(timeout=30) as http:
             for job_id in job_ids:
