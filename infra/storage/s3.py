@@ -41,6 +41,7 @@ from base64 import b64encode
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from email.header import decode_header
+from typing import Any
 
 import boto3
 import obstore
@@ -203,7 +204,7 @@ class Storage:
         self._client_args = {"endpoint_url": settings.s3_endpoint_url or None, "region_name": settings.s3_region}
         self._session = session
         self.client = session.client("s3", **self._client_args, config=config)
-        self._probe_client = None
+        self._probe_client: Any = None  # made at the first ping()
         endpoint = settings.s3_endpoint_url or None
         options = {"connect_timeout": f"{connect_timeout_s}s", "timeout": "60s",
                    "pool_max_idle_per_host": str(max_pool_connections)}
