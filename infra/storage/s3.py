@@ -178,6 +178,9 @@ class Boto3Credentials:
                 "token": frozen.token, "expires_at": expires}
 
 
+#: Seconds :meth:`Storage.ping` waits to connect, and then to read (``/healthz``'s S3 check).
+PROBE_TIMEOUT_S = 2.0
+
 class Storage:
     """The farm's bucket on an S3-compatible server.
 
@@ -200,12 +203,15 @@ class Storage:
             retries={"mode": "adaptive", "max_attempts": max_attempts},
             connect_timeout=connect_timeout_s, read_timeout=60, max_pool_connections=max_pool_connections,
         )
-        session = boto3.Session(**settings.s3_credentials())
-        self._client_args = {"endpoint_url": settings.s3_endpoint_url or None, "region_name": settings.s3_region}
-        self._session = session
-        self.client = session.client("s3", **self._client_args, config=config)
-        self._probe_client: Any = None  # made at the first ping()
         endpoint = settings.s3_endpoint_url or None
+        session = boto3.Session(**settings.s3_credentials())
+        self._session = session
+        self._client_args = {"service_name": "s3", "endpoint_url": endpoint, "region_name": settings.s3_region}
+        self.client = session.client(**self._client_args, config=config)
+        # ping()'s own client: the same settings, one attempt, short timeouts (made at the first ping)
+        self._probe_config = config.merge(Config(retries={"mode": "standard", "max_attempts": 1},
+                                                 connect_timeout=PROBE_TIMEOUT_S, read_timeout=PROBE_TIMEOUT_S))
+        self._probe_client: Any = None
         options = {"connect_timeout": f"{connect_timeout_s}s", "timeout": "60s",
                    "pool_max_idle_per_host": str(max_pool_connections)}
         if endpoint and endpoint.startswith("http://"):
@@ -282,21 +288,19 @@ class Storage:
         expires = timedelta(seconds=expires_s or self.presign_expires_s)
         return obstore.sign(self.store, "GET", key, expires)
 
-    def ping(self, timeout_s: float = 2.0) -> None:
+    def ping(self) -> None:
         """Raise when the bucket cannot be reached now (used by ``/healthz``).
 
-        One ``HeadBucket`` on a client of its own: no retries, ``timeout_s`` seconds to connect
-        and as many to read, so a probe answers within about ``2 * timeout_s`` and reports what it
-        sees instead of retrying through an outage (the transfer client retries ``max_attempts``
-        times, with backoff, which could hide an S3 restart from every probe that ran during it).
+        One ``HeadBucket`` on a client of its own: no retries, :data:`PROBE_TIMEOUT_S` seconds to
+        connect and as many to read, so a probe answers within about twice that and reports what
+        it sees instead of retrying through an outage (the transfer client retries
+        ``max_attempts`` times, with backoff, which could hide an S3 restart from every probe
+        that ran during it).
 
         Raises:
             botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError: S3 did not answer,
                 or refused the bucket.
         """
         if self._probe_client is None:
-            config = Config(signature_version="s3v4", s3={"addressing_style": "path"},
-                            retries={"mode": "standard", "max_attempts": 1},
-                            connect_timeout=timeout_s, read_timeout=timeout_s)
-            self._probe_client = self._session.client("s3", **self._client_args, config=config)
+            self._probe_client = self._session.client(**self._client_args, config=self._probe_config)
         self._probe_client.head_bucket(Bucket=self.bucket)

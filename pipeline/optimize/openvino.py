@@ -147,7 +147,8 @@ def _convert(unet, int8_weights: bool):
         with torch.inference_mode():
             # Traced once, without torch.jit.trace's check (check_trace re-traces and reruns the
             # model to compare outputs, a diagnostic that changes nothing in the graph): on a
-            # 2-core AVX2 EPYC the check was 34 of the 60 s an SD 1.5 UNet took to convert.
+            # 2-core AVX2 EPYC an SD 1.5-architecture UNet converted in 23.0-23.5 s without it,
+            # 32.9-43.6 s with it (docs/guides/gpu-workers.md).
             decoder = TorchScriptPythonDecoder(UNetCall(unet.float()).eval(), example_input=example,
                                                trace_kwargs={"check_trace": False})
             model = ov.convert_model(decoder, example_input=example)
