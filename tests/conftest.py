@@ -182,7 +182,31 @@ def client(api_server, workers):
         yield c
 
 
+# -- order -----------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files marked ``long`` first, each file's tests kept together and in order.
+
+    ``make test`` hands whole files to pytest-xdist workers in collection order
+    (``--dist loadfile --no-loadscope-reorder``): starting the files that take minutes first keeps
+    one of them from being the last file left while the other worker idles (longest first, as in
+    the classic LPT rule for scheduling jobs on parallel machines)."""
+    long_files = {item.path for item in items if item.get_closest_marker("long") is not None}
+    items.sort(key=lambda item: item.path not in long_files)  # stable: the rest keeps its order
+
+
 # -- the fault table -------------------------------------------------------------------------
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Gather the fault rows that a test phase recorded (moved into its report below, so they
+    reach the pytest-xdist controller with the report)."""
+    from tests.fault_table import collect
+
+    for name, value in report.user_properties:
+        if name == "fault_row":
+            collect(value)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -204,9 +228,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    """Attach the tails of child logs written during a failed test to its report."""
+    """Move the fault rows recorded during this phase into its report; attach the tails of child
+    logs written during a failed test to its report."""
+    from tests.fault_table import take_recorded
+
     outcome = yield
     report = outcome.get_result()
+    report.user_properties.extend(("fault_row", row) for row in take_recorded())
     if not report.failed:
         return
     since = item.stash.get(_test_started, 0.0) - 1.0

@@ -3,9 +3,12 @@
 Place: beside the tests. The fault-injection scenarios (``tests/faults``) and those that need
 another fixture set (scenario o, ``tests/integration/security/test_probe.py``) account for their
 jobs with :func:`account_row` and record the row with :func:`record_row`: it is printed, merged
-into ``test-artifacts/faults.json`` (by scenario) and kept for the table that
-``tests/conftest.py`` prints at the end of the session. This module imports no test package,
-so either may import it without a cycle.
+into ``test-artifacts/faults.json`` (by scenario, under a file lock: pytest-xdist workers record
+at the same time) and kept until ``tests/conftest.py`` moves it into the report of the test phase
+that recorded it (:func:`take_recorded`). The process that prints the session's summary (the
+xdist controller, or the one pytest process) gathers the rows from those reports
+(:func:`collect`), so the table at the end holds every worker's rows. This module imports no
+test package, so either may import it without a cycle.
 
 Columns (:data:`COLUMNS`): jobs ``submitted``; ``succeeded``, ``failed``, ``canceled`` (terminal
 states); ``lost`` (a job not terminal at the end, or succeeded without its object in the
@@ -16,6 +19,7 @@ go to the JSON and the printed line, not the table.
 
 from __future__ import annotations
 
+import fcntl
 import json
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +29,8 @@ ARTIFACT = Path(__file__).resolve().parents[1] / "test-artifacts" / "faults.json
 TERMINAL = ("succeeded", "failed", "canceled")
 COLUMNS = ("submitted", "succeeded", "failed", "canceled", "lost", "run_twice", "recovery_s")
 
-_rows: list[dict] = []
+_recorded: list[dict] = []  # recorded in this process, not yet in a test report
+_collected: list[dict] = []  # gathered from the reports, for the session's table
 
 
 def account_row(scenario: str, job_ids: Sequence[str], statuses: Sequence[Any], bucket_keys: Collection[str],
@@ -55,14 +60,17 @@ def record_row(row: dict) -> None:
     ``test-artifacts/faults.json``."""
     extra = {k: v for k, v in row.items() if k != "scenario" and k not in COLUMNS}
     print("\n" + format_row(row) + ("  " + json.dumps(extra) if extra else ""))
-    _rows.append(row)
+    _recorded.append(row)
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        rows = {r["scenario"]: r for r in json.loads(ARTIFACT.read_text())["rows"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        rows = {}
-    rows[row["scenario"]] = row
-    ARTIFACT.write_text(json.dumps({"rows": sorted(rows.values(), key=lambda r: r["scenario"])}, indent=2) + "\n")
+    with open(ARTIFACT.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            rows = {r["scenario"]: r for r in json.loads(ARTIFACT.read_text())["rows"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            rows = {}
+        rows[row["scenario"]] = row
+        ARTIFACT.write_text(json.dumps({"rows": sorted(rows.values(), key=lambda r: r["scenario"])}, indent=2)
+                            + "\n")
 
 
 def format_row(row: dict) -> str:
@@ -78,6 +86,18 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join([header, rule, *(format_row(r) for r in sorted(rows, key=lambda r: r["scenario"]))])
 
 
+def take_recorded() -> list[dict]:
+    """The rows this process recorded since the last call (and forgets them)."""
+    taken = list(_recorded)
+    _recorded.clear()
+    return taken
+
+
+def collect(row: dict) -> None:
+    """Keep ``row``, read from a test report, for the session's table."""
+    _collected.append(row)
+
+
 def rows() -> list[dict]:
-    """The rows recorded in this session."""
-    return list(_rows)
+    """The rows gathered in this session (every pytest-xdist worker's)."""
+    return list(_collected)
