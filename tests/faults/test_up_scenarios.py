@@ -35,7 +35,7 @@ from infra.localstack import free_port
 
 from .up_stack import UpRun
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.long]
 
 JOBS = 96
 

@@ -32,7 +32,7 @@ from infra.storage.s3 import Storage
 from pipeline.compile_cache import read_header
 from producer.client import RenderClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 DB = 11
 POOL = {"name": "tiny-cc", "model": "tiny", "device_class": "cpu", "max_pixels": 64 * 64, "max_batch": 2,
         "steps": 1, "queue": "renderfarm.tiny-cc"}

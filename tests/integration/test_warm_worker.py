@@ -21,7 +21,7 @@ from infra.localstack import ApiServer, WorkerProcess, free_port
 from infra.schemas import RenderRequest
 from producer import RenderClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 DB = 12
 POOL = "cpu-tiny-warm"
 POOLS = [{"name": POOL, "model": "tiny", "device_class": "cpu", "max_pixels": 72 * 64, "max_batch": 2,

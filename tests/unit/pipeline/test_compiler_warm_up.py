@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not shutil.which("g++") or platform.machine() not in ("x86_64", "AMD64"),
-                                reason="Inductor's CPU toolchain checks run on x86 with g++")
+pytestmark = [pytest.mark.long,
+              pytest.mark.skipif(not shutil.which("g++") or platform.machine() not in ("x86_64", "AMD64"),
+                                 reason="Inductor's CPU toolchain checks run on x86 with g++")]
 
 WARM_UP = "from pipeline.optimize.compile import start_compiler_warm_up\nassert start_compiler_warm_up().wait() == 0\n"
 # Another kernel than the child's: a worker's first compile after the child finished.

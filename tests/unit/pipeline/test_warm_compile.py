@@ -17,6 +17,8 @@ from pipeline.device import probe
 from pipeline.recipes import recipe_for
 from pipeline.warm import PoolOptions, prepare_renderer, warm_plan, warm_up
 
+pytestmark = pytest.mark.long
+
 SIZES = ((64, 64), (64, 72))
 
 
