@@ -89,8 +89,11 @@ def start_compiler_warm_up() -> subprocess.Popen:
 
 
 def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, regional: bool, dynamic: bool,
-                     mode: str, device: str | None):
-    """Compile as asked; returns ``{"mode", "dynamic", "modules"}`` or a :class:`Skip`."""
+                     mode: str, device: str | None, freeze: bool = True):
+    """Compile as asked; returns ``{"mode", "dynamic", "modules"}`` or a :class:`Skip`.
+
+    ``freeze``: Inductor freezing for the VAE decoder where it applies (the CPU, ``default`` mode;
+    the recipe's ``compile_freeze``); the report's ``frozen`` lists the frozen modules."""
     kind = (device or str(getattr(pipe, "device", "cpu"))).partition(":")[0]
     if kind == "cpu" and not has_cpp_compiler():
         return Skip("torch.compile on the CPU needs a C++ compiler (g++/clang++); none on PATH")
@@ -100,7 +103,7 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
     done, failed = [], {}
     graphs = kind == "cuda" and mode in CUDAGRAPH_MODES
 
-    freeze = kind == "cpu" and mode == "default"
+    freeze = freeze and kind == "cpu" and mode == "default"
 
     def whole(module, frozen: bool = False) -> None:
         if graphs:  # compile forward only, so that the step mark and the clone run outside the graph

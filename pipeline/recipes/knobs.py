@@ -49,6 +49,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
     "compile_dynamic": Optimization(EXACT, "torch.compile dynamic shapes: a new size does not recompile"),
     "compile_vae": Optimization(EXACT, "as compile_denoiser, for the VAE decoder"),
     "compile_mode": Optimization(EXACT, "torch.compile modes"),
+    "compile_freeze": Optimization(EXACT, "Inductor freezing (PyTorch 'Inductor CPU backend' tutorial): the compiled "
+                                          "VAE decoder's weights become constants; CPU, default mode"),
     "vae_tiling": Optimization(APPROX, "diffusers 'Reduce memory usage': tiles are blended, pixels change "
                                        "above the tile size (512 px for SD)"),
     "vae_slicing": Optimization(EXACT, "diffusers 'Reduce memory usage': decodes one image at a time"),
@@ -76,7 +78,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
 _CHOICES: dict[str, tuple] = {"dtype": DTYPES, "attention": ATTENTION, "compile_mode": COMPILE_MODES,
                               "quantization": QUANTIZATION, "backend": BACKENDS}
 _BOOLS = ("channels_last", "fuse_qkv", "compile_denoiser", "compile_regional", "compile_dynamic", "compile_vae",
-          "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute", "batch_invariant")
+          "compile_freeze", "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute", "batch_invariant")
 #: Old knob names still accepted in overrides.
 ALIASES = {"compile_unet": "compile_denoiser"}
 _NOT_KNOBS = ("name", "overridden", "reference_dtype", "family", "adjusted")
@@ -104,6 +106,7 @@ class Recipe:
     compile_dynamic: bool = False  # dynamic shapes: new sizes and batch sizes reuse the graph
     compile_vae: bool = False  # compiles the VAE decoder only
     compile_mode: str = "default"
+    compile_freeze: bool = True  # Inductor freezing of the compiled VAE decoder (CPU, default mode only)
     vae_tiling: bool = False
     vae_slicing: bool = False
     cpu_offload: bool = False

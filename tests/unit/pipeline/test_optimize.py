@@ -149,6 +149,8 @@ def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
                                             "cuda_graphs": False,  # CUDA graphs only on CUDA
                                             "frozen": ["vae.decoder"]}  # Inductor freezing, CPU decoder
     assert pipe.unet._compiled_call_impl is not None
+    unfrozen = apply_recipe(tiny_pipeline(tmp_path), dataclasses.replace(recipe, compile_freeze=False))
+    assert "frozen" not in unfrozen["applied"]["compile"]  # the knob turns freezing off
 
 
 def test_the_frozen_compiled_vae_decoder_renders_what_the_eager_one_does(tmp_path, exact_recipe):
