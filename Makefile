@@ -90,7 +90,7 @@ docs: setup
 TEST_WORKERS ?= 2
 SCHEMATHESIS := tests/integration/badinput/test_schemathesis.py
 test: setup lint docs
-	$(BIN)/python -m pytest -q -rfEs -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=$(SCHEMATHESIS)
+	$(BIN)/python -m pytest -q -rfEs --durations=10 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=$(SCHEMATHESIS)
 	$(BIN)/python -m pytest -q $(SCHEMATHESIS)
 
 test-serial: setup lint docs
