@@ -181,6 +181,7 @@ class Boto3Credentials:
 #: Seconds :meth:`Storage.ping` waits to connect, and then to read (``/healthz``'s S3 check).
 PROBE_TIMEOUT_S = 2.0
 
+
 class Storage:
     """The farm's bucket on an S3-compatible server.
 
