@@ -11,6 +11,7 @@ Storage is the caller's: the worker passes functions that get and put blobs in S
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from pipeline.compile_cache import (
     import_artifacts,
     log_outcome,
 )
+from pipeline.optimize.compile import without_precompiled_headers
 from pipeline.warm import WarmPlan, warm_up
 
 log = logging.getLogger("renderfarm.worker")
@@ -75,7 +77,8 @@ def save(key: CacheKey, outcome: CacheOutcome, store: Store) -> None:
 
 def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, store: Store | None,
               on_progress: Progress | None = None) -> dict:
-    """Restore, warm up, save: the start-up between loading and consuming.
+    """Restore, warm up, save: the start-up between loading and consuming. After a restore that
+    hit, the warm-up runs :func:`pipeline.optimize.compile.without_precompiled_headers`.
 
     Args:
         renderer: the loaded :class:`pipeline.render.Renderer`.
@@ -94,7 +97,10 @@ def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, s
     if fetch is not None and compiles_anything(renderer):
         key = cache_key(renderer.model, renderer.recipe, profile, plan)
         outcome = restore(key, fetch)
-    report = warm_up(renderer, plan, on_progress=on_progress)
+    # after a hit every CPU kernel is restored: no precompiled C++ header is needed to load them
+    restored = outcome is not None and outcome.outcome == "hit"
+    with without_precompiled_headers() if restored else contextlib.nullcontext():
+        report = warm_up(renderer, plan, on_progress=on_progress)
     if outcome is None or key is None:
         return {"warm_up": report, "compile_cache": None}
     if store is not None:

@@ -61,3 +61,41 @@ def test_without_the_warm_up_the_first_compile_builds_the_header(box):
     env, log = box
     _run(FIRST_COMPILE, env)
     assert _header_builds(log) == 1
+
+
+# A restored compile cache: one process compiles and exports its artifacts (pipeline.compile_cache),
+# a new one (fresh cache and temporary directories, as a new replica) imports them and runs the same
+# function; its kernels load from the restored binaries.
+KEY = "from pipeline.compile_cache import CacheKey\nkey = CacheKey({'model': 'header-test'})\n"
+EXPORT = (KEY + "import pathlib, sys, torch\nfrom pipeline.compile_cache import export_artifacts\n" + FIRST_COMPILE
+          + "pathlib.Path(sys.argv[1]).write_bytes(export_artifacts(key))\n")
+RESTORE = (KEY + "import pathlib, sys, contextlib, torch\n"
+           "from pipeline.compile_cache import compile_counters, import_artifacts\n"
+           "from pipeline.optimize.compile import without_precompiled_headers\n"
+           "assert import_artifacts(pathlib.Path(sys.argv[1]).read_bytes(), key).outcome == 'hit'\n"
+           "with without_precompiled_headers() if sys.argv[2] == 'skip' else contextlib.nullcontext():\n"
+           "    y = torch.compile(lambda x: torch.sin(x) * 3.0, dynamic=False)(torch.ones(64))\n"
+           "assert torch.equal(y, torch.sin(torch.ones(64)) * 3.0)\n"
+           "c = compile_counters()\nassert c['fxgraph_cache_hit'] == 1 and c['fxgraph_cache_miss'] == 0, c\n")
+
+
+def _fresh(env: dict, tmp_path: Path, name: str) -> dict:
+    (tmp_path / name / "tmp").mkdir(parents=True)
+    return {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name / "inductor"), "TMPDIR": str(tmp_path / name / "tmp")}
+
+
+def _run_args(code: str, env: dict, *args: str) -> None:
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_restored_cache_loads_its_kernels_without_building_the_header(box, tmp_path):
+    env, log = box
+    blob = tmp_path / "artifact.bin"
+    _run_args(EXPORT, _fresh(env, tmp_path, "first"), str(blob))
+    log.unlink()
+    _run_args(RESTORE, _fresh(env, tmp_path, "skip"), str(blob), "skip")
+    assert _header_builds(log) == 0
+    # the control: the same restore without the context builds the header nothing then uses
+    _run_args(RESTORE, _fresh(env, tmp_path, "control"), str(blob), "control")
+    assert _header_builds(log) == 1
