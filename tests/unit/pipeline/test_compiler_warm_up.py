@@ -32,14 +32,17 @@ def box(tmp_path):
     wrapper = bin_dir / "g++"
     wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("g++")} "$@"\n')
     wrapper.chmod(0o755)
-    (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TMPDIR": str(tmp_path / "tmp")}
-    return env, log
+    return _fresh({**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, tmp_path, "box"), log
 
 
-def _run(code: str, env: dict) -> None:
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+def _fresh(env: dict, tmp_path: Path, name: str) -> dict:
+    """``env`` with an empty Inductor cache directory and ``TMPDIR`` of its own, under ``tmp_path/name``."""
+    (tmp_path / name / "tmp").mkdir(parents=True)
+    return {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name / "inductor"), "TMPDIR": str(tmp_path / name / "tmp")}
+
+
+def _run(code: str, env: dict, *args: str) -> None:
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -79,23 +82,13 @@ RESTORE = (KEY + "import pathlib, sys, contextlib, torch\n"
            "c = compile_counters()\nassert c['fxgraph_cache_hit'] == 1 and c['fxgraph_cache_miss'] == 0, c\n")
 
 
-def _fresh(env: dict, tmp_path: Path, name: str) -> dict:
-    (tmp_path / name / "tmp").mkdir(parents=True)
-    return {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name / "inductor"), "TMPDIR": str(tmp_path / name / "tmp")}
-
-
-def _run_args(code: str, env: dict, *args: str) -> None:
-    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-
-
 def test_a_restored_cache_loads_its_kernels_without_building_the_header(box, tmp_path):
     env, log = box
     blob = tmp_path / "artifact.bin"
-    _run_args(EXPORT, _fresh(env, tmp_path, "first"), str(blob))
+    _run(EXPORT, _fresh(env, tmp_path, "first"), str(blob))
     log.unlink()
-    _run_args(RESTORE, _fresh(env, tmp_path, "skip"), str(blob), "skip")
+    _run(RESTORE, _fresh(env, tmp_path, "skip"), str(blob), "skip")
     assert _header_builds(log) == 0
     # the control: the same restore without the context builds the header nothing then uses
-    _run_args(RESTORE, _fresh(env, tmp_path, "control"), str(blob), "control")
+    _run(RESTORE, _fresh(env, tmp_path, "control"), str(blob), "control")
     assert _header_builds(log) == 1
