@@ -43,6 +43,7 @@ from infra import keys
 from infra.broker.app import make_celery
 from infra.broker.kombu_redis import flush_acks, install_cheap_acks, install_malformed_message_guard
 from infra.broker.publish import republish
+from infra.heap import freeze_startup_objects
 from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.connect import state_client
@@ -361,6 +362,7 @@ def run_worker(args: argparse.Namespace) -> int:
     heartbeat.start()  # registered as warming: /v1/workers shows the progress, the queue waits
     warm.ready(_warm(loaded, batch_size, warm, heartbeat, device_info, CompileCacheStore(storage)))
     heartbeat.beat_quietly()
+    freeze_startup_objects("worker")  # the pipeline and the imports: full collections skip them
     log.info("worker %s ready in %.1fs", name, time.perf_counter() - t0)
     watchdog.start()  # renders from here on: the warm-up's compiles are not stalls
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)

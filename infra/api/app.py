@@ -34,6 +34,7 @@ from infra.api.routes import ROUTERS
 from infra.api.webhooks import WebhookDispatcher
 from infra.broker import dispatch
 from infra.broker.reaper import Reaper
+from infra.heap import freeze_startup_objects
 from infra.settings import Settings, get_settings
 
 DESCRIPTION = ("Submit text-to-image render jobs and follow them to their images.\n\n"
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         webhooks = WebhookDispatcher.from_settings(settings, farm.redis).start() if settings.webhooks_enabled else None
         dispatcher = dispatch.from_settings(settings, farm.redis, farm.celery, broker=farm.broker_redis).start()
         farm.submitter.on_enqueued = dispatcher.kick
+        freeze_startup_objects("api")  # full collections then skip the imports and the Farm
         yield
         dispatcher.stop()
         if webhooks is not None:
