@@ -67,13 +67,12 @@ name or precedes ``:{tenant}``), ``{workers}``, ``{metrics}``, ``{auth}`` and ``
 
 from __future__ import annotations
 
-import re
 import zlib
 
 PREFIX = "rf:"
 #: Shards of every farm-wide index (:func:`shard`): 256, each a two-hex-digit hash tag.
 SHARDS = tuple(f"{n:02x}" for n in range(256))
-_HEX2 = re.compile(r"[0-9a-f]{2}")
+_SHARD_SET = frozenset(SHARDS)  # a set lookup: shard() runs several times per job of a submission
 
 
 def shard(entity_id: str) -> str:
@@ -81,7 +80,7 @@ def shard(entity_id: str) -> str:
     farm id, :func:`infra.api.submission.new_id`, whose job ids start with their batch's shard),
     else two hex digits of its CRC-32 (ids written by hand in tests and tools)."""
     head = entity_id[:2]
-    return head if _HEX2.fullmatch(head) else f"{zlib.crc32(entity_id.encode()) & 0xFF:02x}"
+    return head if head in _SHARD_SET else f"{zlib.crc32(entity_id.encode()) & 0xFF:02x}"
 
 
 def idempotency_shard(tenant: str, key: str) -> str:
