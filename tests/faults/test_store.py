@@ -145,6 +145,21 @@ def test_a_group_spanning_batches_and_tenants_ends_as_one_job_after_another_woul
     assert not any(r.zscore(keys.leases(keys.shard(j)), j) for j in everyone)
 
 
+def test_one_creation_call_writes_each_job_its_own_fields_whatever_the_job_before_it_had(r):
+    """The creation script reuses one field table across a call's jobs: a job without costs after
+    one with both gets neither, and each job keeps its own pool and request."""
+    store = _store(r)
+    costs = [(1.5, 100), (None, None), (None, 7), (2.0, None), (0.5, 9)]
+    jobs = [NewJob(f"mix{i}", request(i), f"pool-{i}", cost_s=cs, cost_bytes=cb) for i, (cs, cb) in enumerate(costs)]
+    store.create_batch("bmix", jobs)
+    for job, (cs, cb) in zip(jobs, costs):
+        record = r.hgetall(keys.job(job.job_id))
+        assert record["pool"] == job.pool and record["request"] == job.request.model_dump_json()
+        assert record.get("cost_s") == (None if cs is None else repr(cs))
+        assert record.get("cost_bytes") == (None if cb is None else str(cb))
+        assert record["batch_id"] == "bmix" and record["state"] == "queued" and record["attempts"] == "0"
+
+
 def test_cancel_is_signalled_to_the_running_attempt(r):
     store = _store(r)
     a, b = _batch(store, 2)
