@@ -23,7 +23,7 @@ BIN    := $(VENV)/bin
 TORCH  := 2.13.0
 # Rebuilt when pyproject.toml changes; lives in the venv, so a new venv starts over.
 STAMP  := $(VENV)/.renderfarm-setup.stamp
-PARTI  := ../shared/data/partiprompts/PartiPrompts.tsv
+PARTI  := producer/data/partiprompts/PartiPrompts.tsv
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup system-packages helm-tools docker-tools demo lint docs test test-serial

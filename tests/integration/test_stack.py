@@ -39,7 +39,7 @@ from producer.demo import register as register_demo
 from producer.demo import select_prompts
 from producer.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
-PARTI_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "partiprompts" / "PartiPrompts.tsv"
+PARTI_PROMPTS = Path(__file__).resolve().parents[2] / "producer" / "data" / "partiprompts" / "PartiPrompts.tsv"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -322,7 +322,6 @@ def test_up_and_demo_register_their_subcommands():
 # -- prompts -----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not PARTI_PROMPTS.exists(), reason=f"{PARTI_PROMPTS} is not on this machine")
 def test_load_prompts_reads_partiprompts_tsv():
     prompts = load_prompts(PARTI_PROMPTS)
     assert len(prompts) == 1632
