@@ -41,7 +41,15 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # the tiny model on 2 cores, and again per new shape. No channels_last: with the batch-invariant
     # kernels (oneDNN convolutions, NCHW group norms) it only adds layout copies (sd15-arch UNet,
     # batch 8 at 32x32 latents, 1 thread: NCHW 15.3 s, channels_last 17.6 s; fused QKV saves ~6 %).
-    Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, batch_invariant=True,
+    # AMX Xeon (family 6 model 207, 2 vCPUs): OpenVINO runs the SD 1.x/2.x UNet, batched, and the
+    # batch-invariant kernels are a pool's opt-in. `renderfarm bench pipeline --model sd15-arch
+    # --width 256 --height 256 --steps 4 --batch-sizes 1,4 --repeats 2` (medians of 2 rounds, s/img,
+    # batch 1 / 4; docs/benchmarks/cpu-xeon-amx-pipeline-sd15-arch-256-*.json): baseline 17.7 / 13.0;
+    # exact as it was (PyTorch, invariant kernels) 18.4 / 14.8 (0.99x / 0.87x: slower than diffusers
+    # at batch 4); invariant kernels off 17.8 / 12.5; OpenVINO UNet called per sample 14.2 / 15.4;
+    # OpenVINO UNet batched 12.2 / 10.9 (1.45x / 1.19x). fast (bfloat16): PyTorch 2.76x / 3.13x,
+    # OpenVINO 4.76x / 3.81x.
+    Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
            max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
     # AVX-512 with AVX512_BF16 but no AMX (AMD EPYC): bfloat16 wins. `renderfarm bench pipeline`,
     # sd-turbo-arch 256², 1 step, guidance 0, 3 interleaved rounds (medians; load average 3-6 on the

@@ -63,7 +63,8 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture
 def exact_recipe():
-    recipe = select_recipe(CPU_AMX, allow_approximate=False)
+    # the PyTorch knobs are under test here (the class's OpenVINO UNet has tests of its own)
+    recipe = dataclasses.replace(select_recipe(CPU_AMX, allow_approximate=False), backend="torch")
     assert not recipe.compile_denoiser  # CPU compile is opt-in: a minute of Inductor work per shape
     return recipe
 
@@ -95,7 +96,7 @@ def test_baseline_changes_nothing_but_reports(tmp_path):
 
 
 def test_fast_recipe_runs_and_names_its_approximations(tmp_path):
-    fast = select_recipe(CPU_AMX, allow_approximate=True)
+    fast = dataclasses.replace(select_recipe(CPU_AMX, allow_approximate=True), backend="torch")  # PyTorch's UNet
     pipe = tiny_pipeline(tmp_path)
     report = apply_recipe(pipe, fast)
     assert report["approximations"] == ["dtype", "tiny_vae"]

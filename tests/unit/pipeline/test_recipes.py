@@ -115,9 +115,13 @@ def test_mps_and_cpu_recipes():
     assert avx512_bf16.dtype == RECIPES["cpu-avx512-bf16"].dtype  # the measured winner (docs/performance)
     assert amx.num_threads == plain.num_threads == 8  # resolved from the probe's core count
     assert not (amx.compile_denoiser or plain.compile_denoiser)  # opt-in on the CPU (cold starts)
-    for family in FAMILIES:  # float32 is the CPU reference of every family; AMX CPUs keep invariance
-        exact = select_recipe(cpu(True), family=family)
+    bf16 = dataclasses.replace(cpu(False), avx512_bf16=True)
+    for family in FAMILIES:  # float32 is the CPU reference of every family; AVX512_BF16 EPYCs keep invariance
+        exact = select_recipe(bf16, family=family)
         assert exact.dtype == "float32" and exact.batch_invariant and exact.approximations() == []
+        # on the AMX Xeon the invariant kernels made exact slower than diffusers at batch 4: opt-in
+        amx_exact = select_recipe(cpu(True), family=family)
+        assert amx_exact.dtype == "float32" and not amx_exact.batch_invariant and amx_exact.approximations() == []
         # without bf16 the invariant kernels made exact slower than diffusers: a pool's opt-in there
         plain_exact = select_recipe(cpu(False), family=family)
         assert plain_exact.dtype == "float32" and not plain_exact.batch_invariant
@@ -290,7 +294,7 @@ def test_compile_and_batch_invariance_are_settled_when_the_recipe_is_resolved():
     invariance off with the reason in the recipe; asking for both is refused before any render."""
     from pipeline.recipes import resolve_conflicts
 
-    exact = select_recipe(cpu(True))  # cpu-amx keeps the invariant kernels by default
+    exact = select_recipe(dataclasses.replace(cpu(False), avx512_bf16=True))  # keeps the invariant kernels
     assert exact.batch_invariant and not exact.adjusted
     compiled = apply_overrides(exact, {"compile_denoiser": True, "compile_vae": True})
     assert compiled.compile_denoiser and compiled.compile_vae and not compiled.batch_invariant
@@ -320,7 +324,9 @@ def test_a_pool_with_lora_adapters_keeps_the_denoiser_in_pytorch():
         assert "LoRA" in fitted.adjusted[-1] and fitted.dtype == recipe.dtype
     no_bf16 = select_recipe(cpu(False), family="sd1")  # float32 OpenVINO: settled the same way
     assert no_bf16.backend == "openvino" and fit_adapters(no_bf16).backend == "torch"
-    plain = select_recipe(cpu(True), family="sd1")  # no OpenVINO: nothing to settle
+    amx = select_recipe(cpu(True), family="sd1")  # the AMX class's OpenVINO UNet: settled the same way
+    assert amx.backend == "openvino" and fit_adapters(amx).backend == "torch"
+    plain = select_recipe(cpu(True), family="sd1", overrides={"backend": "torch"})  # no OpenVINO: nothing to settle
     assert fit_adapters(plain) is plain
     with pytest.raises(ValueError, match="LoRA"):
         fit_adapters(apply_overrides(select_recipe(bf16, family="sd1"), {"backend": "openvino"}))
