@@ -76,7 +76,7 @@ docker-tools:
 	bash deploy/docker-tools.sh
 
 demo: setup
-	$(BIN)/renderfarm demo $(if $(wildcard $(PARTI)),--prompts $(PARTI))
+	$(BIN)/renderfarm demo --prompts $(PARTI)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -44,6 +44,10 @@ def cpu(amx: bool) -> DeviceProfile:
                          cpu_cores=8, avx512=True, amx=amx)
 
 
+#: An AVX-512 + AVX512_BF16 CPU without AMX (the AMD EPYCs): the class that keeps the invariant kernels.
+CPU_BF16 = dataclasses.replace(cpu(False), avx512_bf16=True)
+
+
 MPS = DeviceProfile(kind="mps", name="Apple", total_memory_bytes=24 * GB, free_memory_bytes=20 * GB)
 
 
@@ -110,14 +114,13 @@ def test_mps_and_cpu_recipes():
     amx, plain = select_recipe(cpu(True), True), select_recipe(cpu(False), True)
     assert amx.name == "cpu-amx/fast" and amx.dtype == "bfloat16"
     assert plain.name == "cpu/fast" and plain.dtype == "float32"
-    avx512_bf16 = select_recipe(dataclasses.replace(cpu(False), avx512_bf16=True), True)
+    avx512_bf16 = select_recipe(CPU_BF16, True)
     assert avx512_bf16.name == "cpu-avx512-bf16/fast"
     assert avx512_bf16.dtype == RECIPES["cpu-avx512-bf16"].dtype  # the measured winner (docs/performance)
     assert amx.num_threads == plain.num_threads == 8  # resolved from the probe's core count
     assert not (amx.compile_denoiser or plain.compile_denoiser)  # opt-in on the CPU (cold starts)
-    bf16 = dataclasses.replace(cpu(False), avx512_bf16=True)
     for family in FAMILIES:  # float32 is the CPU reference of every family; AVX512_BF16 EPYCs keep invariance
-        exact = select_recipe(bf16, family=family)
+        exact = select_recipe(CPU_BF16, family=family)
         assert exact.dtype == "float32" and exact.batch_invariant and exact.approximations() == []
         # on the AMX Xeon the invariant kernels made exact slower than diffusers at batch 4: opt-in
         amx_exact = select_recipe(cpu(True), family=family)
@@ -294,7 +297,7 @@ def test_compile_and_batch_invariance_are_settled_when_the_recipe_is_resolved():
     invariance off with the reason in the recipe; asking for both is refused before any render."""
     from pipeline.recipes import resolve_conflicts
 
-    exact = select_recipe(dataclasses.replace(cpu(False), avx512_bf16=True))  # keeps the invariant kernels
+    exact = select_recipe(CPU_BF16)  # keeps the invariant kernels
     assert exact.batch_invariant and not exact.adjusted
     compiled = apply_overrides(exact, {"compile_denoiser": True, "compile_vae": True})
     assert compiled.compile_denoiser and compiled.compile_vae and not compiled.batch_invariant
