@@ -37,7 +37,10 @@ def test_start_up_objects_are_frozen_and_later_cycles_are_still_collected(unfroz
     frozen = freeze_startup_objects("test")
     still_tracked = len(gc.get_objects())  # what the collector still visits: only what came after
     assert start_up() is None
-    assert frozen == gc.get_freeze_count() > 0
+    # A frozen object that another thread of this process drops afterwards leaves the permanent
+    # generation (reference counting still frees it), so the count can only shrink, and by little.
+    assert frozen > 0
+    assert frozen - 1_000 <= gc.get_freeze_count() <= frozen
     assert still_tracked < max(1_000, frozen // 100), (still_tracked, frozen)
     assert not any(obj is kept for obj in gc.get_objects())  # collections no longer visit it
     later = _cycle()
