@@ -15,6 +15,7 @@ never reaches a test or the processes it starts. Tests of that file point it els
 
 from __future__ import annotations
 
+import collections
 import os
 import secrets
 import signal
@@ -54,6 +55,8 @@ TEST_MODEL = "tiny"
 WORKER_BATCH_SIZE = 8
 
 _test_started = pytest.StashKey[float]()
+_file_seconds: collections.Counter[str] = collections.Counter()  # test file -> seconds, for the summary
+_worker_seconds: collections.Counter[str] = collections.Counter()  # xdist worker -> seconds
 
 
 @pytest.fixture(scope="session")
@@ -207,15 +210,26 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for name, value in report.user_properties:
         if name == "fault_row":
             collect(value)
+    _file_seconds[report.nodeid.partition("::")[0]] += report.duration
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+    _worker_seconds[worker] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The fault table of the scenarios run in this session (tests/faults, scenario o), if any."""
+    """The fault table of the scenarios run in this session (tests/faults, scenario o), if any;
+    then the slowest test files and each pytest-xdist worker's busy time (seconds of setup, call
+    and teardown summed), which show how evenly ``--dist loadfile`` spread the files."""
     from tests.fault_table import format_table, rows
 
     if rows():
         terminalreporter.write_sep("=", "fault-injection table")
         terminalreporter.write_line(format_table(rows()))
+    if len(_file_seconds) > 1:
+        terminalreporter.write_sep("=", "slowest files (s)")
+        for path, seconds in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:15]:
+            terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+        busy = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(_worker_seconds.items()))
+        terminalreporter.write_line(f"busy time per worker: {busy}")
 
 
 # -- log tails on failure -------------------------------------------------------------------
