@@ -27,8 +27,13 @@ Fix, applied to the modules in place by :func:`make_batch_invariant`:
   (sample, group) in one thread), and attention outputs are made contiguous so the layout
   after them stays NCHW instead of flipping back and forth.
 
-Text encoding (prompts are padded to 77 tokens), SDPA attention, layer norms, the schedulers and
-the latents (one generator per image) were found invariant as they are. Cost, measured single
+Text encoders run one call per prompt (:func:`make_per_sample`, below) with their stock kernels:
+each call then has the shapes the prompt has alone, which holds whatever the encoder's layout.
+The Linear split above is along dimension 0, which is the batch only for batch-first models:
+Kolors' ChatGLM keeps its states as (tokens, batch, hidden), so the split went per token, with
+two rows per GEMM in a batch of two and one alone, and on an AVX-512 EPYC without AMX those GEMMs
+differed in the last bit (found with the same hooks). SDPA attention, layer norms, the schedulers
+and the latents (one generator per image) were found invariant as they are. Cost, measured single
 threaded: the SD 1.5 UNet +11 % at 256 px (batch 4), the SD VAE decoder +10 %, the tiny model
 +5 % end to end; up to 2x at 64 px, where per-sample GEMMs re-read the weights. These kernels are
 verified on the CPU in float32 (the exact recipes); in bfloat16 the convolutions keep the stock
@@ -131,10 +136,20 @@ def _take(value, i: int, n: int):
     return value
 
 
+def _batch_dim(tensors: list[torch.Tensor]) -> int:
+    """The dimension that holds the batch in outputs of batch-1 calls: the first one of size 1 in
+    all of them (0 for batch-first outputs; 1 for ChatGLM's sequence-first hidden states, shaped
+    (tokens, batch, hidden)); 0 when none is."""
+    for dim in range(tensors[0].dim()):
+        if all(t.dim() > dim and t.shape[dim] == 1 for t in tensors):
+            return dim
+    return 0
+
+
 def _concat(outputs: list):
     first = outputs[0]
     if torch.is_tensor(first):
-        return torch.cat(outputs) if first.dim() > 0 else first
+        return torch.cat(outputs, dim=_batch_dim(outputs)) if first.dim() > 0 else first
     if first is None:
         return None
     if isinstance(first, dict):  # diffusers / transformers ModelOutput are ordered dicts
@@ -147,9 +162,11 @@ def _concat(outputs: list):
 def make_per_sample(module: nn.Module) -> bool:
     """Make ``module`` compute a batch of n as n calls of batch 1 and concatenate: every GEMM,
     convolution and attention then has the shapes a lone request has, whatever kernels the
-    device picks. Tensors whose first dimension is the batch are split (also inside dicts, e.g.
-    SDXL's ``added_cond_kwargs``); FLUX's position ids are not. Idempotent; returns True when it
-    patched ``module`` now."""
+    device picks. Input tensors whose first dimension is the batch are split (also inside dicts,
+    e.g. SDXL's ``added_cond_kwargs``); FLUX's position ids are not. Outputs are concatenated
+    along their batch dimension, the first of size 1 in every call's output (dimension 1 for
+    ChatGLM's (tokens, batch, hidden) states). Idempotent; returns True when it patched
+    ``module`` now."""
     if getattr(module, "_renderfarm_per_sample", False):
         return False
     forward = module.forward

@@ -107,8 +107,12 @@ class Renderer:
         if getattr(pipe, "vae", None) is not None:
             guard_vae_decode(pipe.vae)
         if self.invariance == "cpu-kernels":
-            for component in pipe.components.values():
-                if isinstance(component, torch.nn.Module):
+            for name, component in pipe.components.items():
+                if not isinstance(component, torch.nn.Module):
+                    continue
+                if name in TEXT_ENCODERS:  # one call per prompt: a lone prompt's shapes, any layout
+                    make_per_sample(component)
+                else:
                     make_batch_invariant(component)
             denoiser = getattr(pipe, self.denoiser_name)
             if getattr(denoiser, "_renderfarm_per_sample_for_invariance", False):  # e.g. the OpenVINO UNet

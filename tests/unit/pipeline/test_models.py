@@ -3,7 +3,6 @@ import json
 import pytest
 
 from infra.schemas import RenderRequest
-from pipeline.device import probe
 from pipeline.models import OFFLINE_MODELS, build_offline_model, load_pipeline
 
 
@@ -74,9 +73,6 @@ def test_tiny_taiyi_is_sd1_with_a_chinese_bert_text_encoder(offline_cache):
     assert counts["unet"] == 859_520_964 and round(counts["text_encoder"] / 1e6) == 102  # Taiyi-CLIP-RoBERTa-102M
 
 
-@pytest.mark.xfail(not probe("cpu").amx, strict=False,
-                   reason="known bug: Kolors' images differ alone and batched on CPUs without AMX (seen on an AVX-512 "
-                          "EPYC with AVX512_BF16); the invariant kernels were verified on an AMX Xeon only")
 def test_tiny_kolors_batches_chinese_prompts_with_chatglm(offline_cache):
     import numpy as np
 

@@ -6,7 +6,7 @@ import torch
 
 from infra.schemas import RenderRequest
 from pipeline import compat_key
-from pipeline.invariance import make_batch_invariant
+from pipeline.invariance import make_batch_invariant, make_per_sample
 from pipeline.schedulers import SCHEDULERS, scheduler_for, scheduler_name
 
 PROMPTS = ["a red fox", "a cat on a mat", "blue sky over a city at night", "x",
@@ -125,6 +125,33 @@ def test_patched_modules_compute_the_same_function():
         assert make_batch_invariant(net) == 3 and make_batch_invariant(net) == 0
         got = net(x)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class _SequenceFirst(torch.nn.Module):
+    """A text encoder laid out as ChatGLM's: ids (batch, tokens) in, states (tokens, batch, hidden)
+    out, beside a batch-first pooled output."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.proj = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask=None):
+        states = self.proj(self.embed(input_ids).transpose(0, 1))  # (tokens, batch, hidden)
+        return {"hidden_states": (states, states * 2), "pooled": states[-1]}
+
+
+def test_per_sample_calls_concatenate_along_each_outputs_batch_dimension():
+    torch.manual_seed(0)
+    net, ids = _SequenceFirst(), torch.randint(0, 50, (3, 5))
+    with torch.inference_mode():
+        expected = net(ids, attention_mask=torch.ones_like(ids))
+        assert make_per_sample(net) and not make_per_sample(net)
+        got = net(ids, attention_mask=torch.ones_like(ids))
+    assert got["hidden_states"][0].shape == (5, 3, 8) and got["pooled"].shape == (3, 8)
+    for name in ("pooled",):
+        torch.testing.assert_close(got[name], expected[name])
+    for a, b in zip(got["hidden_states"], expected["hidden_states"]):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.skipif(not os.environ.get("RENDERFARM_TEST_ARCH"),
