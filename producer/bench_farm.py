@@ -445,7 +445,10 @@ def result_table(result: dict):
                           f"{last['image_bytes_mean']:,}", "")
     sim = result.get("simulated_gpu")
     if sim:
-        target = "≥ 95 %" if sim["ms_per_image"] <= 100 else "≥ 99 %"
+        # the targets this farm was built to: a fast GPU (≤ 100 ms/img) kept ≥ 95 % busy at 64², ≥ 90 % at
+        # 512² and above with the default lossless format; a slow one ≥ 99 %
+        large = (c.get("width") or 0) * (c.get("height") or 0) >= 512 * 512
+        target = "≥ 99 %" if sim["ms_per_image"] > 100 else "≥ 90 %" if large else "≥ 95 %"
         table.add_row(f"simulated GPU: {sim['ms_per_image']:g} ms/img, sleep-bound rate (img/s)",
                       f"{sim['sleep_bound_images_per_s']:.3f}", "")
         table.add_row("efficiency, end to end (full path / sleep-bound)", f"{100 * sim['efficiency']:.1f} %", target)

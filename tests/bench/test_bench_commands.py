@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +213,17 @@ def test_bench_messages_moves_every_job_id_once_in_both_modes(tmp_path, capsys):
     assert [run["messages"] for run in result["runs"]["group"]] == [3, 3]
     for mode in ("per-job", "group"):
         assert result["medians"][mode]["total_ms"] > 0
+
+
+@pytest.mark.parametrize(("name", "target"), [("farm-sim10-64", "≥ 95 %"), ("farm-sim10-512", "≥ 90 %")])
+def test_bench_farm_table_states_the_target_of_its_image_size(name, target):
+    from rich.console import Console
+
+    from producer.bench_farm import result_table
+
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / f"docs/benchmarks/cpu-epyc-f25-avx512-bf16-{name}.json").read_text())
+    console = Console(width=250, record=True)
+    console.print(result_table(result))
+    (line,) = [line for line in console.export_text().splitlines() if "efficiency, end to end" in line]
+    assert line.rstrip(" │").endswith(target), line
