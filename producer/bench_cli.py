@@ -138,7 +138,8 @@ SPEC_HELP = ("reference (diffusers at the model's recommended dtype, eager, SDPA
              "(torchao float8 on the denoiser, CUDA cc >= 8.9), first_block_cache=0.1 (diffusers' First Block "
              "Cache, approximate)")
 def _farm(args: argparse.Namespace) -> int:
-    from producer.bench_farm import FarmBenchConfig, result_table, run_farm_bench
+    from producer.bench_farm import FarmBenchConfig, run_farm_bench
+    from producer.bench_farm_table import result_table
 
     config = FarmBenchConfig(
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
