@@ -211,7 +211,8 @@ class PoolSpec(BaseModel):
     use_pe: bool = Field(False, description="ERNIE-Image: run the prompt enhancer (its model card's validation "
                                             "turns it off).")
     batch_invariant: bool | None = Field(None, description="Identical pixels alone and in any batch (None: the "
-                                                           "device's default: on for CPUs, off for GPUs).")
+                                                           "recipe's default, off on every device class, where "
+                                                           "it cost speed; true turns it on).")
     sizes: tuple[tuple[int, int], ...] = Field((), description="The (width, height) sizes, pixels, its jobs ask "
                                                "for: a worker compiles and warms each at every batch bucket before "
                                                "it takes jobs; others run uncompiled (default: the family's native "

@@ -9,7 +9,7 @@ ERNIE-Image-Turbo SDNQ uint4 model card measured it slowing hot generations).
 Pool settings reach the pipeline as :class:`PoolOptions` (the worker builds it from its declared
 pool, ``infra.pools.PoolSpec``): the declared ``family`` (checked against the loaded pipeline),
 the largest ``max_pixels`` and the ``steps`` to size the batch at, ERNIE-Image's ``use_pe``, and
-``batch_invariant`` (None: the recipe's default, on for the CPU and off on accelerators).
+``batch_invariant`` (None: the recipe's default, off on every device class; a pool turns it on).
 """
 
 from __future__ import annotations

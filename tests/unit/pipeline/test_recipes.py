@@ -119,10 +119,12 @@ def test_mps_and_cpu_recipes():
     assert avx512_bf16.dtype == RECIPES["cpu-avx512-bf16"].dtype  # the measured winner (docs/performance)
     assert amx.num_threads == plain.num_threads == 8  # resolved from the probe's core count
     assert not (amx.compile_denoiser or plain.compile_denoiser)  # opt-in on the CPU (cold starts)
-    for family in FAMILIES:  # float32 is the CPU reference of every family; AVX512_BF16 EPYCs keep invariance
+    for family in FAMILIES:  # float32 is the CPU reference of every family
+        # on the AVX512_BF16 EPYCs and the AMX Xeon the invariant kernels made exact slower than
+        # diffusers at batch 4: a pool's opt-in there
         exact = select_recipe(CPU_BF16, family=family)
-        assert exact.dtype == "float32" and exact.batch_invariant and exact.approximations() == []
-        # on the AMX Xeon the invariant kernels made exact slower than diffusers at batch 4: opt-in
+        assert exact.dtype == "float32" and not exact.batch_invariant and exact.approximations() == []
+        assert select_recipe(CPU_BF16, family=family, overrides={"batch_invariant": True}).batch_invariant
         amx_exact = select_recipe(cpu(True), family=family)
         assert amx_exact.dtype == "float32" and not amx_exact.batch_invariant and amx_exact.approximations() == []
         # without bf16 the invariant kernels made exact slower than diffusers: a pool's opt-in there
@@ -297,7 +299,7 @@ def test_compile_and_batch_invariance_are_settled_when_the_recipe_is_resolved():
     invariance off with the reason in the recipe; asking for both is refused before any render."""
     from pipeline.recipes import resolve_conflicts
 
-    exact = select_recipe(CPU_BF16)  # keeps the invariant kernels
+    exact = dataclasses.replace(select_recipe(CPU_BF16), batch_invariant=True)  # invariant by default, not configured
     assert exact.batch_invariant and not exact.adjusted
     compiled = apply_overrides(exact, {"compile_denoiser": True, "compile_vae": True})
     assert compiled.compile_denoiser and compiled.compile_vae and not compiled.batch_invariant
