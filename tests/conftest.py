@@ -226,7 +226,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(format_table(rows()))
     if len(_file_seconds) > 1:
         terminalreporter.write_sep("=", "slowest files (s)")
-        for path, seconds in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:15]:
+        for path, seconds in _file_seconds.most_common(15):
             terminalreporter.write_line(f"{seconds:8.1f}  {path}")
         busy = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(_worker_seconds.items()))
         terminalreporter.write_line(f"busy time per worker: {busy}")
