@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.optimize import apply_recipe
-from pipeline.optimize.openvino_ir import FILES, MANIFEST, DirectoryIRStore, ir_key
+from pipeline.optimize.openvino_ir import FILES, MANIFEST, DirectoryIRStore, file_digest, ir_key
 from pipeline.recipes import BASELINE
 
 pytest.importorskip("openvino", reason="openvino is not installed (pip install openvino)")
@@ -74,7 +74,7 @@ def test_a_corrupt_or_incomplete_entry_is_converted_again_and_replaced(offline_c
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
     images, corrupt = _load(offline_cache, store)
-    assert corrupt is not None and corrupt["outcome"] == "corrupt" and "SHA-256" in corrupt["reason"], corrupt
+    assert corrupt is not None and corrupt["outcome"] == "corrupt" and "digest differs" in corrupt["reason"], corrupt
     assert corrupt["saved"]["bytes"] > 0  # the good conversion replaced the corrupt entry
     assert all(np.array_equal(a, b) for a, b in zip(reference, images))
     assert _load(offline_cache, store)[1]["outcome"] == "hit"
@@ -114,3 +114,28 @@ def test_the_key_follows_the_weights_and_the_options(offline_cache):
     with torch.no_grad():
         next(iter(unet.parameters())).view(-1)[0] += 1e-3  # a fine-tune changes the weights: another key
     assert ir_key(unet)[0] != key
+
+
+def test_the_file_digest_sees_every_byte_of_every_segment(tmp_path, monkeypatch):
+    """The segmented digest (segments hashed on threads) changes with a flipped byte in any
+    segment, at a segment's edges, with a byte appended, and with the segments' order."""
+    from pipeline.optimize import openvino_ir
+
+    monkeypatch.setattr(openvino_ir, "_SEGMENT", 1000)
+    monkeypatch.setattr(openvino_ir, "_CHUNK", 300)  # reads end inside segments too
+    data = bytes(np.random.default_rng(0).integers(0, 256, 3500, dtype=np.uint8))
+    path = tmp_path / "model.bin"
+    path.write_bytes(data)
+    reference = file_digest(path)
+    assert file_digest(path) == reference
+    for index in (0, 999, 1000, 2500, 3499):
+        flipped = bytearray(data)
+        flipped[index] ^= 0x01
+        path.write_bytes(bytes(flipped))
+        assert file_digest(path) != reference, index
+    path.write_bytes(data + b"\0")
+    assert file_digest(path) != reference
+    path.write_bytes(data[1000:2000] + data[:1000] + data[2000:])
+    assert file_digest(path) != reference
+    path.write_bytes(b"")
+    assert file_digest(path) != reference
