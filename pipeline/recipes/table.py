@@ -92,7 +92,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # per bucket x size: compile stays a pool's override (docs/performance/index.md).
     # This recipe on the AVX-512 (VNNI) Xeon without bf16 (family 6 model 85, 2 rounds, load ~2):
     # sd15-arch exact 1.25x / 1.14x the baseline at batch 1 / 4 (1.50x / 1.18x with compile_vae);
-    # sd-turbo-arch fast 2.97x / 3.13x, exact 0.95x / 1.10x (within the rounds' spread).
+    # sd-turbo-arch fast 2.87x / 2.85x (4 rounds), exact 0.95x / 1.10x (within the rounds' spread).
     Recipe("cpu", attention="sdpa", fuse_qkv=True, backend="openvino", max_batch_size=4,
            memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
 )}
