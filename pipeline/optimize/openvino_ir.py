@@ -130,7 +130,7 @@ def _hash_threads() -> int:
 def _tensor_sha256(tensor: torch.Tensor) -> bytes:
     """SHA-256 of ``tensor``'s bytes (C-contiguous), as 32 raw bytes."""
     flat = tensor.detach().contiguous().reshape(-1)
-    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).digest()
+    return hashlib.sha256(flat.view(torch.uint8).numpy().data).digest()
 
 
 def file_digest(path: Path) -> str:
