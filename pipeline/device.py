@@ -126,7 +126,7 @@ def _flash_attn_importable() -> bool:
 def _cpu_facts() -> dict:
     flags = _cpuinfo_field("flags").split()
     return {
-        "cpu_cores": _usable_cpus(),
+        "cpu_cores": usable_cpus(),
         "avx512": "avx512f" in flags,
         "amx": "amx_tile" in flags and "amx_bf16" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
@@ -171,7 +171,7 @@ def _cpu_name() -> str:
     return _cpuinfo_field("model name") or platform.processor() or "cpu"
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
     """CPUs this process may use: the affinity mask, capped by a cgroup v2 ``cpu.max`` quota."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:

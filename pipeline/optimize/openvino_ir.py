@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -47,6 +46,7 @@ from typing import Any, Protocol
 import torch
 
 from pipeline.compile_cache import CacheOutcome, package_version
+from pipeline.device import usable_cpus
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -119,12 +119,8 @@ def ir_key(unet: torch.nn.Module, int8_weights: bool = False) -> tuple[str, dict
 
 
 def _hash_threads() -> int:
-    """Threads for hashing: the cores this process may run on, at most 8."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    """Threads for hashing: the CPUs this process may use (affinity and cgroup quota), at most 8."""
+    return max(1, min(8, usable_cpus()))
 
 
 def _tensor_sha256(tensor: torch.Tensor) -> bytes:
