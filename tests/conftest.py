@@ -57,6 +57,18 @@ WORKER_BATCH_SIZE = 8
 _test_started = pytest.StashKey[float]()
 _file_seconds: collections.Counter[str] = collections.Counter()  # test file -> seconds, for the summary
 _worker_seconds: collections.Counter[str] = collections.Counter()  # xdist worker -> seconds
+_file_cpu: collections.Counter[str] = collections.Counter()  # test file -> CPU seconds, this process and children
+_cpu_seen = [0.0]  # this process's CPU seconds (with its reaped children) at the last report
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of every descendant it has reaped so far
+    (``getrusage``: a reaped child's total includes its own reaped children), so a test's share
+    includes the workers, servers and compilers it started and stopped."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @pytest.fixture(scope="session")
@@ -211,25 +223,37 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if name == "fault_row":
             collect(value)
     _file_seconds[report.nodeid.partition("::")[0]] += report.duration
+    for name, value in report.user_properties:
+        if name == "cpu_s":
+            _file_cpu[report.nodeid.partition("::")[0]] += value
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
     _worker_seconds[worker] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """The fault table of the scenarios run in this session (tests/faults, scenario o), if any;
-    then the slowest test files and each pytest-xdist worker's busy time (seconds of setup, call
-    and teardown summed), which show how evenly ``--dist loadfile`` spread the files."""
+    then the slowest test files, with the CPU seconds each used (its own process and the processes
+    it started and reaped: on a machine whose cores are all busy, CPU seconds, not wall seconds,
+    say where the suite's time goes), and each pytest-xdist worker's busy time (seconds of setup,
+    call and teardown summed), which show how evenly ``--dist loadfile`` spread the files."""
     from tests.fault_table import format_table, rows
 
     if rows():
         terminalreporter.write_sep("=", "fault-injection table")
         terminalreporter.write_line(format_table(rows()))
     if len(_file_seconds) > 1:
-        terminalreporter.write_sep("=", "slowest files (s)")
+        terminalreporter.write_sep("=", "slowest files (wall s, CPU s)")
         for path, seconds in _file_seconds.most_common(15):
-            terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+            terminalreporter.write_line(f"{seconds:8.1f} {_file_cpu[path]:8.1f}  {path}")
+        terminalreporter.write_line(f"CPU seconds in all: {sum(_file_cpu.values()):.0f}")
         busy = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(_worker_seconds.items()))
         terminalreporter.write_line(f"busy time per worker: {busy}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start counting CPU seconds after collection (imports of every test module), so the first
+    test file's share is its own."""
+    _cpu_seen[0] = _cpu_seconds()
 
 
 # -- log tails on failure -------------------------------------------------------------------
@@ -249,6 +273,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     report.user_properties.extend(("fault_row", row) for row in take_recorded())
+    cpu = _cpu_seconds()
+    report.user_properties.append(("cpu_s", cpu - _cpu_seen[0]))
+    _cpu_seen[0] = cpu
     if not report.failed:
         return
     since = item.stash.get(_test_started, 0.0) - 1.0
