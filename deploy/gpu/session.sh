@@ -22,7 +22,7 @@
 #   2 ready     the worker's time to ready, cold and then with the compile cache (`bench ready`:
 #               each phase a fresh process with an empty Inductor cache; one bucket at 512², the
 #               same static CUDA-graph compile, so that the cold compile fits; the dry run
-#               compiles the tiny VAE decoder only)
+#               compiles the tiny VAE decoder only, unfrozen as on the GPU)
 #   3 flux-*    flux-schnell-arch 1024², 4 steps, guidance 0, batch 1, one row per invocation (each
 #               its own JSON): reference, the farm's `fast` (its torchao fp8 + compile), `exact`
 # Budgets (seconds, env overrides; the H200 run took 200, 104 and 138 s): SD15_B1_S 210, SD15_B8_S 110,
@@ -54,7 +54,8 @@ FARM=compile_dynamic=false+compile_mode=reduce-overhead
 if [ "$dry" = 1 ]; then
   DEV=cpu SD15=tiny FLUX=tiny-flux S=64 L=64 STEPS=2 FSTEPS=2 N=1 PY=${PYTHON:-python3}
   FARM=$FARM+compile_denoiser=false+compile_vae=false
-  READY='{"compile_denoiser": false, "compile_vae": true, "batch_invariant": false, "compile_dynamic": false}'
+  # no Inductor freezing: the GPU run's reduce-overhead compile never freezes, so the dry run takes its path
+  READY='{"compile_denoiser": false, "compile_vae": true, "batch_invariant": false, "compile_dynamic": false, "compile_freeze": false}'
 else
   DEV=cuda SD15=sd15-arch FLUX=flux-schnell-arch S=512 L=1024 STEPS=20 FSTEPS=4 N= PY=python3
   READY='{"compile_denoiser": true, "compile_vae": true, "compile_dynamic": false, "compile_mode": "reduce-overhead"}'
