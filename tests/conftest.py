@@ -215,17 +215,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Gather the fault rows that a test phase recorded (moved into its report below, so they
-    reach the pytest-xdist controller with the report)."""
+    """Gather the fault rows and the CPU seconds that a test phase recorded (moved into its report
+    below, so they reach the pytest-xdist controller with the report), and its wall seconds."""
     from tests.fault_table import collect
 
+    path = report.nodeid.partition("::")[0]
     for name, value in report.user_properties:
         if name == "fault_row":
             collect(value)
-    _file_seconds[report.nodeid.partition("::")[0]] += report.duration
-    for name, value in report.user_properties:
-        if name == "cpu_s":
-            _file_cpu[report.nodeid.partition("::")[0]] += value
+        elif name == "cpu_s":
+            _file_cpu[path] += value
+    _file_seconds[path] += report.duration
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
     _worker_seconds[worker] += report.duration
 
