@@ -24,10 +24,9 @@ segments), checked on every restore: a missing manifest
 log line saying which and why. A cold worker compiles from the IR it has just saved too, so a
 worker that converted and one that restored run the same graph.
 
-Hashing runs on a thread per usable core (``hashlib`` releases the GIL on large buffers): SHA-256
-runs at about 1.8 GB/s on a core with the SHA extensions (the AMD EPYCs measured here) but at
-0.38 GB/s on an AVX-512 Xeon without them (family 6 model 85), where one core spent about 9 s on
-SD 1.5's 3.4 GB for the key and 9 s more checking the restored files.
+Hashing runs on a thread per usable core (:mod:`pipeline.optimize.weights_digest`): on an AVX-512
+Xeon without the SHA extensions (family 6 model 85) one core spent about 9 s on SD 1.5's 3.4 GB
+for the key and 9 s more checking the restored files.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ from typing import Any, Protocol
 import torch
 
 from pipeline.compile_cache import CacheOutcome, package_version
-from pipeline.device import usable_cpus
+from pipeline.optimize.weights_digest import hash_threads, update_with_weights
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -109,24 +108,8 @@ def ir_key(unet: torch.nn.Module, int8_weights: bool = False) -> tuple[str, dict
                      for d in ("openvino", "torch", "diffusers", *(("nncf",) if int8_weights else ()))},
     }
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode())
-    tensors = list(unet.state_dict().items())
-    with ThreadPoolExecutor(max_workers=_hash_threads()) as pool:
-        tensor_digests = pool.map(_tensor_sha256, (t for _, t in tensors))
-        for (name, tensor), tensor_digest in zip(tensors, tensor_digests):
-            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-            digest.update(tensor_digest)
+    update_with_weights(digest, unet)
     return f"openvino-{digest.hexdigest()[:32]}", fields
-
-
-def _hash_threads() -> int:
-    """Threads for hashing: the CPUs this process may use (affinity and cgroup quota), at most 8."""
-    return max(1, min(8, usable_cpus()))
-
-
-def _tensor_sha256(tensor: torch.Tensor) -> bytes:
-    """SHA-256 of ``tensor``'s bytes (C-contiguous), as 32 raw bytes."""
-    flat = tensor.detach().contiguous().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy().data).digest()
 
 
 def file_digest(path: Path) -> str:
@@ -146,7 +129,7 @@ def file_digest(path: Path) -> str:
         return digest.digest()
 
     top = hashlib.sha256(f"{size}:{_SEGMENT}:".encode())
-    with ThreadPoolExecutor(max_workers=_hash_threads()) as pool:
+    with ThreadPoolExecutor(max_workers=hash_threads()) as pool:
         for part in pool.map(segment, range(0, size, _SEGMENT)):
             top.update(part)
     return top.hexdigest()
