@@ -22,8 +22,11 @@ outlive the process.
 
 A blob is ``MAGIC`` (4 bytes), the header's length (4 bytes, big-endian), the header (UTF-8
 JSON: ``format``, the key's ``fields``, the payload's ``sha256`` and ``bytes``), then the
-payload: an uncompressed tar of ``megacache.bin`` (the bytes of ``save_cache_artifacts()``)
-and ``kernels/<path under the cache directory>``. The key names everything that changes the
+payload: an uncompressed tar of ``megacache.bin`` (the bytes of ``save_cache_artifacts()``;
+empty when only AOTInductor packages compiled) and ``kernels/<path under the cache directory>``:
+the kernels' ``*.so`` and the AOTInductor packages (``aot-packages/*.pt2``,
+:mod:`pipeline.optimize.aot`, the frozen CPU VAE decoder, one per shape; each holds its frozen
+weights, about 200 MB for SD 1.5's decoder). The key names everything that changes the
 compiled code: the model and its revision, the recipe's knobs, the device (name, compute
 capability; on the CPU the model name and ISA flags), the torch/triton/diffusers versions, and
 the warm-up's batch buckets, sizes and whether guidance doubles the batch.
@@ -48,6 +51,9 @@ log = logging.getLogger("renderfarm.worker")
 
 FORMAT = 1
 MAGIC = b"RFCC"
+#: The folder, under the Inductor cache directory, of the AOTInductor packages (``*.pt2``,
+#: :mod:`pipeline.optimize.aot`); the payload carries them as it carries the kernels.
+AOT_PACKAGES = "aot-packages"
 OUTCOMES = ("hit", "miss", "corrupt", "mismatch", "error")
 # Recipe fields that do not change what Inductor compiles (the batch and memory bounds are
 # covered by the buckets; the name is kept so that a person reading the key sees it).
@@ -240,17 +246,25 @@ def export_artifacts(key: CacheKey) -> bytes | None:
     """Everything this process compiled so far, as a blob for ``key``; None when there is nothing
     (no compile ran). ``torch.compiler.save_cache_artifacts()`` collects the artifacts since the
     process started (or since the last ``torch.compiler.reset()``); the compiled C++ kernels are
-    every ``*.so`` under :func:`inductor_cache_dir`."""
+    every ``*.so`` under :func:`inductor_cache_dir`, and the AOTInductor packages the ones this
+    process compiled or loaded (in its :data:`AOT_PACKAGES` folder). An AOTInductor build leaves its model library
+    (``*.wrapper.so``, the frozen weights included) beside the kernels as well; that copy stays
+    out, since the package carries it."""
     import torch
 
+    from pipeline.compile_count import aot_package_paths
+
     saved = torch.compiler.save_cache_artifacts()
-    if saved is None or not saved[0]:
+    root = inductor_cache_dir()
+    files = sorted(p for p in root.rglob("*.so") if not p.name.endswith(".wrapper.so")) if root.is_dir() else []
+    packages = [p for p in aot_package_paths() if p.parent == root / AOT_PACKAGES]
+    megacache = saved[0] if saved is not None and saved[0] else b""
+    if not megacache and not packages:
         return None
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        _add(tar, "megacache.bin", saved[0])
-        root = inductor_cache_dir()
-        for path in sorted(root.rglob("*.so")) if root.is_dir() else ():
+        _add(tar, "megacache.bin", megacache)
+        for path in files + packages:
             if path.is_file() and not path.is_symlink():
                 _add(tar, f"kernels/{path.relative_to(root).as_posix()}", path.read_bytes())
     return pack(key, buffer.getvalue())
@@ -305,7 +319,8 @@ def import_artifacts(blob: bytes | None, key: CacheKey, *, seconds: float = 0.0)
     started = time.perf_counter()
     try:
         megacache, kernels = _restore_payload(unpack(blob, key))
-        info = torch.compiler.load_cache_artifacts(megacache)
+        # an artifact of AOTInductor packages alone has an empty mega-cache: nothing to load
+        info = torch.compiler.load_cache_artifacts(megacache) if megacache else None
     except CorruptArtifact as exc:
         return CacheOutcome(key.name, "corrupt", str(exc), len(blob), seconds + time.perf_counter() - started)
     except MismatchedArtifact as exc:
@@ -313,27 +328,31 @@ def import_artifacts(blob: bytes | None, key: CacheKey, *, seconds: float = 0.0)
     except Exception as exc:  # torch could not deserialize it: as good as corrupt, but say what torch said
         return CacheOutcome(key.name, "error", f"load_cache_artifacts failed: {type(exc).__name__}: {exc}",
                             len(blob), seconds + time.perf_counter() - started)
-    if info is None:  # torch logs why and returns None (its own checksum, a format of another version)
+    if info is None and megacache:  # torch logs why and returns None (its own checksum, a format of another version)
         return CacheOutcome(key.name, "error", "load_cache_artifacts rejected the mega-cache (see torch's warning)",
                             len(blob), seconds + time.perf_counter() - started)
     entries = sum(len(v) for v in getattr(info, "artifacts", {}).values())
-    return CacheOutcome(key.name, "hit", f"loaded {entries} cache entries and {kernels} compiled kernels",
+    return CacheOutcome(key.name, "hit", f"loaded {entries} cache entries and {kernels} compiled files",
                         len(blob), seconds + time.perf_counter() - started)
 
 
 def compile_counters() -> dict:
     """Inductor's cache counters so far in this process (``torch._dynamo.utils.counters["inductor"]``):
-    ``fxgraph_cache_hit``, ``fxgraph_cache_miss`` (a graph compiled by Inductor), and AOTAutograd's
-    ``autograd_cache_hit`` / ``autograd_cache_miss`` when present. A warm-up that compiled nothing
-    new has ``fxgraph_cache_miss == 0``."""
+    ``fxgraph_cache_hit``, ``fxgraph_cache_miss`` (a graph compiled by Inductor), AOTAutograd's
+    ``autograd_cache_hit`` / ``autograd_cache_miss`` when present, and the AOTInductor packages
+    ``aot_compiled`` / ``aot_loaded`` (:func:`pipeline.compile_count.aot_packages`). A warm-up that
+    compiled nothing new has ``fxgraph_cache_miss == 0`` and ``aot_compiled == 0``."""
     from torch._dynamo.utils import counters
+
+    from pipeline.compile_count import aot_packages
 
     inductor = counters["inductor"]
     aot = counters["aot_autograd"]
     return {"fxgraph_cache_hit": int(inductor["fxgraph_cache_hit"]),
             "fxgraph_cache_miss": int(inductor["fxgraph_cache_miss"]),
             "autograd_cache_hit": int(aot["autograd_cache_hit"]),
-            "autograd_cache_miss": int(aot["autograd_cache_miss"])}
+            "autograd_cache_miss": int(aot["autograd_cache_miss"]),
+            **{f"aot_{k}": v for k, v in aot_packages().items()}}
 
 
 def log_outcome(outcome: CacheOutcome) -> None:
@@ -345,6 +364,7 @@ def log_outcome(outcome: CacheOutcome) -> None:
         log.warning("compile cache %s: %s: %s; compiling instead", outcome.outcome, outcome.key, outcome.reason)
 
 
-__all__ = ["FORMAT", "MAGIC", "OUTCOMES", "CacheKey", "CacheOutcome", "CorruptArtifact", "MismatchedArtifact",
-           "cache_key", "compile_counters", "device_fields", "export_artifacts", "import_artifacts",
-           "inductor_cache_dir", "log_outcome", "model_revision", "pack", "package_version", "read_header", "unpack"]
+__all__ = ["AOT_PACKAGES", "FORMAT", "MAGIC", "OUTCOMES", "CacheKey", "CacheOutcome", "CorruptArtifact",
+           "MismatchedArtifact", "cache_key", "compile_counters", "device_fields", "export_artifacts",
+           "import_artifacts", "inductor_cache_dir", "log_outcome", "model_revision", "pack", "package_version",
+           "read_header", "unpack"]

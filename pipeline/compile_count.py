@@ -10,6 +10,9 @@ callbacks, the hook behind ``torch._dynamo.callback.on_compile_start``; one call
 compilation of a frame). Inductor's FX-graph cache hits and misses come from
 ``torch._dynamo.utils.counters["inductor"]`` (PyTorch's "Compile time caching in torch.compile"
 recipe names them), so a caller can tell a compile served from the cache from a cold one.
+AOTInductor packages (:mod:`pipeline.optimize.aot`, which TorchDynamo never sees) count here
+themselves: one compiled is one compilation, one loaded from the cache directory is none; they
+follow the stance set here, as TorchDynamo's graphs do.
 """
 
 from __future__ import annotations
@@ -17,9 +20,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 _lock = threading.Lock()
-_state = {"compiles": 0}
+_state = {"compiles": 0, "aot_compiled": 0, "aot_loaded": 0}
+#: The stance last set here: "default" (compile what is new), "eager_on_recompile" (held) or
+#: "force_eager". Modules compiled ahead of time (:mod:`pipeline.optimize.aot`) follow it too.
+_stance = ["default"]
+_aot_paths: set[Path] = set()
 
 
 def install() -> None:
@@ -41,9 +49,39 @@ def _on_start(_args) -> None:
 
 
 def compiles() -> int:
-    """TorchDynamo compilations started in this process since :func:`install` (an int ≥ 0)."""
+    """Compilations started in this process: TorchDynamo's since :func:`install`, plus the
+    ahead-of-time packages compiled (:func:`count_aot`) (an int ≥ 0)."""
     with _lock:
         return _state["compiles"]
+
+
+def count_aot(compiled: bool, path: Path) -> None:
+    """Count one ahead-of-time package at ``path`` (:mod:`pipeline.optimize.aot`): ``compiled`` (a
+    compilation, also counted by :func:`compiles`) or loaded from the local cache directory (not a
+    compilation). The path joins :func:`aot_package_paths`."""
+    with _lock:
+        if compiled:
+            _state["compiles"] += 1
+        _state["aot_compiled" if compiled else "aot_loaded"] += 1
+        _aot_paths.add(Path(path))
+
+
+def aot_package_paths() -> list[Path]:
+    """Every ahead-of-time package this process compiled or loaded (what the compile cache saves)."""
+    with _lock:
+        return sorted(_aot_paths)
+
+
+def aot_packages() -> dict[str, int]:
+    """Ahead-of-time packages in this process so far: ``{"compiled": int, "loaded": int}``."""
+    with _lock:
+        return {"compiled": _state["aot_compiled"], "loaded": _state["aot_loaded"]}
+
+
+def stance() -> str:
+    """The stance last set by :func:`hold_compiled`, :func:`eager` or :func:`release_compiled`:
+    ``"default"``, ``"eager_on_recompile"`` or ``"force_eager"``."""
+    return _stance[0]
 
 
 def fx_graph_cache() -> dict[str, int]:
@@ -68,6 +106,7 @@ def hold_compiled() -> None:
     compiled before still run. Without ``set_stance`` (older PyTorch) nothing changes."""
     import torch
 
+    _stance[0] = "eager_on_recompile"
     set_stance = getattr(torch.compiler, "set_stance", None)
     if set_stance is not None:
         set_stance("eager_on_recompile")
@@ -80,17 +119,22 @@ def eager() -> Iterator[None]:
     import torch
 
     set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:
-        yield
-        return
-    with set_stance("force_eager"):
-        yield
+    before, _stance[0] = _stance[0], "force_eager"
+    try:
+        if set_stance is None:
+            yield
+            return
+        with set_stance("force_eager"):
+            yield
+    finally:
+        _stance[0] = before
 
 
 def release_compiled() -> None:
     """Back to TorchDynamo's default stance (compile what is new); for tests and benchmarks."""
     import torch
 
+    _stance[0] = "default"
     set_stance = getattr(torch.compiler, "set_stance", None)
     if set_stance is not None:
         set_stance("default")

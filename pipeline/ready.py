@@ -57,9 +57,11 @@ def restore(key: CacheKey, fetch: Fetch) -> CacheOutcome:
 
 
 def save(key: CacheKey, outcome: CacheOutcome, store: Store) -> None:
-    """After a warm-up that compiled (``fxgraph_cache_miss`` > 0, or a restore that was not a hit),
-    export the artifacts and store them under ``key``; records ``outcome.saved``. Never raises."""
-    if outcome.outcome == "hit" and compile_counters()["fxgraph_cache_miss"] == 0:
+    """After a warm-up that compiled (``fxgraph_cache_miss`` or ``aot_compiled`` > 0, or a restore
+    that was not a hit), export the artifacts and store them under ``key``; records
+    ``outcome.saved``. Never raises."""
+    counters = compile_counters()
+    if outcome.outcome == "hit" and counters["fxgraph_cache_miss"] == 0 and counters["aot_compiled"] == 0:
         return
     started = time.perf_counter()
     try:
@@ -106,8 +108,9 @@ def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, s
     if store is not None:
         save(key, outcome, store)
     counters = compile_counters()
-    log.info("compile cache %s: Inductor FX graph cache %d hit(s), %d miss(es) after the warm-up", outcome.outcome,
-             counters["fxgraph_cache_hit"], counters["fxgraph_cache_miss"])
+    log.info("compile cache %s: Inductor FX graph cache %d hit(s), %d miss(es); AOTInductor packages %d loaded, "
+             "%d compiled after the warm-up", outcome.outcome, counters["fxgraph_cache_hit"],
+             counters["fxgraph_cache_miss"], counters["aot_loaded"], counters["aot_compiled"])
     return {"warm_up": report, "compile_cache": {**outcome.to_dict(), "counters": counters}}
 
 

@@ -96,7 +96,7 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
         step("compile", lambda: compile_pipeline(
             pipe, denoiser_name, denoiser=recipe.compile_denoiser and not converted, vae=recipe.compile_vae,
             regional=recipe.compile_regional, dynamic=recipe.compile_dynamic, mode=recipe.compile_mode,
-            device=device, freeze=recipe.compile_freeze))
+            device=device, freeze=recipe.compile_freeze, aot=recipe.compile_aot))
     return {
         "recipe": recipe.name,
         "family": detect_family(pipe),

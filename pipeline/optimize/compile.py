@@ -31,7 +31,10 @@ with freezing 5.77 / 21.7 (1.10× / 1.18× eager; max difference 5.7e-5). A froz
 module's weights when it is built, from the module and not from the FX graph cache (a cache hit
 after changing a bias gave the changed output), so the compile cache still serves it. Only the
 decoder is frozen: a LoRA hot-swap rewrites the denoiser's weights in place, which a frozen graph
-would not see.
+would not see. With static shapes the frozen decoder is compiled ahead of time instead (the
+recipe's ``compile_aot``, on by default): one AOTInductor package per shape, which a worker that
+restored the compile cache loads without TorchDynamo's trace, AOTAutograd or the freezing passes
+(:mod:`pipeline.optimize.aot`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from typing import Any
 
 import torch
 
+from pipeline.optimize.aot import install as install_aot
 from pipeline.optimize.quantize import Skip
 
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -125,11 +129,14 @@ def without_precompiled_headers() -> Iterator[bool]:
 
 
 def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, regional: bool, dynamic: bool,
-                     mode: str, device: str | None, freeze: bool = True):
+                     mode: str, device: str | None, freeze: bool = True, aot: bool = True):
     """Compile as asked; returns ``{"mode", "dynamic", "modules"}`` or a :class:`Skip`.
 
     ``freeze``: Inductor freezing for the VAE decoder where it applies (the CPU, ``default`` mode;
-    the recipe's ``compile_freeze``); the report's ``frozen`` lists the frozen modules."""
+    the recipe's ``compile_freeze``); the report's ``frozen`` lists the frozen modules. ``aot``
+    (the recipe's ``compile_aot``): a frozen decoder with static shapes is compiled ahead of time,
+    one AOTInductor package per shape (:mod:`pipeline.optimize.aot`), which a later worker loads
+    without tracing; the report's ``aot`` lists those modules."""
     kind = (device or str(getattr(pipe, "device", "cpu"))).partition(":")[0]
     if kind == "cpu" and not has_cpp_compiler():
         return Skip("torch.compile on the CPU needs a C++ compiler (g++/clang++); none on PATH")
@@ -140,11 +147,14 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
     graphs = kind == "cuda" and mode in CUDAGRAPH_MODES
 
     freeze = freeze and kind == "cpu" and mode == "default"
+    aot = aot and freeze and not dynamic
 
     def whole(module, frozen: bool = False) -> None:
         if graphs:  # compile forward only, so that the step mark and the clone run outside the graph
             module.forward = torch.compile(module.forward, **options)
             cudagraph_safe(module)
+        elif frozen and aot:
+            install_aot(module, "vae-decoder")
         elif frozen:  # torch.compile takes mode or options, not both; "default" is no mode
             module.compile(dynamic=options["dynamic"], options={"freezing": True})
         else:
@@ -172,6 +182,8 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
         attempt("vae.decoder", lambda: whole(pipe.vae.decoder, frozen=freeze))
         if freeze and "vae.decoder" in done:
             notes["frozen"] = ["vae.decoder"]
+            if aot:
+                notes["aot"] = ["vae.decoder"]
     if not done:
         return Skip("; ".join(f"{k}: {v}" for k, v in failed.items()) or "nothing to compile")
     return {"mode": mode, "dynamic": dynamic, "modules": done, "cuda_graphs": graphs, **notes,

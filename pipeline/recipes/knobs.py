@@ -51,6 +51,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
     "compile_mode": Optimization(EXACT, "torch.compile modes"),
     "compile_freeze": Optimization(EXACT, "Inductor freezing (PyTorch 'Inductor CPU backend' tutorial): the compiled "
                                           "VAE decoder's weights become constants; CPU, default mode"),
+    "compile_aot": Optimization(EXACT, "AOTInductor (PyTorch 'AOTInductor' docs): the frozen CPU decoder compiled "
+                                       "ahead of time, one package per shape, loaded by the next worker"),
     "vae_tiling": Optimization(APPROX, "diffusers 'Reduce memory usage': tiles are blended, pixels change "
                                        "above the tile size (512 px for SD)"),
     "vae_slicing": Optimization(EXACT, "diffusers 'Reduce memory usage': decodes one image at a time"),
@@ -78,7 +80,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
 _CHOICES: dict[str, tuple] = {"dtype": DTYPES, "attention": ATTENTION, "compile_mode": COMPILE_MODES,
                               "quantization": QUANTIZATION, "backend": BACKENDS}
 _BOOLS = ("channels_last", "fuse_qkv", "compile_denoiser", "compile_regional", "compile_dynamic", "compile_vae",
-          "compile_freeze", "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute", "batch_invariant")
+          "compile_freeze", "compile_aot", "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute",
+          "batch_invariant")
 #: Old knob names still accepted in overrides.
 ALIASES = {"compile_unet": "compile_denoiser"}
 _NOT_KNOBS = ("name", "overridden", "reference_dtype", "family", "adjusted")
@@ -107,6 +110,7 @@ class Recipe:
     compile_vae: bool = False  # compiles the VAE decoder only
     compile_mode: str = "default"
     compile_freeze: bool = True  # Inductor freezing of the compiled VAE decoder (CPU, default mode only)
+    compile_aot: bool = True  # the frozen decoder as AOTInductor packages (static shapes; pipeline/optimize/aot.py)
     vae_tiling: bool = False
     vae_slicing: bool = False
     cpu_offload: bool = False

@@ -12,6 +12,7 @@ import torch
 
 from pipeline.device import DeviceProfile
 from pipeline.optimize import FlashAttnProcessor, apply_recipe
+from pipeline.optimize.aot import AotForward
 from pipeline.recipes import BASELINE, select_recipe
 
 CPU_AMX = DeviceProfile(kind="cpu", cpu_cores=2, total_memory_bytes=16 * 10**9, avx512=True, amx=True)
@@ -148,10 +149,16 @@ def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
     report = apply_recipe(pipe, recipe)  # compiles lazily: nothing is run here
     assert report["applied"]["compile"] == {"mode": "default", "dynamic": False, "modules": ["unet", "vae.decoder"],
                                             "cuda_graphs": False,  # CUDA graphs only on CUDA
-                                            "frozen": ["vae.decoder"]}  # Inductor freezing, CPU decoder
+                                            "frozen": ["vae.decoder"],  # Inductor freezing, CPU decoder
+                                            "aot": ["vae.decoder"]}  # as AOTInductor packages
     assert pipe.unet._compiled_call_impl is not None
+    assert isinstance(pipe.vae.decoder.forward, AotForward) and pipe.vae.decoder.forward.runners == {}
+    jit = tiny_pipeline(tmp_path)
+    assert "aot" not in apply_recipe(jit, dataclasses.replace(recipe, compile_aot=False))["applied"]["compile"]
+    assert jit.vae.decoder._compiled_call_impl is not None  # frozen under torch.compile instead
     unfrozen = apply_recipe(tiny_pipeline(tmp_path), dataclasses.replace(recipe, compile_freeze=False))
     assert "frozen" not in unfrozen["applied"]["compile"]  # the knob turns freezing off
+    assert "aot" not in unfrozen["applied"]["compile"]  # and with it the packages
 
 
 def test_the_frozen_compiled_vae_decoder_renders_what_the_eager_one_does(tmp_path, exact_recipe):
