@@ -11,8 +11,8 @@ compilation of a frame). Inductor's FX-graph cache hits and misses come from
 ``torch._dynamo.utils.counters["inductor"]`` (PyTorch's "Compile time caching in torch.compile"
 recipe names them), so a caller can tell a compile served from the cache from a cold one.
 AOTInductor packages (:mod:`pipeline.optimize.aot`, which TorchDynamo never sees) count here
-themselves: one compiled is one compilation, one loaded from the cache directory is none; they
-follow the stance set here, as TorchDynamo's graphs do.
+themselves, compiled or loaded (:func:`aot_packages` tells them apart), and follow the stance set
+here, as TorchDynamo's graphs do.
 """
 
 from __future__ import annotations
@@ -49,19 +49,20 @@ def _on_start(_args) -> None:
 
 
 def compiles() -> int:
-    """Compilations started in this process: TorchDynamo's since :func:`install`, plus the
-    ahead-of-time packages compiled (:func:`count_aot`) (an int ≥ 0)."""
+    """Compilations started in this process: TorchDynamo's since :func:`install` (served by
+    Inductor's cache or not), plus the ahead-of-time packages compiled or loaded (:func:`count_aot`)
+    (an int ≥ 0)."""
     with _lock:
         return _state["compiles"]
 
 
 def count_aot(compiled: bool, path: Path) -> None:
-    """Count one ahead-of-time package at ``path`` (:mod:`pipeline.optimize.aot`): ``compiled`` (a
-    compilation, also counted by :func:`compiles`) or loaded from the local cache directory (not a
-    compilation). The path joins :func:`aot_package_paths`."""
+    """Count one ahead-of-time package at ``path`` (:mod:`pipeline.optimize.aot`), compiled or
+    loaded from the local cache directory. Either is one of :func:`compiles`, as TorchDynamo counts
+    a compilation whose code Inductor's cache serves; :func:`aot_packages` tells them apart. The
+    path joins :func:`aot_package_paths`."""
     with _lock:
-        if compiled:
-            _state["compiles"] += 1
+        _state["compiles"] += 1
         _state["aot_compiled" if compiled else "aot_loaded"] += 1
         _aot_paths.add(Path(path))
 

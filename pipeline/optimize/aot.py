@@ -28,8 +28,9 @@ on a mismatch; the compile cache's key already pins the CPU's ISA flags, so pack
 the same native loader (``torch._C._aoti.AOTIModelPackageLoader``) directly, and through
 ``aoti_load_package`` where a torch lacks it.
 
-After the warm-up (:func:`pipeline.compile_count.hold_compiled`) a shape with no package runs
-eagerly, and under :func:`pipeline.compile_count.eager` every call does. A failed export, compile
+After the warm-up (:func:`pipeline.compile_count.hold_compiled`) a shape that got no package
+then runs eagerly (even when its package is on disk: no new graph in the hot path), and under
+:func:`pipeline.compile_count.eager` every call does. A failed export, compile
 or load logs one warning and that shape runs eagerly from then on: it never fails a render.
 """
 
@@ -118,12 +119,14 @@ class AotForward:
             if key in self.runners or shape in self.failed:
                 return self.runners.get(key)
             try:
+                if compile_count.stance() != "default":  # held after the warm-up: no new graph
+                    return None
                 path = self.package_path(sample)
                 if path.is_file():
                     self.runners[key] = _load(path)
                     compile_count.count_aot(compiled=False, path=path)
                     log.info("AOTInductor package loaded: %s %s (%s)", self.label, shape, path.name)
-                elif compile_count.stance() == "default":
+                else:
                     started = time.perf_counter()
                     self.runners[key] = _load(compile_package(self.module, sample, path))
                     compile_count.count_aot(compiled=True, path=path)
