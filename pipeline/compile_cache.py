@@ -247,20 +247,20 @@ def export_artifacts(key: CacheKey) -> bytes | None:
     (no compile ran). ``torch.compiler.save_cache_artifacts()`` collects the artifacts since the
     process started (or since the last ``torch.compiler.reset()``); the compiled C++ kernels are
     every ``*.so`` under :func:`inductor_cache_dir`, and the AOTInductor packages the ones this
-    process compiled or loaded (in its :data:`AOT_PACKAGES` folder). An AOTInductor build leaves its model library
-    (``*.wrapper.so``, the frozen weights included) beside the kernels as well; that copy stays
-    out, since the package carries it."""
+    process compiled or loaded (in its :data:`AOT_PACKAGES` folder). An AOTInductor build leaves
+    its model library (``*.wrapper.so``, the frozen weights included) beside the kernels as well;
+    that copy stays out, since the package carries it."""
     import torch
 
     from pipeline.compile_count import aot_package_paths
 
     saved = torch.compiler.save_cache_artifacts()
     root = inductor_cache_dir()
-    files = sorted(p for p in root.rglob("*.so") if not p.name.endswith(".wrapper.so")) if root.is_dir() else []
     packages = [p for p in aot_package_paths() if p.parent == root / AOT_PACKAGES]
     megacache = saved[0] if saved is not None and saved[0] else b""
     if not megacache and not packages:
         return None
+    files = sorted(p for p in root.rglob("*.so") if not p.name.endswith(".wrapper.so")) if root.is_dir() else []
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         _add(tar, "megacache.bin", megacache)
@@ -355,6 +355,12 @@ def compile_counters() -> dict:
             **{f"aot_{k}": v for k, v in aot_packages().items()}}
 
 
+def compiled_anew(counters: dict) -> int:
+    """Graphs compiled, not served by a cache, in :func:`compile_counters`' ``counters``: Inductor
+    FX graph cache misses plus AOTInductor packages compiled (0: a warm-up that compiled nothing)."""
+    return int(counters["fxgraph_cache_miss"]) + int(counters.get("aot_compiled", 0))
+
+
 def log_outcome(outcome: CacheOutcome) -> None:
     """The one log line of a restore: which outcome and why (a non-hit falls back to compiling)."""
     if outcome.outcome == "hit":
@@ -365,6 +371,6 @@ def log_outcome(outcome: CacheOutcome) -> None:
 
 
 __all__ = ["AOT_PACKAGES", "FORMAT", "MAGIC", "OUTCOMES", "CacheKey", "CacheOutcome", "CorruptArtifact",
-           "MismatchedArtifact", "cache_key", "compile_counters", "device_fields", "export_artifacts",
+           "MismatchedArtifact", "cache_key", "compile_counters", "compiled_anew", "device_fields", "export_artifacts",
            "import_artifacts", "inductor_cache_dir", "log_outcome", "model_revision", "pack", "package_version",
            "read_header", "unpack"]

@@ -21,6 +21,7 @@ from pipeline.compile_cache import (
     CacheOutcome,
     cache_key,
     compile_counters,
+    compiled_anew,
     export_artifacts,
     import_artifacts,
     log_outcome,
@@ -60,8 +61,7 @@ def save(key: CacheKey, outcome: CacheOutcome, store: Store) -> None:
     """After a warm-up that compiled (``fxgraph_cache_miss`` or ``aot_compiled`` > 0, or a restore
     that was not a hit), export the artifacts and store them under ``key``; records
     ``outcome.saved``. Never raises."""
-    counters = compile_counters()
-    if outcome.outcome == "hit" and counters["fxgraph_cache_miss"] == 0 and counters["aot_compiled"] == 0:
+    if outcome.outcome == "hit" and compiled_anew(compile_counters()) == 0:
         return
     started = time.perf_counter()
     try:

@@ -150,11 +150,6 @@ def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print) -> 
             "load_average": {"before": before, "after": load_average()}}
 
 
-def compiled(counters: dict) -> int:
-    """Graphs a phase compiled: Inductor FX graph cache misses plus AOTInductor packages compiled."""
-    return int(counters["fxgraph_cache_miss"]) + int(counters.get("aot_compiled", 0))
-
-
 def served(counters: dict) -> int:
     """Graphs a phase took from the cache: FX graph cache hits plus AOTInductor packages loaded."""
     return int(counters["fxgraph_cache_hit"]) + int(counters.get("aot_loaded", 0))
@@ -162,8 +157,11 @@ def served(counters: dict) -> int:
 
 def ready_table(result: dict):
     """The result as one rich table: model, device/CPU, recipe, buckets, sizes, cold s, cached s,
-    ratio, compiles (:func:`compiled`) and cache hits (:func:`served`) in each phase."""
+    ratio, compiles (:func:`pipeline.compile_cache.compiled_anew`) and cache hits (:func:`served`)
+    in each phase."""
     from rich.table import Table
+
+    from pipeline.compile_cache import compiled_anew
 
     cold, cached, config = result["cold"], result["cached"], result["config"]
     cpu = cold.get("cpu")
@@ -178,7 +176,7 @@ def ready_table(result: dict):
     table.add_row(config["model"], device, str(cold.get("recipe")), ",".join(map(str, config["buckets"])),
                   ",".join(f"{w}x{h}" for w, h in config["sizes"]), str(config["steps"]),
                   f"{cold['ready_s']:.1f}", f"{cached['ready_s']:.1f}", f"{ratio:.1%}" if ratio else "-",
-                  str(compiled(cold["counters"])), str(compiled(cached["counters"])),
+                  str(compiled_anew(cold["counters"])), str(compiled_anew(cached["counters"])),
                   str(served(cached["counters"])), (cached.get("compile_cache") or {}).get("outcome", "-"),
                   (cached.get("openvino_ir") or {}).get("outcome", "-"))
     return table
