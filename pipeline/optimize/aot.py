@@ -98,7 +98,8 @@ class AotForward:
 
     @property
     def report(self) -> dict:
-        """``{"shapes": [[*shape], …], "failed": {shape: reason}}`` (JSON-able)."""
+        """``{"shapes": [[*shape], …], "failed": {"<shape> <dtype>": reason}}`` (JSON-able), e.g.
+        ``{"2x4x8x8 float32": "RuntimeError: …"}``."""
         return {"shapes": sorted(list(shape) for shape, _ in self.runners), "failed": dict(self.failed)}
 
     def package_path(self, sample: torch.Tensor) -> Path:
@@ -115,8 +116,9 @@ class AotForward:
 
     def _obtain(self, sample: torch.Tensor, key: ShapeKey):
         shape = "x".join(map(str, key[0]))
+        failure = f"{shape} {str(key[1]).removeprefix('torch.')}"  # a failure at one dtype is not another's
         with self._lock:
-            if key in self.runners or shape in self.failed:
+            if key in self.runners or failure in self.failed:
                 return self.runners.get(key)
             try:
                 if compile_count.stance() != "default":  # held after the warm-up: no new graph
@@ -133,8 +135,8 @@ class AotForward:
                     log.info("AOTInductor package compiled: %s %s in %.1fs (%s)", self.label, shape,
                              time.perf_counter() - started, path.name)
             except Exception as exc:  # export, compile or load: this shape runs eagerly from now on
-                self.failed[shape] = f"{type(exc).__name__}: {exc}"[:500]
-                log.warning("AOTInductor: %s at %s runs eagerly: %s", self.label, shape, self.failed[shape])
+                self.failed[failure] = f"{type(exc).__name__}: {exc}"[:500]
+                log.warning("AOTInductor: %s at %s runs eagerly: %s", self.label, failure, self.failed[failure])
             return self.runners.get(key)
 
 

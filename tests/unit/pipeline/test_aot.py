@@ -120,16 +120,24 @@ def test_a_broken_package_runs_eagerly_with_the_reason(compiled, caplog) -> None
     forward = install(module, "toy")
     path = forward.package_path(sample)
     good = path.read_bytes()
+    half = sample.to(torch.bfloat16)
+    other = forward.package_path(half)  # the same shape in bfloat16: another package, broken too
     try:
         path.write_bytes(b"not a package")
+        other.write_bytes(b"not a package either")
         with torch.no_grad(), caplog.at_level("WARNING", logger="renderfarm.worker"):
             got = module(sample)
             module(sample)  # the failure is remembered: no second attempt
+            module.to(torch.bfloat16)
+            got_half = module(half)  # a failure at float32 does not decide bfloat16: its own attempt
+            module(half)
     finally:
         path.write_bytes(good)
+        other.unlink()
     assert torch.allclose(got, expected, atol=1e-6)
-    assert list(forward.report["failed"]) == ["2x4x8x8"]
-    assert sum("runs eagerly" in r.getMessage() for r in caplog.records) == 1
+    assert got_half.dtype == torch.bfloat16 and got_half.shape == expected.shape
+    assert sorted(forward.report["failed"]) == ["2x4x8x8 bfloat16", "2x4x8x8 float32"]
+    assert sum("runs eagerly" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_the_compile_cache_carries_packages_without_their_build_copies(compiled) -> None:
