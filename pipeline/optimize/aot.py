@@ -81,7 +81,7 @@ class AotForward:
     def __init__(self, module: torch.nn.Module, label: str):
         self.module, self.label = module, label
         self.runners: dict[ShapeKey, Callable[[torch.Tensor], torch.Tensor]] = {}
-        self.failed: dict[str, str] = {}
+        self.failed: dict[ShapeKey, str] = {}  # keyed as runners are: a failure at one dtype is not another's
         self._weights: str | None = None
         self._lock = threading.Lock()
 
@@ -100,7 +100,8 @@ class AotForward:
     def report(self) -> dict:
         """``{"shapes": [[*shape], …], "failed": {"<shape> <dtype>": reason}}`` (JSON-able), e.g.
         ``{"2x4x8x8 float32": "RuntimeError: …"}``."""
-        return {"shapes": sorted(list(shape) for shape, _ in self.runners), "failed": dict(self.failed)}
+        return {"shapes": sorted(list(shape) for shape, _ in self.runners),
+                "failed": {_name(key): reason for key, reason in self.failed.items()}}
 
     def package_path(self, sample: torch.Tensor) -> Path:
         """Where the package for ``sample``'s shape and dtype lives:
@@ -116,9 +117,8 @@ class AotForward:
 
     def _obtain(self, sample: torch.Tensor, key: ShapeKey):
         shape = "x".join(map(str, key[0]))
-        failure = f"{shape} {str(key[1]).removeprefix('torch.')}"  # a failure at one dtype is not another's
         with self._lock:
-            if key in self.runners or failure in self.failed:
+            if key in self.runners or key in self.failed:
                 return self.runners.get(key)
             try:
                 if compile_count.stance() != "default":  # held after the warm-up: no new graph
@@ -135,9 +135,14 @@ class AotForward:
                     log.info("AOTInductor package compiled: %s %s in %.1fs (%s)", self.label, shape,
                              time.perf_counter() - started, path.name)
             except Exception as exc:  # export, compile or load: this shape runs eagerly from now on
-                self.failed[failure] = f"{type(exc).__name__}: {exc}"[:500]
-                log.warning("AOTInductor: %s at %s runs eagerly: %s", self.label, failure, self.failed[failure])
+                self.failed[key] = f"{type(exc).__name__}: {exc}"[:500]
+                log.warning("AOTInductor: %s at %s runs eagerly: %s", self.label, _name(key), self.failed[key])
             return self.runners.get(key)
+
+
+def _name(key: ShapeKey) -> str:
+    """A shape and dtype as the report and the log name them, e.g. ``2x4x8x8 float32``."""
+    return f"{'x'.join(map(str, key[0]))} {str(key[1]).removeprefix('torch.')}"
 
 
 def compile_package(module: torch.nn.Module, sample: torch.Tensor, path: Path) -> Path:
