@@ -28,7 +28,7 @@ from pipeline.buckets import split
 from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.compat import CompatKey as CompatKey
 from pipeline.compat import compat_key as compat_key
-from pipeline.invariance import make_batch_invariant, make_per_sample
+from pipeline.invariance import PER_SAMPLE, make_batch_invariant, make_per_sample
 from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
 from pipeline.modes import InputLoader, ModePipelines, mode_arguments
@@ -114,9 +114,10 @@ class Renderer:
                     make_per_sample(component)
                 else:
                     make_batch_invariant(component)
-            denoiser = getattr(pipe, self.denoiser_name)
-            if getattr(denoiser, "_renderfarm_per_sample_for_invariance", False):  # e.g. the OpenVINO UNet
-                make_per_sample(denoiser)
+            decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
+            for module in (getattr(pipe, self.denoiser_name), decoder):  # e.g. OpenVINO's UNet and decoder
+                if isinstance(module, torch.nn.Module) and getattr(module, PER_SAMPLE, False):
+                    make_per_sample(module)
         elif self.invariance == "per-sample":
             for name in (*TEXT_ENCODERS, self.denoiser_name):
                 module = getattr(pipe, name, None)

@@ -10,7 +10,8 @@ The knobs apply to the pipeline's *denoiser*, whichever it has: ``unet`` (SD 1.x
 Every step is guarded: a missing package (flash-attn, torchao, sdnq), a missing C++ compiler or
 Triton for ``torch.compile``, or a step that raises, is recorded under ``skipped`` with its
 reason, and the pipeline stays usable. Sources of each technique: ``recipes.OPTIMIZATIONS``.
-Modules: :mod:`.attention`, :mod:`.quantize`, :mod:`.compile`, :mod:`.tiny_vae`, :mod:`.openvino`.
+Modules: :mod:`.attention`, :mod:`.quantize`, :mod:`.compile`, :mod:`.tiny_vae`, :mod:`.openvino`,
+:mod:`.openvino_vae`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pipeline.models.families import OFFLINE_TINY_VAES, denoiser_of, detect_fami
 from pipeline.optimize.attention import FlashAttnProcessor, set_attention
 from pipeline.optimize.compile import compile_pipeline
 from pipeline.optimize.openvino import to_openvino
+from pipeline.optimize.openvino_vae import vae_to_openvino
 from pipeline.optimize.quantize import Skip, quantize
 from pipeline.optimize.tiny_vae import swap_tiny_vae
 from pipeline.recipes import Recipe
@@ -39,7 +41,7 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
     pipeline is offloaded to it instead of moved. ``None`` leaves the pipeline where it is.
     ``offline`` says the pipeline is an offline random-weight build (the tiny VAE is then the
     offline one); None reads it from the pipeline (:func:`pipeline.models.load_pipeline` marks it).
-    ``ir_store``: where the converted OpenVINO UNet is shared between workers
+    ``ir_store``: where the converted OpenVINO UNet and VAE decoder are shared between workers
     (:class:`pipeline.optimize.openvino_ir.IRStore`; None: converted at every load).
     Report keys: ``recipe``, ``family``, ``denoiser``, ``device``, ``applied`` (step → value),
     ``skipped`` (step → reason), ``approximations`` (approximate knobs in force), ``seconds``.
@@ -85,6 +87,8 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
         skipped["quantization"] = "the denoiser runs in OpenVINO"
     elif recipe.quantization:
         step("quantization", lambda: quantize(pipe, recipe.quantization, DTYPES[recipe.dtype], denoiser_name))
+    if recipe.vae_backend == "openvino":
+        step("vae_backend", lambda: vae_to_openvino(pipe, device, ir_store=ir_store))
     if recipe.vae_tiling:
         step("vae_tiling", lambda: _vae_memory(pipe.vae, "tiling"))
     if recipe.vae_slicing:
@@ -94,7 +98,8 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
     step("placement", lambda: _place(pipe, device, recipe.cpu_offload))
     if recipe.compile_denoiser or recipe.compile_vae:
         step("compile", lambda: compile_pipeline(
-            pipe, denoiser_name, denoiser=recipe.compile_denoiser and not converted, vae=recipe.compile_vae,
+            pipe, denoiser_name, denoiser=recipe.compile_denoiser and not converted,
+            vae=recipe.compile_vae and "vae_backend" not in applied,
             regional=recipe.compile_regional, dynamic=recipe.compile_dynamic, mode=recipe.compile_mode,
             device=device, freeze=recipe.compile_freeze, aot=recipe.compile_aot))
     return {

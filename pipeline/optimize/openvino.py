@@ -104,27 +104,61 @@ def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None
         return Skip("quantization=openvino_int8 needs the nncf package (the [cpu] extra)")
     import openvino as ov
 
-    ir = None
-    if ir_store is None:
-        model = _convert(unet, int8_weights)
-    else:
-        from pipeline.optimize.openvino_ir import read_or_convert
-
-        model, outcome = read_or_convert(unet, lambda: _convert(unet, int8_weights), ir_store,
-                                         int8_weights=int8_weights,
-                                         model=str(getattr(pipe, "_renderfarm_model", "")
-                                                   or getattr(pipe, "name_or_path", "") or ""))
-        ir = outcome.to_dict()
+    model, ir = converted(pipe, unet, lambda: _convert(unet, int8_weights), ir_store, int8_weights)
     weights = "as dtype"
     if int8_weights:
         import nncf
 
         weights = f"int8_asym (nncf {nncf.__version__})"
-    precision = "bf16" if dtype == torch.bfloat16 else "f16" if dtype == torch.float16 else "f32"
-    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
+    precision = precision_of(dtype)
+    compiled = compile_cpu(model, precision)
     setattr(pipe, denoiser_name, OpenVinoUNet(unet.to(dtype), compiled, precision))
     report = {"backend": "openvino", "version": ov.__version__, "precision": precision, "weights": weights}
     return {**report, "ir": ir} if ir is not None else report
+
+
+def converted(pipe, module: torch.nn.Module, convert, ir_store, int8_weights: bool = False, component: str = "unet"):
+    """The OpenVINO model of ``module`` (a component of ``pipe``): ``convert()``-ed, or read from
+    ``ir_store`` when it holds this module's conversion
+    (:func:`pipeline.optimize.openvino_ir.read_or_convert`; ``component`` is stored in its fields).
+
+    Returns:
+        (``openvino.Model``, the IR cache outcome as a dict, or None without a store).
+    """
+    if ir_store is None:
+        return convert(), None
+    from pipeline.optimize.openvino_ir import read_or_convert
+
+    model, outcome = read_or_convert(module, convert, ir_store, int8_weights=int8_weights, component=component,
+                                     model=str(getattr(pipe, "_renderfarm_model", "")
+                                               or getattr(pipe, "name_or_path", "") or ""))
+    return model, outcome.to_dict()
+
+
+def precision_of(dtype: torch.dtype) -> str:
+    """OpenVINO's ``INFERENCE_PRECISION_HINT`` for a torch dtype: ``bf16``, ``f16`` or ``f32``."""
+    return "bf16" if dtype == torch.bfloat16 else "f16" if dtype == torch.float16 else "f32"
+
+
+def compile_cpu(model, precision: str):
+    """``model`` (an ``openvino.Model``) compiled for the CPU plugin at ``precision``
+    (:func:`precision_of`); ``f32`` keeps float32 arithmetic even where the CPU has bf16 (AMX),
+    which OpenVINO would otherwise pick by default."""
+    import openvino as ov
+
+    return ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision})
+
+
+def dynamic_shapes(model, fixed: tuple[int, ...] = (1,)) -> None:
+    """Make every input of ``model`` dynamic in every dimension except those in ``fixed`` (the
+    channels by default): one compiled model then serves every batch, size and sequence length."""
+    import openvino as ov
+
+    shapes = {}
+    for port in model.inputs:
+        dims = list(port.get_partial_shape())
+        shapes[port] = ov.PartialShape([d if i in fixed else ov.Dimension(-1) for i, d in enumerate(dims)])
+    model.reshape(shapes)
 
 
 def _convert(unet, int8_weights: bool):
@@ -154,11 +188,7 @@ def _convert(unet, int8_weights: bool):
             model = ov.convert_model(decoder, example_input=example)
     finally:
         unet.to(dtype)
-    shapes = {}
-    for port in model.inputs:  # dynamic batch, height, width and sequence: one model for every shape
-        dims = list(port.get_partial_shape())
-        shapes[port] = ov.PartialShape([ov.Dimension(-1) if i != 1 else d for i, d in enumerate(dims)])
-    model.reshape(shapes)
+    dynamic_shapes(model)  # dynamic batch, height, width and sequence: one model for every shape
     if int8_weights:
         import nncf
 

@@ -159,10 +159,11 @@ def check_files(directory: Path, key: str) -> str:
 
 
 def read_or_convert(unet: torch.nn.Module, convert: Callable[[], Any], store: IRStore, *,
-                    int8_weights: bool = False, model: str = "") -> tuple[Any, CacheOutcome]:
-    """The OpenVINO model of ``unet``: read from ``store`` when an intact entry is there (``hit``),
-    else ``convert()``-ed, saved as IR and stored for the next worker (``miss``, ``corrupt`` or
-    ``error``, the reason in words). Both paths return the model read from the IR files in a
+                    int8_weights: bool = False, model: str = "", component: str = "unet") -> tuple[Any, CacheOutcome]:
+    """The OpenVINO model of ``unet`` (or another module: ``component`` names it in the stored
+    fields, e.g. ``vae.decoder``; the key is the module's own): read from ``store`` when an intact
+    entry is there (``hit``), else ``convert()``-ed, saved as IR and stored for the next worker
+    (``miss``, ``corrupt`` or ``error``, the reason in words). Both paths return the model read from the IR files in a
     scratch directory (``tempfile``: ``$TMPDIR``, else ``/tmp``). OpenVINO maps the weights file
     and the compiled model keeps the mapping, so the file, removed from the directory before this
     returns, holds its disk space (3.4 GB for SD 1.5) while the worker runs; measured on sd15-arch,
@@ -182,7 +183,7 @@ def read_or_convert(unet: torch.nn.Module, convert: Callable[[], Any], store: IR
 
     started = time.perf_counter()
     key, fields = ir_key(unet, int8_weights)
-    fields = {**fields, "model": model}
+    fields = {**fields, "model": model, "component": component}
     with tempfile.TemporaryDirectory(prefix="renderfarm-openvino-") as tmp:
         directory = Path(tmp)
         outcome = _fetch(store, key, directory)
@@ -222,7 +223,7 @@ def _fetch(store: IRStore, key: str, directory: Path) -> CacheOutcome:
         return CacheOutcome(key, "miss", "no converted model stored under this key")
     problem = check_files(directory, key)
     return CacheOutcome(key, "corrupt", problem) if problem else \
-        CacheOutcome(key, "hit", "read the converted UNet instead of tracing it")
+        CacheOutcome(key, "hit", "read the converted model instead of tracing it")
 
 
 def _write(model: Any, directory: Path, key: str, fields: dict) -> None:

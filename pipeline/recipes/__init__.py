@@ -81,16 +81,41 @@ COMPILE_VS_INVARIANCE = (
     "reproducible per bucket size, not across buckets")
 
 
+OPENVINO_VAE_VS_COMPILE = (
+    "the VAE decoder is either compiled by Inductor (compile_vae) or converted to OpenVINO (vae_backend), "
+    "not both: each replaces the same module")
+
+
 def resolve_conflicts(recipe: Recipe) -> Recipe:
     """``recipe`` with knobs that cannot combine settled, the reason in :attr:`Recipe.adjusted`.
 
     Compile (``compile_denoiser``/``compile_vae``) with ``batch_invariant``: the knob that was set by
     configuration (:attr:`Recipe.overridden`) wins and the other is turned off; when neither or
     only compile was configured, batch invariance is turned off (:data:`COMPILE_VS_INVARIANCE`).
+    ``compile_vae`` with ``vae_backend: openvino``: the one set by configuration wins; when
+    neither was, OpenVINO keeps the decoder (:data:`OPENVINO_VAE_VS_COMPILE`).
 
     Raises:
         ValueError: both sides were set by configuration (an override or the pool).
     """
+    return _invariance_vs_compile(_openvino_vae_vs_compile(recipe))
+
+
+def _openvino_vae_vs_compile(recipe: Recipe) -> Recipe:
+    if not (recipe.compile_vae and recipe.vae_backend == "openvino"):
+        return recipe
+    configured = {"compile_vae", "vae_backend"} & set(recipe.overridden)
+    if len(configured) == 2:
+        raise ValueError(f"compile_vae=true cannot combine with vae_backend=openvino: {OPENVINO_VAE_VS_COMPILE}")
+    if configured == {"compile_vae"}:
+        return replace(recipe, vae_backend="torch",
+                       adjusted=(*recipe.adjusted, f"vae_backend torch: compile_vae was configured; "
+                                 f"{OPENVINO_VAE_VS_COMPILE}"))
+    return replace(recipe, compile_vae=False,
+                   adjusted=(*recipe.adjusted, f"compile_vae off: {OPENVINO_VAE_VS_COMPILE}"))
+
+
+def _invariance_vs_compile(recipe: Recipe) -> Recipe:
     compiles = recipe.compile_denoiser or recipe.compile_vae
     if not (compiles and recipe.batch_invariant):
         return recipe

@@ -62,6 +62,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
                                          "compress_weights int8 (OpenVINO's weight compression guide)"),
     "backend": Optimization(EXACT, "OpenVINO, the engine fastsdcpu uses (CPU; f32 inference precision is the same "
                                    "math, bf16 follows the dtype knob); pipeline/optimize/openvino.py"),
+    "vae_backend": Optimization(EXACT, "OpenVINO for the VAE decoder (CPU, AutoencoderKL; the precision follows the "
+                                       "VAE's dtype); pipeline/optimize/openvino_vae.py"),
     "tiny_vae": Optimization(APPROX, f"{_DIFFUSERS_GUIDE}: tiny autoencoder (TAESD family)"),
     "batch_invariant": Optimization(EXACT, "an image's pixels do not depend on its batch-mates "
                                            "(pipeline.invariance)"),
@@ -78,7 +80,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
                                         "request's num_inference_steps, never changed by a recipe", knob=False),
 }
 _CHOICES: dict[str, tuple] = {"dtype": DTYPES, "attention": ATTENTION, "compile_mode": COMPILE_MODES,
-                              "quantization": QUANTIZATION, "backend": BACKENDS}
+                              "quantization": QUANTIZATION, "backend": BACKENDS,
+                              "vae_backend": BACKENDS}
 _BOOLS = ("channels_last", "fuse_qkv", "compile_denoiser", "compile_regional", "compile_dynamic", "compile_vae",
           "compile_freeze", "compile_aot", "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute",
           "batch_invariant")
@@ -117,6 +120,7 @@ class Recipe:
     scheduler_precompute: bool = False  # pipeline/scheduling.py twins (bit-identical on the CPU)
     quantization: str | None = None
     backend: str = "torch"  # "openvino": the UNet runs in OpenVINO (CPU, SD 1.x/2.x UNets)
+    vae_backend: str = "torch"  # "openvino": the VAE decoder runs in OpenVINO (CPU, AutoencoderKL)
     tiny_vae: str | None = None
     batch_invariant: bool = False
     max_batch_size: int = 1  # images per denoiser call, an upper bound for pipeline.memory

@@ -64,8 +64,8 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture
 def exact_recipe():
-    # the PyTorch knobs are under test here (the class's OpenVINO UNet has tests of its own)
-    recipe = dataclasses.replace(select_recipe(CPU_AMX, allow_approximate=False), backend="torch")
+    # the PyTorch knobs are under test here (the class's OpenVINO UNet and decoder have tests of their own)
+    recipe = dataclasses.replace(select_recipe(CPU_AMX, allow_approximate=False), backend="torch", vae_backend="torch")
     assert not recipe.compile_denoiser  # CPU compile is opt-in: a minute of Inductor work per shape
     return recipe
 

@@ -303,7 +303,8 @@ def test_compile_and_batch_invariance_are_settled_when_the_recipe_is_resolved():
     assert exact.batch_invariant and not exact.adjusted
     compiled = apply_overrides(exact, {"compile_denoiser": True, "compile_vae": True})
     assert compiled.compile_denoiser and compiled.compile_vae and not compiled.batch_invariant
-    assert "mkldnn_convolution" in compiled.adjusted[0] and compiled.to_dict()["adjusted"] == list(compiled.adjusted)
+    assert "mkldnn_convolution" in compiled.adjusted[-1] and compiled.to_dict()["adjusted"] == list(compiled.adjusted)
+    assert compiled.vae_backend == "torch"  # the configured compile_vae replaces the class's OpenVINO decoder
     with pytest.raises(ValueError, match="cannot combine"):
         apply_overrides(exact, {"compile_vae": True, "batch_invariant": True})
     # a pool that declares batch invariance (configured) keeps it over a compile it did not ask for
@@ -335,3 +336,22 @@ def test_a_pool_with_lora_adapters_keeps_the_denoiser_in_pytorch():
     assert fit_adapters(plain) is plain
     with pytest.raises(ValueError, match="LoRA"):
         fit_adapters(apply_overrides(select_recipe(bf16, family="sd1"), {"backend": "openvino"}))
+
+
+def test_an_openvino_vae_decoder_and_a_compiled_one_are_settled_when_the_recipe_is_resolved():
+    """compile_vae and vae_backend=openvino each replace the VAE decoder: the one configured wins,
+    with the reason in the recipe; neither configured keeps OpenVINO; both configured is refused."""
+    from pipeline.recipes import resolve_conflicts
+
+    openvino = dataclasses.replace(select_recipe(CPU_BF16), vae_backend="openvino", compile_vae=False)
+    compiled = apply_overrides(openvino, {"compile_vae": True})
+    assert compiled.compile_vae and compiled.vae_backend == "torch"
+    assert compiled.adjusted[-1].startswith("vae_backend torch: compile_vae was configured")
+    both_default = resolve_conflicts(dataclasses.replace(openvino, compile_vae=True))
+    assert both_default.vae_backend == "openvino" and not both_default.compile_vae
+    assert both_default.adjusted[-1].startswith("compile_vae off")
+    with pytest.raises(ValueError, match="cannot combine with vae_backend"):
+        apply_overrides(openvino, {"compile_vae": True, "vae_backend": "openvino"})
+    with pytest.raises(ValueError, match="vae_backend"):
+        apply_overrides(openvino, {"vae_backend": "tensorrt"})
+    assert resolve_conflicts(openvino) is openvino  # nothing to settle
