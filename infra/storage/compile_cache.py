@@ -1,9 +1,9 @@
 """Compile-cache artifacts in the farm's own bucket: ``compile-cache/<key>.bin`` (Inductor's) and
-``compile-cache/<key>.ir/<file>`` (converted OpenVINO UNets: ``model.xml``, ``model.bin``,
-``manifest.json``).
+``compile-cache/<key>.ir/<file>`` (converted OpenVINO UNets and VAE decoders: ``model.xml``,
+``model.bin``, ``manifest.json``).
 
 Data flow: a worker's start-up (``pipeline.ready``: restore before the warm-up, save after a
-warm-up that compiled; ``pipeline.optimize.openvino_ir``: fetch the converted UNet at load,
+warm-up that compiled; ``pipeline.optimize.openvino_ir``: fetch a converted model at load,
 store it after converting) → **here** → S3; ``renderfarm cache ls|rm`` (``worker.cache_cli``)
 lists and prunes them. The blobs are opaque bytes here (their format and checks are those two
 modules'); the IR files, gigabytes for SD 1.5, stream through boto3's managed transfer
@@ -38,7 +38,8 @@ class CachedArtifact:
     """One stored artifact: its key (without prefix and suffix), size in bytes (all its files),
     last-modified time (timezone-aware UTC), the metadata saved with it (``model``, ``device``,
     ``versions``, ``recipe``, ``buckets``, ``sizes``; empty strings where missing) and its
-    ``kind``: ``inductor`` (one blob) or ``openvino-ir`` (a converted UNet's files)."""
+    ``kind``: ``inductor`` (one blob) or ``openvino-ir`` (a converted UNet's or VAE decoder's files;
+    ``meta["component"]`` says which)."""
 
     key: str
     bytes: int
@@ -69,7 +70,8 @@ def ir_prefix(key: str) -> str:
 
 def metadata_of(fields: dict) -> dict[str, str]:
     """S3 user metadata summarising a key's fields (``pipeline.compile_cache.CacheKey.fields``):
-    model, revision, device, versions, recipe name, buckets and sizes, each ASCII and short."""
+    model, revision, device, versions, recipe name, buckets, sizes and (for a converted OpenVINO
+    model) the component, each ASCII and short."""
     device = fields.get("device") or {}
     capability = device.get("compute_capability")
     versions = fields.get("versions") or {}
@@ -82,6 +84,7 @@ def metadata_of(fields: dict) -> dict[str, str]:
         "recipe": str((fields.get("recipe") or {}).get("name", "")),
         "buckets": ",".join(map(str, fields.get("buckets") or ())),
         "sizes": ",".join(f"{w}x{h}" for w, h in fields.get("sizes") or ()),
+        "component": str(fields.get("component", "")),  # a converted model's: unet, vae.decoder
     }
     return {k: encode_metadata(v[:200]) for k, v in summary.items()}
 

@@ -85,7 +85,8 @@ def test_ir_files_round_trip_list_as_one_entry_and_delete(store, tmp_path) -> No
     (src / "model.xml").write_text("<net/>")
     (src / "manifest.json").write_text("{}")
     assert store.fetch_files("openvino-store-test", dest) is False  # nothing stored
-    store.store_files("openvino-store-test", src, {"model": "store-test", "versions": {"openvino": "2026.4"}})
+    store.store_files("openvino-store-test", src, {"model": "store-test", "versions": {"openvino": "2026.4"},
+                                                   "component": "vae.decoder"})
     store.put("store-test-inductor", b"z", FIELDS)
     assert store.fetch_files("openvino-store-test", dest) is True
     assert (dest / "model.bin").read_bytes() == payload and (dest / "model.xml").read_text() == "<net/>"
@@ -96,6 +97,9 @@ def test_ir_files_round_trip_list_as_one_entry_and_delete(store, tmp_path) -> No
     assert listed["store-test-inductor"].kind == "inductor"
     rows = {json.loads(line)["key"]: json.loads(line) for line in _cli("ls", "--json").stdout.splitlines()}
     assert rows["openvino-store-test"]["kind"] == "openvino-ir"
+    assert rows["openvino-store-test"]["component"] == "vae.decoder"
+    table = {line.split()[0]: line.split()[1] for line in _cli("ls").stdout.splitlines()[1:]}
+    assert table["openvino-store-test"] == "openvino-ir:vae.decoder" and table["store-test-inductor"] == "inductor"
     assert _cli("rm", "openvino-store-test").returncode == 0  # every file of the entry goes
     assert "openvino-store-test" not in {a.key for a in store.list()}
     assert store.fetch_files("openvino-store-test", tmp_path) is False
