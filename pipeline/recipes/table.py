@@ -48,9 +48,15 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # exact as it was (PyTorch, invariant kernels) 18.4 / 14.8 (0.99x / 0.87x: slower than diffusers
     # at batch 4); invariant kernels off 17.8 / 12.5; OpenVINO UNet called per sample 14.2 / 15.4;
     # OpenVINO UNet batched 12.2 / 10.9 (1.45x / 1.19x). fast (bfloat16): PyTorch 2.76x / 3.13x,
-    # OpenVINO 4.76x / 3.81x.
+    # OpenVINO 4.76x / 3.81x. The VAE decoder in OpenVINO too (vae_backend; exact keeps the full
+    # decoder, fast swaps in the tiny one): on another AMX Xeon (KVM reports family 6 model 167;
+    # quiet, the same command with --sequential, one pipeline loaded at a time): baseline 10.8 / 9.45,
+    # exact with the PyTorch decoder 9.95 / 9.45 (1.09x / 1.00x), with the OpenVINO decoder 8.99 /
+    # 8.69 (1.20x / 1.09x), faster in both rounds at both batches
+    # (docs/benchmarks/cpu-xeon-amx-pipeline-sd15-arch-256-vae{,-sequential}.json).
     Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
-           max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
+           vae_backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto",
+           scheduler_precompute=True),
     # AVX-512 with AVX512_BF16 but no AMX (AMD EPYC): bfloat16 wins. `renderfarm bench pipeline`,
     # sd-turbo-arch 256², 1 step, guidance 0, 3 interleaved rounds (medians; load average 3-6 on the
     # 2 cores): fast in bfloat16 2.85x the float32 baseline at batch 1, 7.84x at batch 4; the same
@@ -69,8 +75,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # class: 0.95x with them against 1.12x without (family 25, 2 rounds; family 26: 0.95x), and on
     # sd15-arch batch 4 went 1.13x -> 1.17x without them (family 25): so, as on the AMX Xeon, they
     # are a pool's opt-in (batch_invariant), and every exact row is at least 1.0x the baseline.
-    Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True,
-           backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
+    # The VAE decoder in OpenVINO as on the AMX class: on the family 25 EPYC the sd15-arch decoder
+    # alone (32x32 latents) took 3.93 / 14.64 s in PyTorch and 3.05 / 12.45 s in OpenVINO at batch
+    # 1 / 4 (docs/performance/index.md).
+    Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
+           vae_backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto",
+           scheduler_precompute=True),
     # No bf16 (AVX-512 without AVX512_BF16, AVX2-only EPYCs): no batch-invariant kernels by default
     # (a pool that needs them sets batch_invariant). With them, exact was slower than diffusers on
     # an AVX-512 (VNNI) Xeon without bf16 (`renderfarm bench pipeline --model sd-turbo-arch --width
@@ -93,6 +103,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # This recipe on the AVX-512 (VNNI) Xeon without bf16 (family 6 model 85, 2 rounds, load ~2):
     # sd15-arch exact 1.25x / 1.14x the baseline at batch 1 / 4 (1.50x / 1.18x with compile_vae);
     # sd-turbo-arch fast 2.87x / 2.85x (4 rounds), exact 0.95x / 1.10x (within the rounds' spread).
+    # vae_backend stays torch here: the OpenVINO decoder is not measured on this class yet.
     Recipe("cpu", attention="sdpa", fuse_qkv=True, backend="openvino", max_batch_size=4,
            memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
 )}
