@@ -53,7 +53,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # quiet, the same command with --sequential, one pipeline loaded at a time): baseline 10.8 / 9.45,
     # exact with the PyTorch decoder 9.95 / 9.45 (1.09x / 1.00x), with the OpenVINO decoder 8.99 /
     # 8.69 (1.20x / 1.09x), faster in both rounds at both batches
-    # (docs/benchmarks/cpu-xeon-amx-pipeline-sd15-arch-256-vae{,-sequential}.json).
+    # (docs/benchmarks/cpu-xeon-amx-pipeline-sd15-arch-256-vae{,-sequential}.json); sd-turbo-arch
+    # 256², 1 step, guidance 0, 3 rounds: exact 1.05x / 0.93x with the PyTorch decoder, 1.33x / 1.20x
+    # with OpenVINO's (cpu-xeon-amx-pipeline-sd-turbo-arch-256-vae-sequential.json).
     Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
            vae_backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto",
            scheduler_precompute=True),
