@@ -114,10 +114,9 @@ class Renderer:
                     make_per_sample(component)
                 else:
                     make_batch_invariant(component)
-            decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
-            for module in (getattr(pipe, self.denoiser_name), decoder):  # e.g. OpenVINO's UNet and decoder
-                if isinstance(module, torch.nn.Module) and getattr(module, PER_SAMPLE, False):
-                    make_per_sample(module)
+            denoiser = getattr(pipe, self.denoiser_name)
+            if getattr(denoiser, PER_SAMPLE, False):  # e.g. the OpenVINO UNet
+                make_per_sample(denoiser)
         elif self.invariance == "per-sample":
             for name in (*TEXT_ENCODERS, self.denoiser_name):
                 module = getattr(pipe, name, None)

@@ -55,7 +55,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # 8.69 (1.20x / 1.09x), faster in both rounds at both batches
     # (docs/benchmarks/cpu-xeon-amx-pipeline-sd15-arch-256-vae{,-sequential}.json); sd-turbo-arch
     # 256², 1 step, guidance 0, 3 rounds: exact 1.05x / 0.93x with the PyTorch decoder, 1.33x / 1.20x
-    # with OpenVINO's (cpu-xeon-amx-pipeline-sd-turbo-arch-256-vae-sequential.json).
+    # with OpenVINO's (cpu-xeon-amx-pipeline-sd-turbo-arch-256-vae-sequential.json); with the
+    # shipped one-decode-per-image decoder 1.06x / 1.06x against 0.80x / 0.82x for PyTorch's in the
+    # same run (cpu-xeon-amx-pipeline-sd-turbo-arch-256-vae-per-image.json).
     Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
            vae_backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto",
            scheduler_precompute=True),

@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
 from pipeline.optimize import apply_recipe
 from pipeline.recipes import BASELINE
@@ -43,8 +44,8 @@ def test_the_openvino_decoder_renders_what_pytorch_does_and_keeps_batch_invarian
     report = apply_recipe(pipe, OPENVINO_VAE)
     assert report["applied"]["vae_backend"]["precision"] == "f32", report
     assert isinstance(pipe.vae.decoder, OpenVinoDecoder) and not report["approximations"]
-    renderer = Renderer(pipe, model="tiny")  # CPU: invariant kernels, one OpenVINO decode per image
-    assert renderer.invariance == "cpu-kernels" and pipe.vae.decoder._renderfarm_per_sample
+    renderer = Renderer(pipe, model="tiny")  # CPU: invariant kernels for the PyTorch parts
+    assert renderer.invariance == "cpu-kernels"
     compiled, calls = pipe.vae.decoder.compiled, []
     pipe.vae.decoder.compiled = lambda inputs: calls.append(inputs[0].shape) or compiled(inputs)
     images = _images(renderer, _requests())
@@ -54,6 +55,14 @@ def test_the_openvino_decoder_renders_what_pytorch_does_and_keeps_batch_invarian
     assert np.array_equal(_images(renderer, _requests()[1:2])[0], images[1])  # alone = in a batch of 3
     wide = _images(renderer, _requests(96)[:1])[0]  # one conversion serves every size
     assert wide.shape == (64, 96, 3) and _psnr(wide, _images(reference, _requests(96)[:1])[0]) >= 60
+    # the decoder alone, without any invariance patch: a batch decodes to what each latent does alone
+    plain = load_pipeline("tiny", cache_dir=offline_cache)
+    apply_recipe(plain, OPENVINO_VAE)
+    latents = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        batched = plain.vae.decode(latents).sample
+        alone = torch.cat([plain.vae.decode(latents[i:i + 1]).sample for i in range(3)])
+    assert torch.equal(batched, alone)
 
 
 def test_a_second_load_reads_the_stored_decoder(offline_cache, tmp_path):
