@@ -46,9 +46,7 @@ def free_port(offset_free: int | None = None) -> int:
     take it before the caller binds it, which is rare enough for tests and a local stack.
     """
     for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((LOCALHOST, 0))
-            port = sock.getsockname()[1]
+        port = _unused_port()
         if port in _handed_out:
             continue
         if offset_free is not None:
@@ -59,6 +57,20 @@ def free_port(offset_free: int | None = None) -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError("no free TCP port found on 127.0.0.1")
+
+
+def reserve(*ports: int | None) -> None:
+    """Never hand out ``ports`` from :func:`free_port` in this process: ports a caller chose for
+    servers that bind later (``renderfarm up --api-port``: the API binds after SeaweedFS has
+    picked its nine internal ports). ``None`` entries are ignored."""
+    _handed_out.update(p for p in ports if p)
+
+
+def _unused_port() -> int:
+    """A port the kernel picks as unused on 127.0.0.1 now (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOCALHOST, 0))
+        return sock.getsockname()[1]
 
 
 def port_is_free(port: int) -> bool:

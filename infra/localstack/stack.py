@@ -22,7 +22,7 @@ from rich.table import Table
 
 from infra.localstack import claim
 from infra.localstack.ports import check_free
-from infra.localstack.processes import ManagedProcess, free_port, new_run_dir
+from infra.localstack.processes import ManagedProcess, free_port, new_run_dir, reserve
 from infra.localstack.services import ApiServer, RedisServer, SeaweedS3, WorkerProcess, redis_answers, start_workers
 
 
@@ -152,6 +152,9 @@ class LocalStack:
         if self.data_dir is not None and redis_url is None:  # its own Redis, never the machine's 6379
             redis_url = f"redis://127.0.0.1:{free_port()}/0"
         self.redis_url = redis_url or settings.redis_url
+        # ports chosen outside this stack, which its servers bind later: SeaweedFS's internal ports
+        # must not land on them (a Go "404 page not found" answered where the API should have)
+        reserve(api_port, s3_port, urlsplit(self.redis_url).port)
         self.bucket = bucket or settings.s3_bucket
         self.appendonly = appendonly or self.data_dir is not None
         self.redis: RedisServer | None = None  # stays None when a Redis already answers
