@@ -34,26 +34,21 @@ class UNetCall(torch.nn.Module):
         return self.unet(sample, timestep, encoder_hidden_states, return_dict=False)[0]
 
 
-class OpenVinoUNet(torch.nn.Module):
-    """A compiled OpenVINO model with the UNet's call signature, config, dtype and device.
+class OpenVinoModule(torch.nn.Module):
+    """A compiled OpenVINO model standing in for the PyTorch ``source`` module it was converted
+    from: its class name (``source_class``), ``dtype`` and ``device`` (an empty buffer that
+    ``.to()`` moves and casts, so diffusers' dtype and device checks keep working)."""
 
-    Inputs go in as float32 NumPy arrays; the output comes back in the input's dtype. Raises
-    ValueError for conditioning it was not converted with (SDXL's ``added_cond_kwargs``, LCM's
-    ``timestep_cond``, ControlNet residuals).
-    """
-
-    _renderfarm_per_sample_for_invariance = True  # its kernels are not verified batch invariant
     #: Which runtime runs it (the benchmarks count this module's FLOPs from its ``source_class``).
     runtime = "openvino"
     _anchor: torch.Tensor  # a registered buffer
 
-    def __init__(self, unet, compiled, precision: str):
+    def __init__(self, source: torch.nn.Module, compiled, precision: str):
         super().__init__()
-        self.config = unet.config
-        self.source_class = type(unet).__name__
+        self.source_class = type(source).__name__
         self.compiled = compiled
         self.precision = precision
-        self.register_buffer("_anchor", torch.zeros(0, dtype=unet.dtype), persistent=False)
+        self.register_buffer("_anchor", torch.zeros(0, dtype=next(source.parameters()).dtype), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -62,6 +57,21 @@ class OpenVinoUNet(torch.nn.Module):
     @property
     def device(self) -> torch.device:
         return self._anchor.device
+
+
+class OpenVinoUNet(OpenVinoModule):
+    """A compiled OpenVINO model with the UNet's call signature, config, dtype and device.
+
+    Inputs go in as float32 NumPy arrays; the output comes back in the input's dtype. Raises
+    ValueError for conditioning it was not converted with (SDXL's ``added_cond_kwargs``, LCM's
+    ``timestep_cond``, ControlNet residuals).
+    """
+
+    _renderfarm_per_sample_for_invariance = True  # its kernels are not verified batch invariant
+
+    def __init__(self, unet, compiled, precision: str):
+        super().__init__(unet, compiled, precision)
+        self.config = unet.config
 
     def forward(self, sample, timestep, encoder_hidden_states, *args, return_dict: bool = True, **kwargs):
         extra = [k for k in ("added_cond_kwargs", "timestep_cond", "down_block_additional_residuals",
@@ -161,12 +171,34 @@ def dynamic_shapes(model, fixed: tuple[int, ...] = (1,)) -> None:
     model.reshape(shapes)
 
 
-def _convert(unet, int8_weights: bool):
-    """``unet`` traced into an OpenVINO model with dynamic batch, sides and sequence (float32
-    weights; int8 ones after NNCF's ``compress_weights`` when asked)."""
+def trace(module: torch.nn.Module, example: tuple[torch.Tensor, ...]):
+    """``module`` (in eval mode) traced once on ``example`` in float32 and converted to an
+    ``openvino.Model`` whose inputs are dynamic in every dimension but the second
+    (:func:`dynamic_shapes`); ``module`` is back in its own dtype afterwards.
+
+    Traced without torch.jit.trace's check (``check_trace`` re-traces and reruns the model to
+    compare outputs, a diagnostic that changes nothing in the graph): on a 2-core AVX2 EPYC an
+    SD 1.5-architecture UNet converted in 23.0-23.5 s without it, 32.9-43.6 s with it
+    (docs/guides/gpu-workers.md).
+    """
     import openvino as ov
     from openvino.frontend.pytorch.ts_decoder import TorchScriptPythonDecoder
 
+    dtype = next(module.parameters()).dtype
+    try:
+        with torch.inference_mode():
+            decoder = TorchScriptPythonDecoder(module.float().eval(), example_input=example,
+                                               trace_kwargs={"check_trace": False})
+            model = ov.convert_model(decoder, example_input=example)
+    finally:
+        module.to(dtype)
+    dynamic_shapes(model)
+    return model
+
+
+def _convert(unet, int8_weights: bool):
+    """``unet`` traced into an OpenVINO model with dynamic batch, sides and sequence (float32
+    weights; int8 ones after NNCF's ``compress_weights`` when asked)."""
     # An example latent whose sides are not multiples of the UNet's overall upsampling factor, so
     # the traced graph upsamples each level to its skip connection's size (diffusers'
     # forward_upsample_size path) rather than by a fixed 2x: one model then serves every latent
@@ -176,19 +208,7 @@ def _convert(unet, int8_weights: bool):
     side = max(1, unet.config.sample_size // 2 // up_factor) * up_factor + 1
     example = (torch.randn(1, unet.config.in_channels, side, side + 2), torch.tensor(999.0),
                torch.randn(1, 77, unet.config.cross_attention_dim))
-    dtype = unet.dtype
-    try:
-        with torch.inference_mode():
-            # Traced once, without torch.jit.trace's check (check_trace re-traces and reruns the
-            # model to compare outputs, a diagnostic that changes nothing in the graph): on a
-            # 2-core AVX2 EPYC an SD 1.5-architecture UNet converted in 23.0-23.5 s without it,
-            # 32.9-43.6 s with it (docs/guides/gpu-workers.md).
-            decoder = TorchScriptPythonDecoder(UNetCall(unet.float()).eval(), example_input=example,
-                                               trace_kwargs={"check_trace": False})
-            model = ov.convert_model(decoder, example_input=example)
-    finally:
-        unet.to(dtype)
-    dynamic_shapes(model)  # dynamic batch, height, width and sequence: one model for every shape
+    model = trace(UNetCall(unet), example)  # dynamic batch, height, width and sequence
     if int8_weights:
         import nncf
 
