@@ -107,9 +107,16 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # This recipe on the AVX-512 (VNNI) Xeon without bf16 (family 6 model 85, 2 rounds, load ~2):
     # sd15-arch exact 1.25x / 1.14x the baseline at batch 1 / 4 (1.50x / 1.18x with compile_vae);
     # sd-turbo-arch fast 2.87x / 2.85x (4 rounds), exact 0.95x / 1.10x (within the rounds' spread).
-    # vae_backend stays torch here: the OpenVINO decoder is not measured on this class yet.
-    Recipe("cpu", attention="sdpa", fuse_qkv=True, backend="openvino", max_batch_size=4,
-           memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
+    # The VAE decoder in OpenVINO as on the bf16 classes: on a second AVX2-only EPYC (family 25
+    # model 1; float32 GEMM 183 GFLOP/s) with --sequential, sd15-arch 4 steps (2 rounds): baseline
+    # 18.8 / 16.7 s/img, exact with the PyTorch decoder 16.4 / 16.1 (1.15x / 1.03x), with OpenVINO's
+    # 15.2 / 14.9 (1.24x / 1.12x); sd-turbo-arch 1 step (3 rounds): exact 1.11x / 1.02x with the
+    # PyTorch decoder, 1.31x / 1.20x with OpenVINO's, faster in every round
+    # (docs/benchmarks/cpu-epyc-avx2-pipeline-{sd15-arch,sd-turbo-arch}-256-vae-sequential.json). On
+    # the AVX-512 Xeon without bf16 the sd15-arch decoder alone took 8.2 / 16.8 s in PyTorch and
+    # 6.5 / 13.2 s in OpenVINO at batch 2 / 4.
+    Recipe("cpu", attention="sdpa", fuse_qkv=True, backend="openvino", vae_backend="openvino",
+           max_batch_size=4, memory_fraction=0.7, tiny_vae="auto", scheduler_precompute=True),
 )}
 
 
