@@ -44,14 +44,24 @@ def test_a_group_split_into_buckets_renders_each_image_as_its_bucket_does(tiny_r
     assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
 
-def test_an_eager_recipe_warms_with_one_small_render(tiny_renderer):
+def test_an_eager_recipe_warms_one_image_of_each_declared_size(tiny_renderer):
+    """Nothing compiled: one 1-step image per declared size (not every bucket), at the plan's
+    guidance, so the first job of each size finds its kernels set up."""
     progress: list[tuple] = []
-    plan = WarmPlan(buckets=(1, 2, 4), sizes=((64, 64),), steps=2, guidance_scale=7.5)
+    asked: list[dict] = []
+    plan = WarmPlan(buckets=(1, 2, 4), sizes=((64, 64), (96, 64)), steps=2, guidance_scale=3.0)
+    real = tiny_renderer.render
+    tiny_renderer.render = lambda requests, **kw: asked.extend(r.model_dump() for r in requests) or real(requests, **kw)
     try:
         report = warm_up(tiny_renderer, plan, on_progress=lambda *a: progress.append(a))
         assert tiny_renderer.buckets == (1, 2, 4)
         assert tiny_renderer.warmed is None  # nothing compiled: no shape runs "eagerly" by exception
     finally:
         tiny_renderer.buckets = None
-    assert report["compiled"] is False and report["renders"] == 1 and report["compiles"] == 0
-    assert progress == [(0, 1, None), (1, 1, 0.0)] and report["plan"]["buckets"] == [1, 2, 4]
+        del tiny_renderer.render
+    assert report["compiled"] is False and report["renders"] == 2 and report["compiles"] == 0
+    assert [(s["batch"], s["width"], s["height"]) for s in report["shapes"]] == [(1, 64, 64), (1, 96, 64)]
+    assert [(r["width"], r["height"], r["num_inference_steps"], r["guidance_scale"]) for r in asked] == \
+        [(64, 64, 1, 3.0), (96, 64, 1, 3.0)]
+    assert [p[:2] for p in progress] == [(0, 2), (1, 2), (2, 2)] and progress[0][2] is None
+    assert progress[1][2] > 0 and progress[2][2] == 0.0 and report["plan"]["buckets"] == [1, 2, 4]
