@@ -88,8 +88,8 @@ class NullRenderer:
         self.ms_per_image = ms_per_image
         self.recipe: dict = {"name": "null", "ms_per_image": ms_per_image}
 
-    def warmup(self, **_shape) -> float:
-        """Nothing to warm, whatever the size, steps or guidance asked: 0.0 seconds."""
+    def warmup(self) -> float:
+        """Nothing to warm: 0.0 seconds."""
         return 0.0
 
     def scheduler_name(self, requested: str) -> str:

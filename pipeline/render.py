@@ -139,17 +139,13 @@ class Renderer:
             return requested
         return scheduler_name(scheduler_for(self.pipe, "default"))
 
-    def warmup(self, *, width: int = 64, height: int = 64, num_inference_steps: int = 1,
-               guidance_scale: float | None = None) -> float:
-        """Render one image (small by default: 64², 1 step) to load kernels and allocators; sizes
-        in pixels, rounded down to the pipeline's size multiple; ``guidance_scale`` None: the
-        request default. Returns the wall time in seconds."""
+    def warmup(self, *, width: int = 64, height: int = 64, num_inference_steps: int = 1) -> float:
+        """Render one small image to load kernels and allocators; returns the wall time in seconds."""
         multiple = self.capabilities.size_multiple
         width, height = (max(multiple, (v // multiple) * multiple) for v in (width, height))
-        guidance = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
         started = time.perf_counter()
         self.render([RenderRequest(prompt="warmup", model=self.model, seed=0, width=width, height=height,
-                                   num_inference_steps=num_inference_steps, **guidance)])
+                                   num_inference_steps=num_inference_steps)])
         return time.perf_counter() - started
 
     def render(

@@ -230,11 +230,11 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
     """Render every (bucket × size) of ``plan`` once, so that ``torch.compile`` compiles each static
     shape now and never inside a job; then hold the compiled graphs (a shape outside the plan runs
     eagerly, :func:`pipeline.compile_count.hold_compiled`). Where the recipe compiled nothing, one
-    image of each declared size, 1 step, the plan's guidance
-    (:meth:`Renderer.warmup`), loads kernels and allocators at the sizes jobs will ask for: OpenVINO
-    sets up its kernels for each new input shape at its first inference, and with a 64² warm-up
-    the first 256² job of a ``cpu/exact`` sd-turbo-arch worker (OpenVINO UNet and decoder) took
-    10.0 s against 5.3 s for the next (2-vCPU AVX2 EPYC; docs/performance/index.md).
+    1-step image of each declared size at the plan's guidance loads kernels and allocators at the
+    sizes jobs will ask for instead: OpenVINO sets up its kernels for each new input shape at its
+    first inference, and with a 64² warm-up the first 256² job of a ``cpu/exact`` sd-turbo-arch
+    worker (OpenVINO UNet and decoder) took 10.0 s against 5.3 s for the next (2-vCPU AVX2 EPYC;
+    docs/performance/index.md).
 
     ``on_progress(done, total, eta_s)`` is called before the first render (0, total, None) and after
     each one; ``eta_s`` (seconds) extrapolates the seconds per image so far to the images left.
@@ -255,19 +255,9 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
     compiles0, cache0 = compile_count.compiles(), compile_count.fx_graph_cache()
     started = time.perf_counter()
     shapes: list[dict] = []
-    if not compiled:  # one image per declared size: kernels and allocators, no compiled graphs
-        if on_progress is not None:
-            on_progress(0, len(plan.sizes), None)
-        for done, (width, height) in enumerate(plan.sizes, start=1):
-            seconds = renderer.warmup(width=width, height=height, num_inference_steps=1,
-                                      guidance_scale=plan.guidance_scale)
-            shapes.append({"batch": 1, "width": width, "height": height, "seconds": round(seconds, 3),
-                           "compiles": 0})
-            if on_progress is not None:
-                elapsed = time.perf_counter() - started
-                on_progress(done, len(plan.sizes), elapsed / done * (len(plan.sizes) - done))
-    else:
-        _render_plan(renderer, plan, shapes, on_progress, started)
+    # nothing compiled: no graph per bucket to build, one 1-step image per size sets up the kernels
+    _render_plan(renderer, plan if compiled else replace(plan, buckets=(1,), steps=1), shapes, on_progress, started)
+    if compiled:
         renderer.warmed = frozenset(renderer.shape_key(b, w, h, plan.guidance_scale)
                                     for w, h in plan.sizes for b in plan.buckets)
         compile_count.hold_compiled()
