@@ -60,6 +60,9 @@ _UNBATCHED = frozenset({"img_ids", "txt_ids", "image_rotary_emb", "return_dict",
                         "cross_attention_kwargs", "attention_kwargs"})
 
 _MARK = "_renderfarm_batch_invariant"
+#: Set on a module whose kernels are not verified batch invariant (OpenVINO's UNet): under the
+#: CPU kernels it runs one call per sample (:func:`make_per_sample`).
+PER_SAMPLE = "_renderfarm_per_sample_for_invariance"
 
 
 def _linear_per_sample(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

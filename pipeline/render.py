@@ -28,7 +28,7 @@ from pipeline.buckets import split
 from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.compat import CompatKey as CompatKey
 from pipeline.compat import compat_key as compat_key
-from pipeline.invariance import make_batch_invariant, make_per_sample
+from pipeline.invariance import PER_SAMPLE, make_batch_invariant, make_per_sample
 from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
 from pipeline.modes import InputLoader, ModePipelines, mode_arguments
@@ -115,7 +115,7 @@ class Renderer:
                 else:
                     make_batch_invariant(component)
             denoiser = getattr(pipe, self.denoiser_name)
-            if getattr(denoiser, "_renderfarm_per_sample_for_invariance", False):  # e.g. the OpenVINO UNet
+            if getattr(denoiser, PER_SAMPLE, False):  # e.g. the OpenVINO UNet
                 make_per_sample(denoiser)
         elif self.invariance == "per-sample":
             for name in (*TEXT_ENCODERS, self.denoiser_name):

@@ -67,7 +67,7 @@ class OpenVinoUNet(OpenVinoModule):
     ``timestep_cond``, ControlNet residuals).
     """
 
-    _renderfarm_per_sample_for_invariance = True  # its kernels are not verified batch invariant
+    _renderfarm_per_sample_for_invariance = True  # pipeline.invariance.PER_SAMPLE: kernels not verified invariant
 
     def __init__(self, unet, compiled, precision: str):
         super().__init__(unet, compiled, precision)
