@@ -81,7 +81,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # are a pool's opt-in (batch_invariant), and every exact row is at least 1.0x the baseline.
     # The VAE decoder in OpenVINO as on the AMX class: on the family 25 EPYC the sd15-arch decoder
     # alone (32x32 latents) took 3.93 / 14.64 s in PyTorch and 3.05 / 12.45 s in OpenVINO at batch
-    # 1 / 4 (docs/performance/index.md).
+    # 1 / 4 (docs/performance/index.md). This recipe as it stands, on the family 26 EPYC with
+    # --sequential (docs/benchmarks/cpu-epyc-f26-avx512-bf16-pipeline-*-256-sequential.json):
+    # sd15-arch exact 2.10x / 1.59x at batch 1 / 4; sd-turbo-arch exact 1.71x / 1.37x, fast 8.62x / 6.31x.
     Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
            vae_backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto",
            scheduler_precompute=True),
