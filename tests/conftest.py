@@ -11,6 +11,12 @@ Environment knobs: ``RENDERFARM_TEST_WORKERS`` (workers in the ``workers`` fixtu
 No test reads a client settings file: ``RENDERFARM_ENV_FILE`` is set to the empty string here,
 before any setting is read, so a developer's ``.renderfarm/env`` (written by ``renderfarm up``)
 never reaches a test or the processes it starts. Tests of that file point it elsewhere.
+
+The machines the suite runs on reach no model hub (only package registries), so it runs with
+``HF_HUB_OFFLINE=1`` unless the caller sets it: a hub lookup (``madebyollin/taesd`` for a recipe's
+``tiny_vae="auto"`` on a hand-built pipeline) then fails at once, as it does on any machine
+without the network, instead of after huggingface_hub's connection timeouts (one such test:
+26 s with them, 6 s without). Every model a test loads is an offline build or a local path.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from infra.localstack import (
 )
 
 os.environ["RENDERFARM_ENV_FILE"] = ""  # see the module docstring
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # see the module docstring; children inherit it
 
 # A suite started in the background by a non-interactive shell (`make test &`, nohup) inherits
 # SIGINT ignored, and so would `renderfarm up` and the catalog runs it starts: Python then raises
