@@ -16,7 +16,7 @@ freezing enabled"). A package skips all three. Measured on a 2-vCPU AMD EPYC (fa
 AVX-512 + AVX512_BF16), ``renderfarm bench ready --model tiny --device cpu`` (buckets 1 and 2 at
 64², 1 step), two alternating runs each: the cached warm-up took 12.5 and 12.7 s with frozen
 ``torch.compile`` graphs, 0.7 and 0.3 s with packages; cached ready 20.4 / 22.8 s against 8.6 /
-7.6 s (docs/guides/gpu-workers.md). The cold warm-up is a few seconds longer: each package also
+7.6 s (docs/performance/time-to-ready.md). The cold warm-up is a few seconds longer: each package also
 builds its C++ wrapper.
 
 The package holds the frozen weights, so its name is a SHA-256 over the decoder's class, its

@@ -179,7 +179,7 @@ def trace(module: torch.nn.Module, example: tuple[torch.Tensor, ...]):
     Traced without torch.jit.trace's check (``check_trace`` re-traces and reruns the model to
     compare outputs, a diagnostic that changes nothing in the graph): on a 2-core AVX2 EPYC an
     SD 1.5-architecture UNet converted in 23.0-23.5 s without it, 32.9-43.6 s with it
-    (docs/guides/gpu-workers.md).
+    (docs/performance/time-to-ready.md).
     """
     import openvino as ov
     from openvino.frontend.pytorch.ts_decoder import TorchScriptPythonDecoder
