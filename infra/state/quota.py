@@ -67,8 +67,9 @@ redis.call('HINCRBY', KEYS[1], 'jobs', add_jobs)
 redis.call('HINCRBYFLOAT', KEYS[1], 'gpu_s', add_gpu)
 if add_bytes ~= 0 then redis.call('HINCRBY', KEYS[1], 'bytes', add_bytes) end
 if ARGV[10] ~= '' and tonumber(ARGV[11]) > 0 then
-  local now = redis.call('TIME')
-  redis.call('ZADD', KEYS[2], tonumber(now[1]) + tonumber(ARGV[11]), ARGV[10])
+  local now = redis.call('TIME')  -- the deadline to the microsecond: a hold lives hold_s, never less
+  local deadline = tonumber(now[1]) + tonumber(ARGV[11]) + tonumber(now[2]) / 1000000
+  redis.call('ZADD', KEYS[2], string.format('%.6f', deadline), ARGV[10])
 end
 return {1, usage[1], usage[2], usage[3]}
 """
@@ -145,7 +146,8 @@ class Quotas:
         max_bytes: outstanding bytes of job records per tenant (:func:`job_bytes`; 0: no limit).
         sharded: whether jobs give their share back to per-shard hashes (default: whether the
             client is a RedisCluster, the same choice as :class:`infra.state.jobs.JobStore`'s).
-        hold_s: seconds a reservation may wait for its batch to be recorded; after that the
+        hold_s: seconds a reservation may wait for its batch to be recorded (at least that
+            long: its deadline is the Redis clock's time to the microsecond plus ``hold_s``); after that the
             reaper (:meth:`reclaim_abandoned`) gives back the reservation of a batch that never
             was (the API killed between the two writes).
     """
@@ -247,7 +249,8 @@ class Quotas:
         A batch whose write is still in flight after ``hold_s`` seconds would be given back
         too; the default 60 s is far beyond a 10,000-job submission (~0.5 s)."""
         given = 0
-        now = int(self.r.time()[0])
+        seconds, microseconds = self.r.time()
+        now = seconds + microseconds / 1e6  # deadlines carry microseconds (whole seconds before)
         for tenant in self.r.smembers(keys.QUOTA_HOLDERS):
             holds = keys.quota_holds(tenant)
             expired = self.r.zrangebyscore(holds, "-inf", now, start=0, num=limit)

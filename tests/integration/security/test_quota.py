@@ -132,7 +132,7 @@ def test_a_reservation_whose_batch_never_came_is_given_back(redis_db):
     On a database of its own: the session farm's API reaper sweeps database 0's holds too, and
     would give the abandoned hold back before this test's own sweep could count it."""
     r = redis_db(HOLDS_DB)
-    quotas = Quotas(r, max_jobs=100, hold_s=1)
+    quotas = Quotas(r, max_jobs=100, hold_s=2)
     quotas.reserve("quota-held", 7, 1.5, 70_000, batch_id="0a" + "1" * 30)  # its batch never written
     quotas.reserve("quota-held", 3, 0.5, 30_000, batch_id="0b" + "2" * 30)  # "written" below
     # a hold as reserved before the byte quota ("batch|jobs|gpu_s"), also abandoned
@@ -145,7 +145,7 @@ def test_a_reservation_whose_batch_never_came_is_given_back(redis_db):
     assert quotas.usage("quota-held") == Usage(10, 2.0, 100_000)
     assert quotas.reclaim_abandoned(exists) == 0  # not expired yet: a submission may be in flight
     assert quotas.usage("quota-held") == Usage(10, 2.0, 100_000)
-    time.sleep(2.1)  # the hold's deadline is in whole Redis seconds
+    time.sleep(2.2)  # past the holds' 2 s lifetime
     assert quotas.reclaim_abandoned(exists) == 1
     assert quotas.usage("quota-held") == Usage(3, 0.5, 30_000)
     assert quotas.reclaim_abandoned(exists) == 0  # each hold is given back once
