@@ -20,6 +20,7 @@ import importlib.util
 import numpy as np
 import torch
 
+from pipeline.invariance import PER_SAMPLE
 from pipeline.optimize.quantize import Skip
 
 
@@ -67,8 +68,6 @@ class OpenVinoUNet(OpenVinoModule):
     ``timestep_cond``, ControlNet residuals).
     """
 
-    _renderfarm_per_sample_for_invariance = True  # pipeline.invariance.PER_SAMPLE: kernels not verified invariant
-
     def __init__(self, unet, compiled, precision: str):
         super().__init__(unet, compiled, precision)
         self.config = unet.config
@@ -86,6 +85,10 @@ class OpenVinoUNet(OpenVinoModule):
         from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 
         return UNet2DConditionOutput(sample=out)
+
+
+# Its kernels are not verified batch invariant: under the CPU kernels it runs one call per sample.
+setattr(OpenVinoUNet, PER_SAMPLE, True)
 
 
 def to_openvino(pipe, denoiser_name: str, dtype: torch.dtype, device: str | None, int8_weights: bool = False,
