@@ -84,6 +84,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # 1 / 4 (docs/performance/index.md). This recipe as it stands, on the family 26 EPYC with
     # --sequential (docs/benchmarks/cpu-epyc-f26-avx512-bf16-pipeline-*-256-sequential.json):
     # sd15-arch exact 2.10x / 1.59x at batch 1 / 4; sd-turbo-arch exact 1.71x / 1.37x, fast 8.62x / 6.31x.
+    # On a family 25 EPYC of the class (float32 GEMM 124-128 GFLOP/s), sd15-arch exact 1.57x / 1.20x
+    # (docs/benchmarks/cpu-epyc-f25-avx512-bf16-pipeline-sd15-arch-256-shipped-sequential.json).
     Recipe("cpu-avx512-bf16", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
            vae_backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto",
            scheduler_precompute=True),
