@@ -21,13 +21,12 @@ DB = 4
 
 
 @pytest.fixture
-def api(redis_server, redis_db, monkeypatch):
+def api(redis_server, redis_db):
     redis_db(DB)
     # the page presigns a gallery URL, which needs credentials but no S3 server: without these it
     # would depend on an earlier test of the same process having set the session farm's
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "dashboard-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "dashboard-test-secret")
-    settings = Settings(redis_url=redis_server.db_url(DB), s3_endpoint_url="http://127.0.0.1:9", reaper_enabled=False)
+    settings = Settings(redis_url=redis_server.db_url(DB), s3_endpoint_url="http://127.0.0.1:9", reaper_enabled=False,
+                        aws_access_key_id="dashboard-test", aws_secret_access_key="dashboard-test-secret")
     with TestClient(create_app(settings)) as client:
         yield client
 
