@@ -58,6 +58,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # with OpenVINO's (cpu-xeon-amx-pipeline-sd-turbo-arch-256-vae-sequential.json); with the
     # shipped one-decode-per-image decoder 1.06x / 1.06x against 0.80x / 0.82x for PyTorch's in the
     # same run (cpu-xeon-amx-pipeline-sd-turbo-arch-256-vae-per-image.json).
+    # A third AMX Xeon (family 6 model 207 stepping 2, float32 GEMM 210-247 GFLOP/s): exact 1.33x / 0.91x
+    # sequential, 1.21x / 0.98x interleaved (OpenVINO's float32 UNet ran at PyTorch's speed there: 10.0
+    # vs 10.1 s at batch 8), fast 6.45x / 6.57x on sd-turbo-arch (cpu-xeon-amx-m207s2-*.json).
     Recipe("cpu-amx", dtype="bfloat16", attention="sdpa", fuse_qkv=True, backend="openvino",
            vae_backend="openvino", max_batch_size=4, memory_fraction=0.7, tiny_vae="auto",
            scheduler_precompute=True),
