@@ -75,11 +75,13 @@ class Farm:
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
         self.quotas = Quotas(self.redis, max_jobs=settings.quota_outstanding_jobs,
-                             max_gpu_s=settings.quota_gpu_seconds, max_bytes=settings.quota_outstanding_bytes)
+                             max_gpu_s=settings.quota_gpu_seconds, max_bytes=settings.quota_outstanding_bytes,
+                             hold_s=settings.quota_hold_s)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
                                    upscalers=settings.upscaler_names, loras=settings.loras,
                                    quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,
                                    drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))),
+                                   claim_s=settings.idempotency_claim_s,
                                    durable=DurableAck(self.redis, settings.durable_ack,
                                                       timeout_ms=settings.durable_ack_timeout_ms))
         self.inputs = InputResolver(self.storage, max_bytes=settings.input_max_bytes,

@@ -91,7 +91,7 @@ class Submitter:
         drain_gpu_s_per_s: GPU-seconds the farm finishes per second (its live workers), for
                 ``Retry-After`` over a quota.
         claim_s: seconds an idempotency key stays claimed by a submission in flight; a claim
-            left by a crashed API frees itself after this.
+            left by a crashed API frees itself after this (``RENDERFARM_IDEMPOTENCY_CLAIM_S``).
     """
 
     def __init__(self, store: JobStore, celery_app: Celery, default_model: str, client: redis.Redis,

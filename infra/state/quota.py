@@ -149,7 +149,7 @@ class Quotas:
         hold_s: seconds a reservation may wait for its batch to be recorded (at least that
             long: its deadline is the Redis clock's time to the microsecond plus ``hold_s``); after that the
             reaper (:meth:`reclaim_abandoned`) gives back the reservation of a batch that never
-            was (the API killed between the two writes).
+            was (the API killed between the two writes). The API's is ``RENDERFARM_QUOTA_HOLD_S``.
     """
 
     def __init__(self, client: redis.Redis, max_jobs: int = 0, max_gpu_s: float = 0.0,
@@ -247,7 +247,7 @@ class Quotas:
         of batches that exist. Run by the reaper. Returns how many holds were given back.
 
         A batch whose write is still in flight after ``hold_s`` seconds would be given back
-        too; the default 60 s is far beyond a 10,000-job submission (~0.5 s)."""
+        too; the default 60 s (``RENDERFARM_QUOTA_HOLD_S``) is far beyond a 10,000-job submission (~0.5 s)."""
         given = 0
         seconds, microseconds = self.r.time()
         now = seconds + microseconds / 1e6  # deadlines carry microseconds (whole seconds before)

@@ -72,8 +72,14 @@ def _batches(farm) -> list[str]:
             if ":" not in k.split("}:", 1)[-1]]
 
 
+CLAIM_S, HOLD_S = 8, 16  # scenario i's claim and quota hold, seconds (the defaults: 30 and 60)
+
+
 # ---- i. kill -9 of the API mid-submission ------------------------------------------------------
-@pytest.mark.farm_settings(RENDERFARM_RATE_LIMIT_JOBS_PER_S="0")
+# The claim a killed submission leaves and its quota reservation are held 30 and 60 s by default; the
+# scenario waits out both, so it shortens them (still many times the submission's own seconds).
+@pytest.mark.farm_settings(RENDERFARM_RATE_LIMIT_JOBS_PER_S="0", RENDERFARM_IDEMPOTENCY_CLAIM_S=str(CLAIM_S),
+                           RENDERFARM_QUOTA_HOLD_S=str(HOLD_S))
 def test_i_kill_9_the_api_mid_submission_then_retry(fault_farm):
     farm = fault_farm
     farm.add_workers(3, batch_size=64, step_delay_s=0.0)
@@ -125,7 +131,7 @@ def test_i_kill_9_the_api_mid_submission_then_retry(fault_farm):
     assert len(_batches(farm)) == 2  # and no other batch was ever written
 
     farm.wait(job_ids + ids_a, timeout=900)
-    # the killed submission's reservation (held 60 s) is given back by the reaper
+    # the killed submission's reservation (held HOLD_S) is given back by the reaper
     farm.wait_for(lambda: Quotas(farm.redis).usage(PUBLIC_TENANT)[0] == 0, timeout=120)
     quota_left = Quotas(farm.redis).usage(PUBLIC_TENANT)[0]
     row = farm.account("i. kill -9 the API mid-submission (10,000 jobs), retry; two identical POSTs 50 ms apart",
