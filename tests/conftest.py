@@ -27,6 +27,13 @@ threads each took 2.4-2.6 s with the default and 0.66-0.68 s passive (0.33 s alo
 ``tests/unit/pipeline/test_families.py`` and ``test_optimize.py`` side by side went from 99 / 87 s to
 84 / 62 s. Like ``HF_HUB_OFFLINE``, it is set before any test imports torch (libgomp reads it when
 it loads), and every child inherits it.
+
+Loads given no store of converted OpenVINO models read them from one directory for the session,
+``RENDERFARM_OPENVINO_IR_DIR`` (a temporary directory, removed at the end, unless the caller sets
+it): the suite loads the same tiny weights in-process hundreds of times, and each load traced the
+UNet and the VAE decoder again (2-6 s of a busy core each; 17 UNet and 15 decoder traces, 141 s,
+in the first tenth of one run). What converting and storing do is tested with stores of their
+own (``tests/unit/pipeline/test_openvino_ir.py``, ``tests/integration/test_compile_cache.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from __future__ import annotations
 import collections
 import os
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,6 +69,8 @@ from infra.localstack import (
 os.environ["RENDERFARM_ENV_FILE"] = ""  # see the module docstring
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # see the module docstring; children inherit it
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the module docstring; before torch loads libgomp
+if "RENDERFARM_OPENVINO_IR_DIR" not in os.environ:  # see the module docstring; the xdist workers inherit it
+    os.environ["RENDERFARM_OPENVINO_IR_DIR"] = _OWN_IR_DIR = tempfile.mkdtemp(prefix="renderfarm-test-ir-")
 
 # A suite started in the background by a non-interactive shell (`make test &`, nohup) inherits
 # SIGINT ignored, and so would `renderfarm up` and the catalog runs it starts: Python then raises
@@ -266,6 +277,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"CPU seconds in all: {sum(_file_cpu.values()):.0f}")
         busy = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(_worker_seconds.items()))
         terminalreporter.write_line(f"busy time per worker: {busy}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's OpenVINO IR directory goes with the session that made it (the controller;
+    the xdist workers inherited its path)."""
+    own = globals().get("_OWN_IR_DIR")
+    if own and not hasattr(config, "workerinput"):
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

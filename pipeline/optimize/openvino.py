@@ -134,13 +134,18 @@ def converted(pipe, module: torch.nn.Module, convert, ir_store, int8_weights: bo
     """The OpenVINO model of ``module`` (a component of ``pipe``): ``convert()``-ed, or read from
     ``ir_store`` when it holds this module's conversion
     (:func:`pipeline.optimize.openvino_ir.read_or_convert`; ``component`` is stored in its fields).
+    Without a store, the local one of ``RENDERFARM_OPENVINO_IR_DIR`` when it is set
+    (:func:`pipeline.optimize.openvino_ir.local_ir_store`).
 
     Returns:
         (``openvino.Model``, the IR cache outcome as a dict, or None without a store).
     """
+    from pipeline.optimize.openvino_ir import local_ir_store, read_or_convert
+
+    if ir_store is None:
+        ir_store = local_ir_store()
     if ir_store is None:
         return convert(), None
-    from pipeline.optimize.openvino_ir import read_or_convert
 
     model, outcome = read_or_convert(module, convert, ir_store, int8_weights=int8_weights, component=component,
                                      model=str(getattr(pipe, "_renderfarm_model", "")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -84,12 +85,42 @@ class DirectoryIRStore:
         return True
 
     def store_files(self, key: str, src: Path, fields: dict) -> None:
+        """Copy the entry into a scratch directory beside it, then rename it into place, so that
+        processes sharing the directory never read an entry half written (one that replaces a
+        corrupt entry moves the old one aside first; of two writers at once, either wins)."""
         if not self.write:
             return
-        dest = self.root / key
-        dest.mkdir(parents=True, exist_ok=True)
-        for path in sorted(src.iterdir(), key=lambda p: p.name == MANIFEST):
-            shutil.copyfile(path, dest / path.name)
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
+        try:
+            for path in sorted(src.iterdir(), key=lambda p: p.name == MANIFEST):
+                shutil.copyfile(path, staging / path.name)
+            dest = self.root / key
+            if dest.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{key}.old.", dir=self.root))
+                os.replace(dest, old / key)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(staging, dest)
+        except OSError:
+            if not (self.root / key / MANIFEST).is_file():  # no writer got an entry into place
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def local_ir_store() -> DirectoryIRStore | None:
+    """The local :class:`DirectoryIRStore` of ``RENDERFARM_OPENVINO_IR_DIR``
+    (``infra.settings.Settings.openvino_ir_dir``), or None when it is unset.
+
+    For loads that are given no store (:func:`pipeline.optimize.openvino.converted`): the benches,
+    a script's ``prepare_renderer``, the tests. A process that loads weights already converted
+    there reads their IR (checked against its manifest, as from any store) instead of tracing
+    the module again; workers are given the farm's bucket and share through it instead.
+    """
+    from infra.settings import get_settings
+
+    root = get_settings().openvino_ir_dir
+    return DirectoryIRStore(root) if root else None
 
 
 def ir_key(unet: torch.nn.Module, int8_weights: bool = False) -> tuple[str, dict]:

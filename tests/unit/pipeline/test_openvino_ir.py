@@ -49,7 +49,20 @@ class BrokenStore:
         raise ConnectionError("storage unreachable")
 
 
-def test_a_second_load_reads_the_stored_ir_and_renders_the_same_pixels(offline_cache, tmp_path, caplog):
+@pytest.fixture
+def no_local_store(monkeypatch):
+    """Neither ``RENDERFARM_OPENVINO_IR_DIR`` (the suite sets one, tests/conftest.py) nor a cached
+    settings object that holds it."""
+    from infra.settings import get_settings
+
+    monkeypatch.delenv("RENDERFARM_OPENVINO_IR_DIR", raising=False)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def test_a_second_load_reads_the_stored_ir_and_renders_the_same_pixels(offline_cache, tmp_path, caplog,
+                                                                      no_local_store):
     caplog.set_level(logging.INFO, logger="renderfarm.worker")
     uncached, none = _load(offline_cache, None)
     assert none is None  # no store: converted, nothing reported
@@ -63,6 +76,22 @@ def test_a_second_load_reads_the_stored_ir_and_renders_the_same_pixels(offline_c
     assert f"openvino IR cache hit: {hit['key']}" in caplog.text
     for a, b, c in zip(uncached, cold, warm):  # the IR is the same graph: bit-identical pixels
         assert np.array_equal(a, b) and np.array_equal(b, c)
+
+
+def test_without_a_store_the_local_directory_of_the_setting_is_used(offline_cache, tmp_path, monkeypatch,
+                                                                    no_local_store):
+    from infra.settings import get_settings
+
+    monkeypatch.setenv("RENDERFARM_OPENVINO_IR_DIR", str(tmp_path / "ir"))
+    get_settings.cache_clear()
+    first, miss = _load(offline_cache, None)
+    assert miss is not None and miss["outcome"] == "miss" and miss["saved"]["bytes"] > 0, miss
+    assert sorted(p.name for p in (tmp_path / "ir").iterdir()) == [miss["key"]]  # no staging left behind
+    second, hit = _load(offline_cache, None)
+    assert hit is not None and hit["outcome"] == "hit" and hit["key"] == miss["key"], hit
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    given = DirectoryIRStore(tmp_path / "given")  # a store passed in wins over the setting
+    assert _load(offline_cache, given)[1]["outcome"] == "miss" and (tmp_path / "given" / miss["key"]).is_dir()
 
 
 def test_a_corrupt_or_incomplete_entry_is_converted_again_and_replaced(offline_cache, tmp_path, caplog):
