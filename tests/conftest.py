@@ -30,9 +30,9 @@ it loads), and every child inherits it.
 
 Loads given no store of converted OpenVINO models read them from one directory for the session,
 ``RENDERFARM_OPENVINO_IR_DIR`` (a temporary directory, removed at the end, unless the caller sets
-it): the suite loads the same tiny weights in-process hundreds of times, and each load traced the
-UNet and the VAE decoder again (2-6 s of a busy core each; 17 UNet and 15 decoder traces, 141 s,
-in the first tenth of one run). What converting and storing do is tested with stores of their
+it): the suite loads the same tiny weights in-process again and again, and each load traced the
+UNet and the VAE decoder anew (one run on a 2-vCPU EPYC: 75 traces, 370 s of a busy core, 1-13 s
+each). What converting and storing do is tested with stores of their
 own (``tests/unit/pipeline/test_openvino_ir.py``, ``tests/integration/test_compile_cache.py``).
 """
 
@@ -69,6 +69,7 @@ from infra.localstack import (
 os.environ["RENDERFARM_ENV_FILE"] = ""  # see the module docstring
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # see the module docstring; children inherit it
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the module docstring; before torch loads libgomp
+_OWN_IR_DIR: str | None = None  # the session's OpenVINO IR directory, when this process made it
 if "RENDERFARM_OPENVINO_IR_DIR" not in os.environ:  # see the module docstring; the xdist workers inherit it
     os.environ["RENDERFARM_OPENVINO_IR_DIR"] = _OWN_IR_DIR = tempfile.mkdtemp(prefix="renderfarm-test-ir-")
 
@@ -282,9 +283,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's OpenVINO IR directory goes with the session that made it (the controller;
     the xdist workers inherited its path)."""
-    own = globals().get("_OWN_IR_DIR")
-    if own and not hasattr(config, "workerinput"):
-        shutil.rmtree(own, ignore_errors=True)
+    if _OWN_IR_DIR and not hasattr(config, "workerinput"):
+        shutil.rmtree(_OWN_IR_DIR, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -31,6 +31,7 @@ for the key and 9 s more checking the restored files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -97,13 +98,15 @@ class DirectoryIRStore:
                 shutil.copyfile(path, staging / path.name)
             dest = self.root / key
             if dest.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{key}.old.", dir=self.root))
-                os.replace(dest, old / key)
-                shutil.rmtree(old, ignore_errors=True)
-            os.replace(staging, dest)
-        except OSError:
-            if not (self.root / key / MANIFEST).is_file():  # no writer got an entry into place
-                raise
+                aside = Path(tempfile.mkdtemp(prefix=f".{key}.old.", dir=self.root))
+                with contextlib.suppress(FileNotFoundError):  # another writer moved it first
+                    os.replace(dest, aside / key)
+                shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.replace(staging, dest)
+            except OSError:  # another writer's entry got in between: the same conversion, complete
+                if not (dest / MANIFEST).is_file():
+                    raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
