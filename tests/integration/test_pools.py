@@ -199,11 +199,17 @@ def test_outstanding_counts_what_workers_hold_where_llen_does_not(api, workers, 
     app = make_celery(Settings(redis_url=env["RENDERFARM_REDIS_URL"]))
     try:
         deadline = time.monotonic() + 30
-        row = {}
-        while time.monotonic() < deadline and not (row.get("running") == 4 and row.get("outstanding") == 12):
+        row, depth = {}, 0
+        # the worker took its batch of 4 from the 8 dispatched (2 × its batch size), and the API's
+        # dispatcher has topped the Celery queue up to 8 again (every 0.2 s): only then are all 8
+        # queued jobs in the broker list, which the counts below take as their start
+        while time.monotonic() < deadline and not (row.get("running") == 4 and row.get("outstanding") == 12
+                                                   and depth == 8):
             time.sleep(0.2)
             row = httpx.get(f"{api.url}/v1/queues/null-big").json()
+            depth = broker_depth(r, "null-big")
         assert row["running"] == 4 and row["queued"] == 8 and row["outstanding"] == 12, str(row)
+        assert depth == 8, depth
         with app.connection_for_read() as conn:
             held = [conn.default_channel.basic_get(keys.queue("null-big")) for _ in range(3)]
             assert all(m is not None for m in held)
