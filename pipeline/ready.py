@@ -26,7 +26,7 @@ from pipeline.compile_cache import (
     import_artifacts,
     log_outcome,
 )
-from pipeline.optimize.compile import without_precompiled_headers
+from pipeline.optimize.compile import stop_compiler_warm_up, without_precompiled_headers
 from pipeline.warm import WarmPlan, warm_up
 
 log = logging.getLogger("renderfarm.worker")
@@ -80,7 +80,10 @@ def save(key: CacheKey, outcome: CacheOutcome, store: Store) -> None:
 def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, store: Store | None,
               on_progress: Progress | None = None) -> dict:
     """Restore, warm up, save: the start-up between loading and consuming. After a restore that
-    hit, the warm-up runs :func:`pipeline.optimize.compile.without_precompiled_headers`.
+    hit, the loader's compiler warm-up child is stopped (``renderer.compiler_warm_up``:
+    :func:`pipeline.optimize.compile.stop_compiler_warm_up`) and the warm-up runs
+    :func:`pipeline.optimize.compile.without_precompiled_headers`: nothing will compile, so
+    neither the child's header nor Inductor's is needed.
 
     Args:
         renderer: the loaded :class:`pipeline.render.Renderer`.
@@ -90,8 +93,9 @@ def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, s
         on_progress: ``(done, total, eta_s)``, passed to :func:`pipeline.warm.warm_up`.
     Returns:
         ``{"warm_up": <warm_up()'s report>, "compile_cache": <CacheOutcome.to_dict()> with
-        ``counters`` (:func:`pipeline.compile_cache.compile_counters` after the warm-up), or None
-        when the recipe compiles nothing or no ``fetch`` was given}``.
+        ``counters`` (:func:`pipeline.compile_cache.compile_counters` after the warm-up) and
+        ``compiler_warm_up`` (after a hit, what :func:`stop_compiler_warm_up` returned, else
+        ``"kept"``), or None when the recipe compiles nothing or no ``fetch`` was given}``.
     Raises:
         whatever :func:`pipeline.warm.warm_up` raises; storage failures never raise here.
     """
@@ -101,6 +105,7 @@ def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, s
         outcome = restore(key, fetch)
     # after a hit every CPU kernel is restored: no precompiled C++ header is needed to load them
     restored = outcome is not None and outcome.outcome == "hit"
+    warm_compiler = stop_compiler_warm_up(getattr(renderer, "compiler_warm_up", None)) if restored else "kept"
     with without_precompiled_headers() if restored else contextlib.nullcontext():
         report = warm_up(renderer, plan, on_progress=on_progress)
     if outcome is None or key is None:
@@ -111,7 +116,8 @@ def get_ready(renderer, profile: dict, plan: WarmPlan, *, fetch: Fetch | None, s
     log.info("compile cache %s: Inductor FX graph cache %d hit(s), %d miss(es); AOTInductor packages %d loaded, "
              "%d compiled after the warm-up", outcome.outcome, counters["fxgraph_cache_hit"],
              counters["fxgraph_cache_miss"], counters["aot_loaded"], counters["aot_compiled"])
-    return {"warm_up": report, "compile_cache": {**outcome.to_dict(), "counters": counters}}
+    return {"warm_up": report,
+            "compile_cache": {**outcome.to_dict(), "counters": counters, "compiler_warm_up": warm_compiler}}
 
 
 __all__ = ["compiles_anything", "get_ready", "restore", "save"]

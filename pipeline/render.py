@@ -36,6 +36,8 @@ from pipeline.schedulers import scheduler_for, scheduler_name
 from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make_sync_free
 
 if TYPE_CHECKING:
+    import subprocess
+
     from pipeline.lora import AdapterCache
     from pipeline.memory import BatchLimits
     from pipeline.pool_options import PoolOptions
@@ -70,6 +72,8 @@ class Renderer:
     max_batch_size: int
     limits: BatchLimits
     pool: PoolOptions
+    #: The compiler warm-up child (:func:`pipeline.optimize.compile.start_compiler_warm_up`), or None.
+    compiler_warm_up: subprocess.Popen | None = None
     #: Reads an input image by its object key (set by the worker; None: txt2img only).
     input_loader: InputLoader | None = None
     #: The adapters requests may name (:class:`pipeline.lora.AdapterCache`, set by the worker; None: none).

@@ -78,7 +78,9 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
         (renderer, device profile as a dict). ``renderer.recipe`` is the recipe with the report
         of what was applied, the family, its capabilities and the batch invariance in force;
         ``renderer.max_batch_size`` the recipe's batch cap; ``renderer.limits`` the per-shape
-        OOM caps (:class:`pipeline.memory.BatchLimits`).
+        OOM caps (:class:`pipeline.memory.BatchLimits`); ``renderer.compiler_warm_up`` the child
+        process of :func:`pipeline.optimize.compile.start_compiler_warm_up` (CPU recipes that
+        compile), else None.
     Raises:
         ValueError / FileNotFoundError: the model cannot be loaded, a bad override, a pool whose
             declared family is not the model's, or an allocator configuration that the SDNQ
@@ -97,8 +99,9 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     if pool.lora_adapters:
         recipe = fit_adapters(recipe)
     target = profile.torch_device
+    warm_compiler = None  # the C++ toolchain's first-use work, beside the load below
     if profile.kind == "cpu" and (recipe.compile_denoiser or recipe.compile_vae) and has_cpp_compiler():
-        start_compiler_warm_up()  # the C++ toolchain's first-use work, beside the load below
+        warm_compiler = start_compiler_warm_up()
     pipe = load_pipeline(model, device="cpu" if recipe.cpu_offload else target, torch_dtype=DTYPES[recipe.dtype],
                          use_pe=pool.use_pe)
     check_pool_family(pipe, pool.family)
@@ -111,6 +114,7 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     renderer.max_batch_size = recipe.max_batch_size
     renderer.limits = BatchLimits()
     renderer.pool = pool
+    renderer.compiler_warm_up = warm_compiler  # get_ready stops it after a compile-cache hit
     log.info("loaded %s (%s) on %s with recipe %s in %.1fs (applied: %s; skipped: %s; batch invariance: %s%s)",
              model, renderer.family, target, recipe.name, time.perf_counter() - t0, sorted(report["applied"]),
              report["skipped"], renderer.invariance, "".join(f"; adjusted: {a}" for a in recipe.adjusted))

@@ -39,10 +39,12 @@ restored the compile cache loads without TorchDynamo's trace, AOTAutograd or the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -87,12 +89,38 @@ def start_compiler_warm_up() -> subprocess.Popen:
     this process loads the pipeline. The compiler runs outside this process and its GIL. Nothing
     waits for the child: if it fails or is late, Inductor does the same work at its first
     compile, as it would without it. A daemon thread reaps the child when it exits; the caller
-    may also ``wait()`` for it.
+    may also ``wait()`` for it, or stop it when nothing will compile
+    (:func:`stop_compiler_warm_up`, after a compile-cache hit). The child leads a process group
+    of its own, so that stopping it reaches the ``g++`` it runs; it is also stopped when this
+    process exits normally, while still running.
     """
     child = subprocess.Popen([sys.executable, "-c", _WARM_COMPILER], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     threading.Thread(target=child.wait, name="compiler-warm-up-reaper", daemon=True).start()
+    atexit.register(stop_compiler_warm_up, child)
     return child
+
+
+def stop_compiler_warm_up(child: subprocess.Popen | None) -> str:
+    """Stop the child of :func:`start_compiler_warm_up` and every compiler it runs; returns
+    ``"stopped"``, ``"finished"`` (it had already exited) or ``"none"`` (``child`` is None).
+
+    After a compile-cache hit no kernel compiles, so the header the child builds (one ``g++``
+    call of 10 to 40 s on a 2-vCPU machine) would only take a core from the warm-up. SIGTERM goes
+    to the child's whole process group: the ``g++`` driver deletes the output it has not finished
+    on that signal, so no half-written precompiled header is left for Inductor, which builds the
+    header only when its file is missing (torch 2.13's ``torch/_inductor/codecache.py``,
+    ``_precompile_header``). Never SIGKILL, which would leave that partial file. Never raises.
+    """
+    if child is None:
+        return "none"
+    if child.poll() is not None:
+        return "finished"
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):  # exited (and reaped) since the poll above
+        return "finished"
+    return "stopped"
 
 
 def _no_precompiled_header(*_args: Any, **_kwargs: Any) -> None:

@@ -109,6 +109,7 @@ def test_first_start_compiles_and_saves(env, api, store, start) -> None:
     cache = entry["compile_cache"]
     assert cache["outcome"] == "miss", cache
     assert cache["counters"]["aot_compiled"] == 2, cache  # it compiled the decoder at buckets 1 and 2
+    assert cache["compiler_warm_up"] == "kept", cache  # a miss compiles: the toolchain warm-up is let run
     assert cache["saved"]["bytes"] > 0, cache
     stored = {a.key: a for a in store.list()}
     assert cache["key"] in stored and stored[cache["key"]].bytes == cache["saved"]["bytes"]
@@ -129,6 +130,7 @@ def test_second_start_loads_and_compiles_nothing(env, api, store, start) -> None
     assert cache["counters"]["fxgraph_cache_miss"] == cache["counters"]["aot_compiled"] == 0, cache  # nothing new
     assert cache["counters"]["aot_loaded"] == 2, cache  # the decoder's packages, one per bucket
     assert cache["saved"] is None, cache  # nothing to save
+    assert cache["compiler_warm_up"] in ("stopped", "finished"), cache  # a hit compiles nothing: not let run
     log = _log(proc)
     assert f"compile cache hit: {cache['key']}" in log
     assert "compile cache hit: Inductor FX graph cache" in log and ", 0 miss(es);" in log

@@ -66,6 +66,42 @@ def test_without_the_warm_up_the_first_compile_builds_the_header(box):
     assert _header_builds(log) == 1
 
 
+# Stopped while it builds the header (a compile-cache hit): the child's g++ is stopped with it, no
+# half-written header is left (Inductor would trust one that exists), and the next compile builds it.
+STOP = (
+    "import os, pathlib, sys, time\n"
+    "from pipeline.optimize.compile import start_compiler_warm_up, stop_compiler_warm_up\n"
+    "log = pathlib.Path(sys.argv[1])\n"
+    "child = start_compiler_warm_up()\n"
+    "deadline = time.monotonic() + 300\n"
+    "while not (log.exists() and 'c++-header' in log.read_text()):\n"
+    "    assert child.poll() is None and time.monotonic() < deadline, 'no header build seen'\n"
+    "    time.sleep(0.05)\n"
+    "time.sleep(0.5)  # inside the header's g++ call (seconds long)\n"
+    "assert stop_compiler_warm_up(child) == 'stopped'\n"
+    "assert child.wait(timeout=30) != 0\n"
+    "deadline = time.monotonic() + 30\n"
+    "while True:  # every process of the child's group (its g++ and cc1plus) has exited\n"
+    "    try:\n"
+    "        os.killpg(child.pid, 0)\n"
+    "    except ProcessLookupError:\n"
+    "        break\n"
+    "    assert time.monotonic() < deadline, 'the g++ of the stopped child still runs'\n"
+    "    time.sleep(0.1)\n"
+    "assert stop_compiler_warm_up(child) == 'finished'\n"
+)
+
+
+def test_a_stopped_warm_up_leaves_no_partial_header(box):
+    env, log = box
+    _run(STOP, env, str(log))
+    assert _header_builds(log) == 1
+    assert not list(Path(env["TMPDIR"]).rglob("*.gch")), "a header the stopped g++ had not finished"
+    log.unlink()
+    _run(FIRST_COMPILE, env)
+    assert _header_builds(log) == 1  # built again, whole, by the first compile that needs it
+
+
 # A restored compile cache: one process compiles and exports its artifacts (pipeline.compile_cache),
 # a new one (fresh cache and temporary directories, as a new replica) imports them and runs the same
 # function; its kernels load from the restored binaries.
