@@ -20,6 +20,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -231,6 +232,45 @@ def weights_bytes(pipe) -> int:
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages (runnable processes; compare with ``nproc``)."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds all cores of this machine have been busy since boot (Linux ``/proc/stat``: every
+    state but idle and iowait), for the CPU an interval cost the whole machine, whichever process
+    spent it; None where there is no ``/proc/stat``."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until_gone(marker: str, timeout_s: float = 120.0, poll_s: float = 0.2) -> bool:
+    """Wait until no process of this machine has ``marker`` (``"NAME=value"``) among its environment
+    variables (Linux ``/proc/<pid>/environ``; processes that may not be read are not seen). A process
+    and every child it starts inherit their environment, so a variable set only for one spawned
+    process marks it and whatever it left running (an orphaned compiler, say). Returns True once
+    none is left, False after ``timeout_s`` seconds or where there is no ``/proc``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    needle = marker.encode() + b"\0"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = False
+        for environ in proc.glob("[0-9]*/environ"):
+            try:
+                data = environ.read_bytes()
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if data.startswith(needle) or b"\0" + needle in data:
+                left = True
+                break
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
 
 
 def mib(value: int | None) -> float | None:

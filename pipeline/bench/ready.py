@@ -17,7 +17,11 @@ a directory beside the artifact and the cached phase reads it instead of tracing
 (:mod:`pipeline.optimize.openvino_ir`): the worker does the same through the farm's bucket.
 
 "Ready" is the wall time from the process's spawn to the end of its warm-up: interpreter and
-imports, load, restore, warm-up. Each phase also reports Inductor's FX graph cache hits and
+imports, load, restore, warm-up. "Quiet" is the wall time from the spawn until the phase's last
+process has exited (the phase and anything it left running, such as a compiler warm-up child,
+found by the phase's own ``TMPDIR`` in their environment), and "machine CPU" the CPU seconds the
+whole machine was busy over that time (``/proc/stat``; on a quiet machine, the phase's own cost):
+what a start costs the other work of a small replica. Each phase also reports Inductor's FX graph cache hits and
 misses and the AOTInductor packages it loaded and compiled (:mod:`pipeline.optimize.aot`): the
 cached phase should compile nothing. The target is cached ≤ 25 % of cold.
 
@@ -112,21 +116,30 @@ def _spawn(phase: str, config: ReadyConfig, artifact: Path, out: Path, cache_dir
     # TORCHINDUCTOR_CACHE_DIR says, so a shared /tmp would hand the cold phase's to the cached one.
     scratch = cache_dir.with_name(f"tmp-{phase}")
     scratch.mkdir(parents=True, exist_ok=True)
+    from pipeline.bench.measure import machine_busy_s, wait_until_gone
+
+    spawned, busy = time.time(), machine_busy_s()
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "TMPDIR": str(scratch),
-           "RENDERFARM_BENCH_SPAWNED_AT": repr(time.time())}
+           "RENDERFARM_BENCH_SPAWNED_AT": repr(spawned)}
     proc = subprocess.run([sys.executable, "-m", "pipeline.bench.ready", phase, json.dumps(asdict(config)),
                            str(artifact), str(out)], env=env, capture_output=True, text=True,
                           timeout=config.timeout_s)
     if proc.returncode != 0 or not out.exists():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"bench ready: the {phase} phase exited {proc.returncode}:\n{tail}")
-    return json.loads(out.read_text())
+    # what the phase left running finishes (or is given up on) before the next phase starts
+    quiet = wait_until_gone(f"TMPDIR={scratch}", timeout_s=min(300.0, config.timeout_s))
+    busy_after = machine_busy_s()
+    return {**json.loads(out.read_text()), "quiet_s": time.time() - spawned if quiet else None,
+            "machine_cpu_s": busy_after - busy if busy is not None and busy_after is not None else None}
 
 
 def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print) -> dict:
     """Run the cold phase, then the cached phase, each in a fresh process; returns
     ``{"config", "cold", "cached", "ratio", "artifact_bytes", "load_average"}`` (ratio = cached
-    ready seconds / cold ready seconds; ``load_average`` before and after, /proc/loadavg).
+    ready seconds / cold ready seconds; ``load_average`` before and after, /proc/loadavg). Each
+    phase's dict has ``ready_s``, ``quiet_s`` (None: something it started still ran after 300 s
+    or there is no ``/proc``) and ``machine_cpu_s`` (None without ``/proc/stat``), seconds.
 
     Raises:
         RuntimeError: a phase failed (the message has the tail of its output).
@@ -172,13 +185,18 @@ def ready_table(result: dict):
     table = Table(title=f"time to ready (spawn → warm-up done), load average {load.get('before')} → "
                         f"{load.get('after')}; artifact {result['artifact_bytes'] / 2**20:.1f} MiB")
     for column in ("model", "device", "recipe", "buckets", "sizes", "steps", "cold s", "cached s", "ratio",
-                   "compiles cold", "compiles cached", "cache hits cached", "outcome",
-                   "OpenVINO IR cached (UNet / decoder)"):
+                   "cached quiet s", "cached machine CPU s", "compiles cold", "compiles cached",
+                   "cache hits cached", "outcome", "OpenVINO IR cached (UNet / decoder)"):
         table.add_column(column)
     ratio = result.get("ratio")
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
     table.add_row(config["model"], device, str(cold.get("recipe")), ",".join(map(str, config["buckets"])),
                   ",".join(f"{w}x{h}" for w, h in config["sizes"]), str(config["steps"]),
                   f"{cold['ready_s']:.1f}", f"{cached['ready_s']:.1f}", f"{ratio:.1%}" if ratio else "-",
+                  seconds(cached.get("quiet_s")), seconds(cached.get("machine_cpu_s")),
                   str(compiled_anew(cold["counters"])), str(compiled_anew(cached["counters"])),
                   str(served(cached["counters"])), (cached.get("compile_cache") or {}).get("outcome", "-"),
                   " / ".join((cached.get(k) or {}).get("outcome", "-") for k in ("openvino_ir", "openvino_vae_ir")))

@@ -1,8 +1,16 @@
 """The bench's GEMM-rate probe: sized by how fast this CPU runs each dtype, so a CPU without
-native bfloat16 (AVX2 only) does not spend minutes on one 2048³ bf16 call."""
+native bfloat16 (AVX2 only) does not spend minutes on one 2048³ bf16 call; and what ``bench ready``
+waits for after a phase: every process the phase left running, found by its environment."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
 import torch
 
 from pipeline.bench import measure
@@ -21,3 +29,34 @@ def test_gemm_rates_are_measured_at_the_probed_sizes():
     assert set(sizes) == {"float32", "bfloat16"} and set(sizes.values()) <= {256, 512, 1024, 2048}
     rates = measure.gemm_rates("cpu", sizes)
     assert set(rates) == set(sizes) and all(r > 0 for r in rates.values())
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_wait_until_gone_waits_for_what_an_exited_process_left_running():
+    marker = f"RENDERFARM_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+    busy = measure.machine_busy_s()
+    started = time.monotonic()
+    # the shell exits at once; the sleep it put in the background goes on, an orphan with its environment
+    subprocess.run(["sh", "-c", "sleep 2 &"], env=env, check=True)
+    assert time.monotonic() - started < 1.5
+    assert measure.wait_until_gone(marker, timeout_s=30)
+    assert time.monotonic() - started >= 1.9
+    assert measure.wait_until_gone(marker, timeout_s=0)  # nothing left: true at once
+    after = measure.machine_busy_s()
+    assert busy is not None and after is not None and after >= busy
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_wait_until_gone_gives_up_after_its_timeout():
+    marker = f"RENDERFARM_TEST_MARK={uuid.uuid4().hex}"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, marker.split("=")[0]: marker.split("=")[1]})
+    try:
+        started = time.monotonic()
+        assert not measure.wait_until_gone(marker, timeout_s=0.5)
+        assert 0.5 <= time.monotonic() - started < 5
+    finally:
+        child.kill()
+        child.wait()
+    assert measure.wait_until_gone(marker, timeout_s=10)

@@ -122,6 +122,11 @@ def test_session_dry_run_runs_every_part_in_order_and_packs_each_json(tmp_path):
     assert by_name["ready"]["status"] in ("ok", "failed") and by_name["ready"]["exit"] != -1
     if not _has_ready_command():
         assert by_name["ready"]["status"] == "failed"
+    if by_name["ready"]["status"] == "ok":  # the cached phase compiled nothing and left nothing running
+        cached = json.loads((results / "ready.json").read_text())["cached"]
+        assert cached["compile_cache"]["outcome"] == "hit", cached["compile_cache"]
+        assert cached["compile_cache"]["compiler_warm_up"] in ("stopped", "finished"), cached["compile_cache"]
+        assert cached["quiet_s"] is not None and cached["quiet_s"] >= cached["ready_s"], cached
     b1 = json.loads((results / "sd15-b1.json").read_text())
     assert [(r["kind"], r["batch_size"]) for r in b1["rows"]] == [("reference", 1), ("peer", 1), ("farm", 1)]
     farm = parse_specs([b1["rows"][2]["recipe"]])[0]
