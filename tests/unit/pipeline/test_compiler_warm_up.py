@@ -24,15 +24,19 @@ WARM_UP = "from pipeline.optimize.compile import start_compiler_warm_up\nassert 
 FIRST_COMPILE = "import torch\ntorch.compile(lambda x: torch.sin(x) * 3.0, dynamic=False)(torch.ones(64))\n"
 
 
-@pytest.fixture
-def box(tmp_path):
-    """(environment, g++ log): fresh cache and temporary directories, g++ logged."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "gxx.log"
+def _box(root: Path) -> tuple[dict, Path]:
+    """(environment, g++ log) under ``root``: fresh cache and temporary directories, g++ logged."""
+    bin_dir, log = root / "bin", root / "gxx.log"
     bin_dir.mkdir()
     wrapper = bin_dir / "g++"
     wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {shutil.which("g++")} "$@"\n')
     wrapper.chmod(0o755)
-    return _fresh({**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, tmp_path, "box"), log
+    return _fresh({**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, root, "box"), log
+
+
+@pytest.fixture
+def box(tmp_path):
+    return _box(tmp_path)
 
 
 def _fresh(env: dict, tmp_path: Path, name: str) -> dict:
@@ -59,11 +63,11 @@ def test_after_the_warm_up_the_first_compile_builds_no_precompiled_header(box):
     assert _header_builds(log) == 0
 
 
-def test_without_the_warm_up_the_first_compile_builds_the_header(box):
-    # The control: on a fresh temporary directory the first compile pays the header itself.
-    env, log = box
-    _run(FIRST_COMPILE, env)
-    assert _header_builds(log) == 1
+def test_without_the_warm_up_the_first_compile_builds_the_header(exported):
+    # The control: on a fresh temporary directory the first compile pays the header itself (the
+    # compile whose kernels the restore tests below export, run once for both).
+    _, header_builds = exported
+    assert header_builds == 1
 
 
 # Stopped while it builds the header (a compile-cache hit): the child's g++ is stopped with it, and no
@@ -117,11 +121,20 @@ RESTORE = (KEY + "import pathlib, sys, contextlib, torch\n"
            "c = compile_counters()\nassert c['fxgraph_cache_hit'] == 1 and c['fxgraph_cache_miss'] == 0, c\n")
 
 
-def test_a_restored_cache_loads_its_kernels_without_building_the_header(box, tmp_path):
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> tuple[Path, int]:
+    """FIRST_COMPILE on fresh cache and temporary directories, its artifacts exported: (the
+    artifact's path, the precompiled-header builds its g++ log shows)."""
+    root = tmp_path_factory.mktemp("exported")
+    env, log = _box(root)
+    blob = root / "artifact.bin"
+    _run(EXPORT, env, str(blob))
+    return blob, _header_builds(log)
+
+
+def test_a_restored_cache_loads_its_kernels_without_building_the_header(box, tmp_path, exported):
     env, log = box
-    blob = tmp_path / "artifact.bin"
-    _run(EXPORT, _fresh(env, tmp_path, "first"), str(blob))
-    log.unlink()
+    blob, _ = exported
     _run(RESTORE, _fresh(env, tmp_path, "skip"), str(blob), "skip")
     assert _header_builds(log) == 0
     # the control: the same restore without the context builds the header nothing then uses
