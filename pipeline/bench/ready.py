@@ -21,9 +21,10 @@ imports, load, restore, warm-up. "Quiet" is the wall time from the spawn until t
 process has exited (the phase and anything it left running, such as a compiler warm-up child,
 found by the phase's own ``TMPDIR`` in their environment), and "machine CPU" the CPU seconds the
 whole machine was busy over that time (``/proc/stat``; on a quiet machine, the phase's own cost):
-what a start costs the other work of a small replica. Each phase also reports Inductor's FX graph cache hits and
-misses and the AOTInductor packages it loaded and compiled (:mod:`pipeline.optimize.aot`): the
-cached phase should compile nothing. The target is cached ≤ 25 % of cold.
+what a start costs the other work of a small replica. Each phase also reports Inductor's FX graph
+cache hits and misses and the AOTInductor packages it loaded and compiled
+(:mod:`pipeline.optimize.aot`): the cached phase should compile nothing. The target is cached
+≤ 25 % of cold.
 
 ``python -m pipeline.bench.ready PHASE CONFIG_JSON ARTIFACT OUT`` is one phase (the parent runs it).
 """

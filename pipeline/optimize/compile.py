@@ -106,7 +106,9 @@ def stop_compiler_warm_up(child: subprocess.Popen | None) -> str:
     ``"stopped"``, ``"finished"`` (it had already exited) or ``"none"`` (``child`` is None).
 
     After a compile-cache hit no kernel compiles, so the header the child builds (one ``g++``
-    call of 10 to 40 s on a 2-vCPU machine) would only take a core from the warm-up. SIGTERM goes
+    call of 10 to 40 s on a 2-vCPU machine) would only take a core from the warm-up and the first
+    batches (``tiny``'s cached start on a 2-vCPU AMD EPYC: 10.9 s of machine CPU with the stop,
+    24.4 s without; docs/performance/time-to-ready.md). SIGTERM goes
     to the child's whole process group: the ``g++`` driver deletes the output it has not finished
     on that signal, so no half-written precompiled header is left for Inductor, which builds the
     header only when its file is missing (torch 2.13's ``torch/_inductor/codecache.py``,
