@@ -31,10 +31,15 @@ def test_gemm_rates_are_measured_at_the_probed_sizes():
     assert set(rates) == set(sizes) and all(r > 0 for r in rates.values())
 
 
+def _marked() -> tuple[str, dict[str, str]]:
+    """A ``NAME=value`` marker no other process has, and this environment with it set."""
+    value = uuid.uuid4().hex
+    return f"RENDERFARM_TEST_MARK={value}", {**os.environ, "RENDERFARM_TEST_MARK": value}
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_wait_until_gone_waits_for_what_an_exited_process_left_running():
-    marker = f"RENDERFARM_TEST_MARK={uuid.uuid4().hex}"
-    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+    marker, env = _marked()
     busy = measure.machine_busy_s()
     started = time.monotonic()
     # the shell exits at once; the sleep it put in the background goes on, an orphan with its environment
@@ -49,9 +54,8 @@ def test_wait_until_gone_waits_for_what_an_exited_process_left_running():
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_wait_until_gone_gives_up_after_its_timeout():
-    marker = f"RENDERFARM_TEST_MARK={uuid.uuid4().hex}"
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={**os.environ, marker.split("=")[0]: marker.split("=")[1]})
+    marker, env = _marked()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
         started = time.monotonic()
         assert not measure.wait_until_gone(marker, timeout_s=0.5)

@@ -75,7 +75,8 @@ def test_without_the_warm_up_the_first_compile_builds_the_header(exported):
 # that exists, so with none left the next compile builds it whole, as on a fresh TMPDIR (the control
 # test above).
 STOP = (
-    "import os, pathlib, sys, time\n"
+    "import pathlib, sys, time\n"
+    "from infra.localstack.processes import group_members\n"
     "from pipeline.optimize.compile import start_compiler_warm_up, stop_compiler_warm_up\n"
     "log = pathlib.Path(sys.argv[1])\n"
     "child = start_compiler_warm_up()\n"
@@ -87,11 +88,7 @@ STOP = (
     "assert stop_compiler_warm_up(child) == 'stopped'\n"
     "assert child.wait(timeout=30) != 0\n"
     "deadline = time.monotonic() + 30\n"
-    "while True:  # every process of the child's group (its g++ and cc1plus) has exited\n"
-    "    try:\n"
-    "        os.killpg(child.pid, 0)\n"
-    "    except ProcessLookupError:\n"
-    "        break\n"
+    "while group_members(child.pid):  # every process of the child's group (its g++, cc1plus) exits\n"
     "    assert time.monotonic() < deadline, 'the g++ of the stopped child still runs'\n"
     "    time.sleep(0.1)\n"
     "assert stop_compiler_warm_up(child) == 'finished'\n"
