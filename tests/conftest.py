@@ -241,6 +241,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.path not in long_files)  # stable: the rest keeps its order
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` on three or more workers gets a lane for the files that mostly wait
+    (:mod:`tests.xdist_lanes`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.xdist_lanes import LaneScheduling
+
+    return LaneScheduling(config, log)
+
+
 # -- the fault table -------------------------------------------------------------------------
 
 
@@ -278,6 +289,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"CPU seconds in all: {sum(_file_cpu.values()):.0f}")
         busy = ", ".join(f"{worker} {seconds:.0f} s" for worker, seconds in sorted(_worker_seconds.items()))
         terminalreporter.write_line(f"busy time per worker: {busy}")
+        _write_file_times()
+
+
+def _write_file_times() -> None:
+    """Every file's wall and CPU seconds, and each worker's busy seconds, to
+    ``test-artifacts/files.json`` (the summary prints the slowest fifteen only)."""
+    import json
+
+    out = Path(__file__).resolve().parents[1] / "test-artifacts" / "files.json"
+    out.parent.mkdir(exist_ok=True)
+    files = {path: {"wall_s": round(seconds, 1), "cpu_s": round(_file_cpu[path], 1)}
+             for path, seconds in _file_seconds.most_common()}
+    out.write_text(json.dumps({"files": files, "workers": dict(sorted(_worker_seconds.items()))}, indent=1))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
