@@ -7,8 +7,9 @@
 #   make lint   - ruff, mypy and the import contracts (lint-imports); configured in pyproject.toml.
 #   make docs   - the documentation site into site/ (mkdocs build --strict: a broken link or a missing
 #                 page fails); the reference pages are generated from the code (docs/hooks/).
-#   make test   - lint, docs, then the whole test suite on $(TEST_WORKERS) pytest-xdist workers (default 2;
-#                 one test file at a time each, the longest files first: tests/conftest.py; every
+#   make test   - lint, docs, then the whole test suite on $(TEST_WORKERS) pytest-xdist workers (default 3;
+#                 one test file at a time each, the longest files first, and the last worker takes
+#                 the files that mostly wait: tests/conftest.py, tests/xdist_lanes.py; every
 #                 worker starts its own redis-server, SeaweedFS and API on free ports). Schemathesis'
 #                 per-operation tests share one node id, which xdist runs once: that file runs after,
 #                 alone. The deploy tests install helm themselves, or skip.
@@ -87,7 +88,7 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 SCHEMATHESIS := tests/integration/badinput/test_schemathesis.py
 test: setup lint docs
 	$(BIN)/python -m pytest -q -rfEs --durations=10 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=$(SCHEMATHESIS)
