@@ -18,7 +18,7 @@ The machines the suite runs on reach no model hub (only package registries), so 
 without the network, instead of after huggingface_hub's connection timeouts (one such test:
 26 s with them, 6 s without). Every model a test loads is an offline build or a local path.
 
-The suite runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the caller sets it. Two pytest-xdist workers,
+The suite runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the caller sets it. The pytest-xdist workers,
 the farm processes they start and the renders they run in-process share two cores, each with
 PyTorch's OpenMP pool sized to both. libgomp's default is to spin at every barrier (it sees two
 threads for two CPUs, not the other processes), so a thread spins away the slice that the thread it
