@@ -4,6 +4,7 @@ that record which tests they were sent."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from tests.xdist_lanes import WAITING_FILES, LaneScheduling
@@ -79,3 +80,9 @@ def test_under_three_workers_it_is_plain_loadfile_in_collection_order():
     _finish(sched, first)
     _finish(sched, second)
     assert (_files(first, collection), _files(second, collection)) == ([files[0], files[2]], [files[1], files[3]])
+
+
+def test_every_waiting_file_is_a_test_file_of_the_suite():
+    # the lane matches by path: a renamed or moved file would drop out of it without a word
+    root = Path(__file__).resolve().parents[2]
+    assert all((root / path).is_file() and Path(path).name.startswith("test_") for path in WAITING_FILES)
