@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _csv(cast):
@@ -93,7 +94,7 @@ def _modes(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench
+    from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
 
     if args.two_stage:
         return _two_stage(args)
@@ -102,9 +103,42 @@ def _pipeline(args: argparse.Namespace) -> int:
     config = PipelineBenchConfig(
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
         recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,
-        cache_dir=args.cache_dir, count_flops=not args.no_flops, sequential=args.sequential, table=args.table)
-    return _run_and_report("bench pipeline", lambda log: run_pipeline_bench(config, log=log), result_table,
-                           args.json)
+        cache_dir=args.cache_dir, count_flops=not args.no_flops, measure_gemm=not args.no_gemm,
+        sequential=args.sequential, table=args.table)
+    def checkpoint(result: dict) -> None:  # the JSON so far after every round: a run stopped from outside keeps it
+        if args.json:
+            write_json(result, args.json)
+
+    return _run_and_report("bench pipeline", lambda log: run_pipeline_bench(config, log=log, checkpoint=checkpoint),
+                           result_table, args.json)
+
+
+def _show(args: argparse.Namespace) -> int:
+    """A saved result's table: ``bench pipeline`` (summarized again from its rounds), ``bench ready``
+    or ``bench farm``."""
+    from pipeline.bench import result_table
+    from pipeline.bench.ready import ready_table
+    from pipeline.bench.report import resummarize
+    from producer.bench_farm_table import result_table as farm_table
+
+    def load(_log) -> dict:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                result = json.load(f)
+        except OSError as exc:
+            raise ValueError(f"cannot read {args.file}: {exc.strerror}") from None
+        if result.get("benchmark") == "pipeline":
+            return resummarize(result, args.skip_rounds)
+        if result.get("benchmark") == "farm" or {"cold", "cached"} <= set(result):
+            return result
+        raise ValueError(f"{args.file}: not a bench pipeline, ready or farm result")
+
+    def tables(result: dict):
+        if result.get("benchmark") == "pipeline":
+            return result_table(result)
+        return farm_table(result) if result.get("benchmark") == "farm" else ready_table(result)
+
+    return _run_and_report("bench show", load, tables, args.json)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -217,7 +251,9 @@ def _ready(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench ready: {exc}", file=sys.stderr)
         return 2
-    return _run_and_report("bench ready", lambda log: run_ready_bench(config, log=log), ready_table, args.json)
+    keep = Path(args.artifact_dir) if args.artifact_dir else None
+    return _run_and_report("bench ready", lambda log: run_ready_bench(config, log=log, keep_in=keep), ready_table,
+                           args.json)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -230,8 +266,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _add_commands(sub) -> None:
     """Every bench command, in the order ``--help`` lists them (the CLI root and :func:`build_parser`)."""
-    for add in (_register_pipeline, _register_profile, _register_farm, _register_submit, _register_messages,
-                _register_redis, _register_ready, _register_io):
+    for add in (_register_pipeline, _register_show, _register_profile, _register_farm, _register_submit,
+                _register_messages, _register_redis, _register_ready, _register_io):
         add(sub)
 
 
@@ -250,12 +286,15 @@ def _register_pipeline(sub) -> None:
                         "pick at this size); default 1,4")
     p.add_argument("--recipes", type=_csv(str), default=tuple(from_recipes.split(",")),
                    help=f"comma list of specs (default {from_recipes}): " + SPEC_HELP)
-    p.add_argument("--repeats", type=int, default=3, help="hot rounds (default 3)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds after one cold and one settle call per row (default 5)")
     p.add_argument("--sequential", action="store_true",
                    help="one spec loaded at a time (for models of which several copies do not fit on the device)")
     p.add_argument("--table", choices=("pipeline", "modelcard"), default="pipeline",
                    help="modelcard: the SDNQ model card's columns, batch 1, one spec at a time")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count (the denoiser calls are still counted)")
+    p.add_argument("--no-gemm", action="store_true",
+                   help="skip the machine's GEMM rate probe of every round (the roofline columns stay empty)")
     p.add_argument("--two-stage", action="store_true",
                    help="the Rapid Diffusion path instead: --model at --target² directly vs at --target/4² + "
                         "--upscaler ×4 and --target/2² + ×2, same --steps (s/img, peak memory, speed-up)")
@@ -275,6 +314,16 @@ def _register_pipeline(sub) -> None:
     p.add_argument("--modes-overrides", default=None,
                    help='--modes: recipe knobs as JSON, e.g. \'{"compile_denoiser": true}\' (adapters then hot-swap)')
     p.set_defaults(func=lambda args: sys.exit(_pipeline(args)))
+
+
+def _register_show(sub) -> None:
+    p = _command(sub, _show, "show", help="a saved bench JSON as its table (pipeline results summarized again)",
+                 description="Read a `bench pipeline|ready|farm --json` file and print its table; for bench "
+                             "pipeline, medians, best, spread, ratios and roofline columns are recomputed from "
+                             "the rounds the file kept.")
+    p.add_argument("file", help="the JSON file")
+    p.add_argument("--skip-rounds", type=int, default=0,
+                   help="drop every row's first N timed rounds (files whose first round was the warm-up)")
 
 
 def _register_profile(sub) -> None:
@@ -385,6 +434,7 @@ def _register_ready(sub) -> None:
                    help='recipe knobs as JSON (default {"compile_denoiser": true, "compile_vae": true, '
                         '"batch_invariant": false})')
     r.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase (default 3600)")
+    r.add_argument("--artifact-dir", default=None, help="keep the compile-cache artifact in this folder")
     r.add_argument("--json", default=None, help="write the result here")
     r.set_defaults(func=lambda args: sys.exit(_ready(args)))
 

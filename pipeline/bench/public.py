@@ -44,23 +44,33 @@ TUNING_FLAGS = ("coordinate_descent_tuning", "coordinate_descent_check_all_direc
 SDNQ_COMPONENTS = ("pe", "text_encoder", "transformer", "unet")
 
 
+def tutorial_flags(tuning: bool = True) -> dict[str, bool]:
+    """The Inductor settings :func:`inductor_flags` sets: :data:`TUTORIAL_INDUCTOR_FLAGS` that this
+    torch has, less :data:`TUNING_FLAGS` without ``tuning``."""
+    import torch._inductor.config as inductor
+
+    return {k: v for k, v in TUTORIAL_INDUCTOR_FLAGS.items()
+            if hasattr(inductor, k) and (tuning or k not in TUNING_FLAGS)}
+
+
 def inductor_flags(tuning: bool = True):
-    """A context in which Inductor compiles with :data:`TUTORIAL_INDUCTOR_FLAGS` (the flags that
-    this torch has; without ``tuning``, less :data:`TUNING_FLAGS`). Scoped, so the farm's own
+    """A context in which Inductor compiles with :func:`tutorial_flags`. Scoped, so the farm's own
     compiled rows in the same process keep the defaults; Inductor's cache keys include its config,
     so no compiled graph crosses over."""
     import torch._inductor.config as inductor
 
-    flags = {k: v for k, v in TUTORIAL_INDUCTOR_FLAGS.items()
-             if hasattr(inductor, k) and (tuning or k not in TUNING_FLAGS)}
+    flags = tutorial_flags(tuning)
     return inductor.patch(flags) if flags else contextlib.nullcontext()
 
 
-def apply_fast_diffusion(pipe, *, compile: bool = True, mode: str = "max-autotune", fullgraph: bool = True) -> dict:
+def apply_fast_diffusion(pipe, *, compile: bool = True, mode: str = "max-autotune", fullgraph: bool = True,
+                         tuning: bool = True) -> dict:
     """Apply the tutorial's steps to ``pipe`` in place (already in bfloat16 on its device).
 
     ``torch.compile`` is lazy: the first render compiles, so renders must run inside
-    :func:`inductor_flags`. Returns ``{"applied": {step: value}, "skipped": {step: reason}}``.
+    :func:`inductor_flags` (with the same ``tuning``). Returns ``{"applied": {step: value},
+    "skipped": {step: reason}}``; ``applied["compile"]["inductor"]`` is what that context sets
+    (what a render saw is in the bench row's ``observed``, :mod:`pipeline.bench.observe`).
     """
     from diffusers import AutoencoderKL
 
@@ -94,7 +104,7 @@ def apply_fast_diffusion(pipe, *, compile: bool = True, mode: str = "max-autotun
         vae.decode = torch.compile(vae.decode, mode=mode, fullgraph=fullgraph)
         compiled.append("vae.decode")
     applied["compile"] = {"mode": mode, "fullgraph": fullgraph, "modules": compiled,
-                          "inductor": TUTORIAL_INDUCTOR_FLAGS}
+                          "inductor": tutorial_flags(tuning)}
     return {"applied": applied, "skipped": skipped}
 
 

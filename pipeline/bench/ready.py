@@ -31,8 +31,10 @@ cache hits and misses and the AOTInductor packages it loaded and compiled
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -135,12 +137,15 @@ def _spawn(phase: str, config: ReadyConfig, artifact: Path, out: Path, cache_dir
             "machine_cpu_s": busy_after - busy if busy is not None and busy_after is not None else None}
 
 
-def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print) -> dict:
+def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print, keep_in: Path | None = None) -> dict:
     """Run the cold phase, then the cached phase, each in a fresh process; returns
-    ``{"config", "cold", "cached", "ratio", "artifact_bytes", "load_average"}`` (ratio = cached
-    ready seconds / cold ready seconds; ``load_average`` before and after, /proc/loadavg). Each
-    phase's dict has ``ready_s``, ``quiet_s`` (None: something it started still ran after 300 s
-    or there is no ``/proc``) and ``machine_cpu_s`` (None without ``/proc/stat``), seconds.
+    ``{"config", "cold", "cached", "ratio", "artifact_bytes", "artifact_sha256", "load_average"}``
+    (ratio = cached ready seconds / cold ready seconds; ``load_average`` before and after,
+    /proc/loadavg). Each phase's dict has ``ready_s``, ``quiet_s`` (None: something it started
+    still ran after 300 s or there is no ``/proc``) and ``machine_cpu_s`` (None without
+    ``/proc/stat``), seconds. ``keep_in``: a folder the compile-cache artifact is copied into
+    (``<model>-b<buckets>-<W>x<H>.compile-cache``; ``artifact_kept`` names it), for a later run
+    or a reviewer; by default it is deleted with the phases' temporary folder.
 
     Raises:
         RuntimeError: a phase failed (the message has the tail of its output).
@@ -159,11 +164,26 @@ def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print) -> 
             raise RuntimeError("bench ready: the cold phase saved no artifact and converted nothing to OpenVINO "
                                f"(did the recipe compile anything? compile: {cold.get('compiled')})")
         size = artifact.stat().st_size if artifact.exists() else 0
+        kept = _keep(artifact, config, keep_in)
         log(f"cold ready in {cold['ready_s']:.1f}s; artifact {size / 2**20:.1f} MiB; cached: another empty cache")
         cached = _spawn("cached", config, artifact, root / "cached.json", root / "inductor-cached")
-    return {"config": asdict(config), "cold": cold, "cached": cached, "artifact_bytes": size,
+    return {"config": asdict(config), "cold": cold, "cached": cached, "artifact_bytes": size, **kept,
             "ratio": cached["ready_s"] / cold["ready_s"] if cold["ready_s"] else None,
             "load_average": {"before": before, "after": load_average()}}
+
+
+def _keep(artifact: Path, config: ReadyConfig, folder: Path | None) -> dict:
+    """Copy the artifact into ``folder`` when given; ``{"artifact_sha256", "artifact_kept"}``."""
+    if not artifact.exists():
+        return {"artifact_sha256": None, "artifact_kept": None}
+    digest = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    if folder is None:
+        return {"artifact_sha256": digest, "artifact_kept": None}
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes = "-".join(f"{w}x{h}" for w, h in config.sizes)
+    name = f"{config.model}-b{'-'.join(map(str, config.buckets))}-{sizes}.compile-cache"
+    shutil.copyfile(artifact, folder / name)
+    return {"artifact_sha256": digest, "artifact_kept": name}
 
 
 def served(counters: dict) -> int:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-#: (header, row key) of the pipeline table, in the order of the performance pages' tables.
+#: (header, row key) of the pipeline table, in the order of the performance pages' tables; a pair
+#: of keys is shown "median / best" (the ratios: medians divided, then best rounds divided).
 PIPELINE_COLUMNS = (
     ("recipe", "recipe"), ("batch", "batch_size"), ("load s", "load_s"), ("cold s", "cold_s"),
-    ("hot mean s/img", "hot_mean_s_per_img"), ("hot median s/img", "hot_median_s_per_img"), ("it/s", "it_per_s"),
+    ("settle s", "settle_s"), ("rounds", "timed_rounds"), ("hot median s/img", "hot_median_s_per_img"),
+    ("hot best s/img", "hot_best_s_per_img"), ("spread %", "hot_spread_pct"), ("it/s", "it_per_s"),
     ("img/s", "images_per_s"), ("peak alloc MiB", "peak_allocated_mib"), ("peak reserved MiB", "peak_reserved_mib"),
-    ("PSNR dB", "psnr_db"), ("GFLOP/img", "flops_per_image"), ("% bf16 matmul", "pct_of_bf16_matmul"),
-    ("vs reference", "speedup"), ("vs peer", "vs_peer"),
+    ("PSNR dB", "psnr_db"), ("GFLOP/img", "flops_per_image"), ("GFLOP/s", "achieved_gflop_per_s"),
+    ("% fp32 GEMM", "pct_of_fp32_matmul"), ("% bf16 GEMM", "pct_of_bf16_matmul"),
+    ("vs reference median / best", ("speedup", "speedup_best")), ("vs peer median / best", ("vs_peer", "vs_peer_best")),
 )
 #: The columns of the SDNQ model card's tables.
 MODELCARD_COLUMNS = (
@@ -26,10 +29,12 @@ MODELCARD_COLUMNS = (
     ("hot peak reserved MiB", "hot_peak_reserved_mib"), ("hot peak allocated MiB", "hot_peak_allocated_mib"),
     ("hot speed vs first", "speed_vs_first"), ("hot peak vs first", "peak_vs_first"),
 )
-RATIOS = ("speedup", "vs_peer", "speed_vs_first", "peak_vs_first")
+RATIOS = ("speedup", "vs_peer", "speedup_best", "vs_peer_best", "speed_vs_first", "peak_vs_first")
 
 
-def _fmt(key: str, value) -> str:
+def _fmt(key, value) -> str:
+    if isinstance(key, tuple):  # a pair of columns in one cell
+        return " / ".join(_fmt(k, v) for k, v in zip(key, value))
     if value is None:
         return "-"
     if key == "psnr_db":
@@ -52,7 +57,11 @@ def _table(title: str, columns, rows: list[dict], caption: str):
     for header, _ in columns:
         table.add_column(header, justify="left" if header == "recipe" else "right")
     for row in rows:
-        table.add_row(*(_fmt(key, row.get(key)) for _, key in columns))
+        cells = [_fmt(key, tuple(row.get(k) for k in key) if isinstance(key, tuple) else row.get(key))
+                 for _, key in columns]
+        if row.get("status", "ok") != "ok":
+            cells[0] += f" ({row['status']})"
+        table.add_row(*cells)
     return table
 
 
@@ -81,7 +90,32 @@ def result_table(result: dict):
                       MODELCARD_COLUMNS, result["rows"], caption)
     if not c.get("sequential"):
         caption += "; reserved = the whole process (every pipeline resident)"
+    caption += _method_note(result)
     return _table(f"bench pipeline: {head}, {c['repeats']} rounds", PIPELINE_COLUMNS, result["rows"], caption)
+
+
+def _method_note(result: dict) -> str:
+    """What the timings are, and what went wrong: rows that failed, a run that did not finish,
+    rounds dropped by ``bench show --skip-rounds``, fewer rounds than :data:`MIN_ROUNDS`."""
+    from pipeline.bench.summary import MIN_ROUNDS
+
+    rows, method = result["rows"], result["config"].get("method") or {}
+    note = ("; each row: 1 cold + 1 settle call untimed, then timed rounds" if method.get("settle_calls")
+            else "; each row: 1 cold call untimed, then timed rounds (no settle call)")
+    if result.get("skipped_rounds"):
+        note += f"; the first {result['skipped_rounds']} timed round(s) of every row dropped"
+    timed = [r.get("timed_rounds") or 0 for r in rows if r.get("status", "ok") == "ok"]
+    pending = [f"{r['recipe']} batch {r['batch_size']}" for r in rows if r.get("status") == "pending"]
+    if pending:
+        note += f"; not reached: {', '.join(pending)}"
+    if timed and min(timed) < MIN_ROUNDS:
+        note += f"; fewer than {MIN_ROUNDS} timed rounds: indicative only"
+    if result.get("complete") is False:
+        note += "; INCOMPLETE: the run stopped before its end"
+    for row in rows:
+        if row.get("error"):
+            note += f"; {row['recipe']} batch {row['batch_size']} failed at {row['error']}"
+    return note
 
 
 def profile_tables(result: dict) -> list:
@@ -121,7 +155,8 @@ def profile_tables(result: dict) -> list:
 
 
 def write_json(result: dict, path: str | Path) -> None:
-    """Write ``result`` as indented JSON (``inf`` as the string ``"inf"``)."""
+    """Write ``result`` as indented JSON (``inf`` as the string ``"inf"``), atomically: to a
+    ``.partial`` file first, then renamed over ``path``."""
     def clean(x):
         if isinstance(x, float) and x == float("inf"):
             return "inf"
@@ -131,5 +166,29 @@ def write_json(result: dict, path: str | Path) -> None:
             return [clean(v) for v in x]
         return x
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(clean(result), indent=2))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")  # a reader never sees a half-written file
+    partial.write_text(json.dumps(clean(result), indent=2))
+    partial.replace(path)
+
+
+def resummarize(result: dict, skip_rounds: int = 0) -> dict:
+    """A pipeline bench result read from its JSON, summarized again from its kept rounds (see
+    :func:`pipeline.bench.summary.summarize`), less the first ``skip_rounds`` timed rounds of every
+    row: for files whose first timed round was the warm-up (written before the settle call).
+
+    Raises:
+        ValueError: ``result`` is not a ``bench pipeline`` result with rows.
+    """
+    from pipeline.bench.summary import gemm_medians, summarize
+
+    if result.get("benchmark") != "pipeline" or not isinstance(result.get("rows"), list):
+        raise ValueError("not a bench pipeline result (benchmark: pipeline, with rows)")
+    psnr = {(r["recipe"], r["batch_size"]): r.get("psnr_db") for r in result["rows"]}
+    rows = summarize(result["rows"], gemm_medians(result), skip_rounds)
+    for row in rows:  # inf was written as the string "inf"
+        row["psnr_db"] = float(psnr[row["recipe"], row["batch_size"]]) if psnr[row["recipe"], row["batch_size"]] \
+            is not None else None
+    return {**result, "rows": rows, "skipped_rounds": skip_rounds}
+

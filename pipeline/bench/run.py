@@ -6,57 +6,57 @@ Place in the data flow: beside the pipeline, not in it. The command line builds 
 (:mod:`pipeline.bench.subjects`), renders the same prompts and seeds through each at every batch
 size, and returns the JSON-able result that :mod:`pipeline.bench.report` prints.
 
-Timing discipline: by default every pipeline stays resident and the (spec, batch) cells run
-round-robin over ``repeats`` rounds, the order rotating each round, so machine noise hits every
-cell alike; medians are reported beside the mean and the best round. ``sequential`` loads one
-subject at a time (each runs its rounds, then is freed): for models of which several copies do
-not fit in device memory (FLUX, ERNIE-Image at 1024²). The machine's dense GEMM rate is measured
-once per round, between the renders, so it sees the same machine.
+Method, per (spec, batch) cell: one untimed **cold** call (compilation included; its seconds are
+the ``cold_s`` column), one untimed **settle** call (CUDA graphs recorded, allocator and autotune
+caches filled; ``settle_s``), then ``repeats`` timed rounds (default :data:`pipeline.bench.summary.MIN_ROUNDS`).
+By default every pipeline stays resident and the cells run round-robin, the order rotating each
+round, so machine noise hits every cell alike; ``sequential`` loads one subject at a time (for
+models of which several copies do not fit in device memory: FLUX, ERNIE-Image at 1024²). The
+machine's dense GEMM rate is measured once per round, between the renders. Every round is kept
+in the JSON; medians, best, worst and spread, the ratios and the roofline columns come from
+:func:`pipeline.bench.summary.summarize`. After the settle call each row's report gets
+``observed``: what it ran with, read back from the objects (:mod:`pipeline.bench.observe`).
 
-Per row: load s; cold s (the first call at that batch size, compilation included); hot mean,
-median and best seconds per image; it/s (denoiser calls per second, one call per step with
-classifier-free guidance batched, counted on a real render); images/s; peak allocated and
-reserved MiB; PSNR against the reference's image for the same seed; FLOPs per image (one batch-1
-render under ``FlopCounterMode``); the % of the device's measured bf16 GEMM rate that the
-render's FLOPs reach (100 % = every FLOP at dense bf16 GEMM speed); ratios against the
-reference and the peer at the same batch size.
+A row that fails (to load, compile or render) is kept with ``status: failed`` and its error; the
+other rows go on. With a ``checkpoint`` callback the result so far (``complete: false``) is handed
+over after every cold call, settle call and round, so a run stopped from outside still leaves its
+finished rounds (the command line rewrites its ``--json`` file each time).
+
+Per row also: load s; it/s (denoiser calls per second, counted on a real render); images/s; peak
+allocated and reserved MiB; PSNR against the reference's image for the same seed; FLOPs per image
+(one batch-1 render under ``FlopCounterMode``).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
 import numpy as np
 
 from pipeline.bench import adapter
-from pipeline.bench.measure import (
-    Summary,
-    device_kind,
-    gemm_rates,
-    gemm_sizes,
-    load_average,
-    machine_facts,
-    mib,
-    psnr,
-)
+from pipeline.bench.measure import device_kind, gemm_rates, gemm_sizes, load_average, machine_facts, mib, psnr
+from pipeline.bench.observe import cudagraph_skips, observe
 from pipeline.bench.probes import RenderCount, architecture, count_render, denoiser_class
-from pipeline.bench.specs import parse_specs
+from pipeline.bench.specs import BenchSpec, parse_specs
 from pipeline.bench.subjects import FarmSubject, Subject, Workload, load_subject, timed_render
+from pipeline.bench.summary import MIN_ROUNDS, summarize
 from pipeline.device import probe
 
 DEFAULT_RECIPES = ("reference", "peer", "exact", "fast", "exact+batch_invariant")
 POOL = "pool"
+Checkpoint = Callable[[dict], None]
 
 
 @dataclass(frozen=True)
 class PipelineBenchConfig:
     """What to measure. Sizes in pixels. ``batch_sizes`` holds ints and/or ``"pool"`` (the batch a
     worker of the first farm recipe would pick, measured after the cold renders of the others).
-    ``guidance_scale`` None = a render request's
-    default (7.5), for every row alike. ``table`` is ``pipeline`` or ``modelcard``
+    ``guidance_scale`` None = a render request's default (7.5), for every row alike. ``repeats``:
+    timed rounds after the cold and settle calls. ``table`` is ``pipeline`` or ``modelcard``
     (:mod:`pipeline.bench.modelcard`)."""
 
     model: str
@@ -65,12 +65,13 @@ class PipelineBenchConfig:
     steps: int = 4
     batch_sizes: tuple = (1, 4)
     recipes: tuple[str, ...] = DEFAULT_RECIPES
-    repeats: int = 3
+    repeats: int = MIN_ROUNDS
     guidance_scale: float | None = None
     device: str = "auto"
     cache_dir: str | None = None
     seed: int = 0
     count_flops: bool = True
+    measure_gemm: bool = True  # the machine's GEMM rates, once per round (the roofline columns' divisor)
     sequential: bool = False
     table: str = "pipeline"
 
@@ -91,46 +92,39 @@ class PipelineBenchConfig:
 
 @dataclass
 class Row:
-    """One (spec, batch size) cell. Seconds, MiB, FLOPs and dB as the field names say; None
-    where a column does not apply (reserved memory off CUDA, PSNR without a reference row)."""
+    """One (spec, batch size) cell as measured: seconds, MiB, FLOPs and dB as the field names say;
+    None where a column does not apply or was not reached. The summary columns (medians, ratios,
+    roofline) are added from ``hot_s_per_img`` by :func:`pipeline.bench.summary.summarize`."""
 
     recipe: str
     kind: str
-    resolved: str
     batch_size: int
-    dtype: str
-    exact: bool
-    approximations: list[str]
-    load_s: float
-    cold_s: float
+    resolved: str | None = None
+    dtype: str | None = None
+    exact: bool | None = None
+    approximations: list[str] = field(default_factory=list)
+    status: str = "pending"  # "pending" (not reached yet) | "ok" (cold call done) | "failed"
+    error: str | None = None
+    load_s: float | None = None
+    cold_s: float | None = None
+    settle_s: float | None = None
     cold_peak_allocated_mib: float | None = None
     hot_s_per_img: list[float] = field(default_factory=list)
     hot_cpu_s_per_img: list[float] = field(default_factory=list)
-    hot_mean_s_per_img: float | None = None
-    hot_median_s_per_img: float | None = None
-    hot_best_s_per_img: float | None = None
-    cpu_s_per_img: float | None = None
     denoiser_calls: int | None = None  # per pipeline call (= per batch)
-    it_per_s: float | None = None
-    images_per_s: float | None = None
     peak_allocated_mib: float | None = None
     peak_reserved_mib: float | None = None
-    speedup: float | None = None  # reference's hot median / this row's, same batch size
-    vs_peer: float | None = None  # peer's hot median / this row's, same batch size
     psnr_db: float | None = None
     flops_per_image: float | None = None
     denoiser_flops_per_image: float | None = None
-    pct_of_bf16_matmul: float | None = None
-    floor_s_per_img: float | None = None
-    pct_of_floor: float | None = None
 
 
 class _Run:
     """The state of one bench run: subjects, cells, images, peaks, GEMM rounds, counts."""
 
-    def __init__(self, config: PipelineBenchConfig, log):
+    def __init__(self, config: PipelineBenchConfig, log, checkpoint: Checkpoint | None):
         config.validate()
-        self.config, self.log = config, log
+        self.config, self.log, self.checkpoint_to = config, log, checkpoint
         self.profile = probe(config.device)
         self.device = self.profile.torch_device
         self.workload = config.workload()
@@ -144,31 +138,64 @@ class _Run:
         self.gemm: dict[str, list[float]] = {"float32": [], "bfloat16": []}
         self.gemm_sizes: dict[str, int] = {}
         self.counts: dict[tuple, RenderCount] = {}
-        #: denoiser class → FLOPs per call, from an eager count (a denoiser compiled to another
-        #: runtime, OpenVINO, does the same arithmetic but is invisible to the FLOP counter)
+        #: denoiser class → FLOPs per call, from an eager count (OpenVINO is invisible to the counter)
         self.denoiser_call_flops: dict[str, float] = {}
         self.subject_counts: dict[str, RenderCount] = {}
         self.reports: dict[str, dict] = {}
+        self.failed: set[str] = set()
+        self.skips_before: dict[str, int] = {}  # Inductor's cudagraph_skips before each row's first call
+        self.started, self.load_before = time.time(), load_average()
+        for spec in self.specs:  # a bad override is the caller's error: raise before anything loads
+            if spec.kind == "farm":
+                adapter.farm_recipe(cast(str, spec.recipe), spec.options, self.profile, config.model)
+            for b in self.batch_sizes:
+                self.row(spec, b)  # rows in spec order, "pending" until their cold call
 
     def seeds(self, b: int) -> list[int]:
         return list(range(self.config.seed, self.config.seed + b))
 
-    def load(self, spec) -> Subject:
+    def row(self, spec: BenchSpec, b: int) -> Row:
+        return self.rows.setdefault((spec.text, b), Row(spec.text, spec.kind, b))
+
+    def fail(self, spec: BenchSpec, where: str, exc: BaseException, subject: Subject | None = None) -> None:
+        """Mark every cell of ``spec`` failed (``where``: load, cold, settle, round n, count), free
+        its subject, and go on with the other rows."""
+        self.failed.add(spec.text)
+        error = f"{where}: {type(exc).__name__}: {exc}"
+        self.log(f"[red]{spec.text} failed at {error}[/]")
+        for b in self.batch_sizes:
+            row = self.row(spec, b)
+            if row.status != "failed":
+                row.status, row.error = "failed", error
+        if subject is not None:
+            subject.close()
+        self.checkpoint()
+
+    def attempt(self, s: Subject, where: str, fn: Callable[[], object]) -> bool:
+        """Run one step of subject ``s``; a failure marks its rows failed (see :meth:`fail`)."""
+        if s.spec.text in self.failed:
+            return False
+        try:
+            fn()
+        except Exception as exc:  # recorded on the row with its type and message; the other rows go on
+            self.fail(s.spec, where, exc, s)
+            return False
+        return True
+
+    def load(self, spec: BenchSpec) -> Subject | None:
         self.log(f"loading {self.config.model} for {spec.text} …")
-        s = load_subject(spec, self.workload, self.profile)
-        self.reports[spec.text] = {"resolved": s.resolved, "dtype": s.dtype, "approximations": s.approximations,
-                                   "applied": s.report.get("applied", {}), "skipped": s.report.get("skipped", {}),
-                                   "load_peak_allocated_mib": mib(s.load_memory.peak_allocated),
-                                   "load_peak_reserved_mib": mib(s.load_memory.peak_reserved)}
-        recipe = getattr(s, "recipe", None)
-        if recipe is not None:
-            self.reports[spec.text]["recipe"] = recipe.to_dict()
+        try:
+            s = load_subject(spec, self.workload, self.profile)
+        except Exception as exc:  # as in attempt(): the row records why it has no numbers
+            self.fail(spec, "load", exc)
+            return None
+        self.reports[spec.text] = s.summary()
         return s
 
     def resolve_pool(self, subjects: list[Subject]) -> list[int]:
         """With ``pool`` among the batch sizes, measure the first farm subject's batch size (after
         its cold renders, so they stay first calls); returns the batch sizes it adds."""
-        farm = next((s for s in subjects if s.spec.kind == "farm"), None)
+        farm = next((s for s in subjects if s.spec.kind == "farm" and s.spec.text not in self.failed), None)
         if POOL not in self.config.batch_sizes or self.pool is not None or farm is None:
             return []
         self.pool = adapter.pool_batch_size(cast(FarmSubject, farm).renderer, self.profile, self.workload.width,
@@ -180,32 +207,65 @@ class _Run:
         return [self.pool]
 
     def cold(self, s: Subject, b: int) -> None:
-        images, timer, memory = timed_render(s, self.seeds(b))
-        self.images[s.spec.text, b] = images
-        self.rows[s.spec.text, b] = Row(
-            s.spec.text, s.spec.kind, s.resolved, b, s.dtype, s.exact, list(s.approximations), round(s.load_s, 3),
-            round(timer.seconds, 3), cold_peak_allocated_mib=mib(s.weights_bytes + memory.growth))
-        self.log(f"cold {s.spec.text} batch {b}: {timer.seconds:.2f} s")
+        """The cold call, then the settle call; after the settle call of the row's first batch, the
+        row's ``observed`` facts."""
+        def first() -> None:
+            self.skips_before.setdefault(s.spec.text, cudagraph_skips())
+            images, timer, memory = timed_render(s, self.seeds(b))
+            self.images[s.spec.text, b] = images
+            row = self.row(s.spec, b)
+            row.status = "ok"
+            row.resolved, row.dtype, row.exact, row.approximations = s.resolved, s.dtype, s.exact, list(
+                s.approximations)
+            row.load_s, row.cold_s = round(s.load_s, 3), round(timer.seconds, 3)
+            row.cold_peak_allocated_mib = mib(s.weights_bytes + memory.growth)
+            self.log(f"cold {s.spec.text} batch {b}: {timer.seconds:.2f} s")
+
+        def settle() -> None:
+            _, timer, _ = timed_render(s, self.seeds(b))
+            self.row(s.spec, b).settle_s = round(timer.seconds, 3)
+            if "observed" not in self.reports[s.spec.text]:
+                self.reports[s.spec.text]["observed"] = observe(s.pipe, self.device, s.render_context,
+                                                                self.skips_before.get(s.spec.text))
+
+        if self.attempt(s, f"cold call, batch {b}", first) and self.attempt(s, f"settle call, batch {b}", settle):
+            self.checkpoint()
 
     def hot(self, s: Subject, b: int, round_: int) -> None:
-        _, timer, memory = timed_render(s, self.seeds(b))
-        key = (s.spec.text, b)
-        row = self.rows[key]
-        row.hot_s_per_img.append(round(timer.seconds / b, 4))
-        row.hot_cpu_s_per_img.append(round(timer.cpu_seconds / b, 4))
-        self.peaks.setdefault(key, []).append(s.weights_bytes + memory.growth)
-        if memory.peak_reserved is not None:
-            self.reserved[key] = max(self.reserved.get(key, 0), memory.peak_reserved)
-        self.log(f"round {round_ + 1}/{self.config.repeats} {s.spec.text} batch {b}: {timer.seconds / b:.3f} s/img"
-                 + (f"  (load {load_average()[0]})" if device_kind(self.device) == "cpu" else ""))
+        def timed() -> None:
+            _, timer, memory = timed_render(s, self.seeds(b))
+            key = (s.spec.text, b)
+            row = self.rows[key]
+            row.hot_s_per_img.append(round(timer.seconds / b, 4))
+            row.hot_cpu_s_per_img.append(round(timer.cpu_seconds / b, 4))
+            self.peaks.setdefault(key, []).append(s.weights_bytes + memory.growth)
+            if memory.peak_reserved is not None:
+                self.reserved[key] = max(self.reserved.get(key, 0), memory.peak_reserved)
+            self.log(f"round {round_ + 1}/{self.config.repeats} {s.spec.text} batch {b}: "
+                     f"{timer.seconds / b:.3f} s/img"
+                     + (f"  (load {load_average()[0]})" if device_kind(self.device) == "cpu" else ""))
+
+        self.attempt(s, f"round {round_ + 1}, batch {b}", timed)
 
     def measure_gemm(self) -> None:
+        if not self.config.measure_gemm:
+            return
         self.gemm_sizes = self.gemm_sizes or gemm_sizes(self.device)  # one size per dtype for every round
         for name, rate in gemm_rates(self.device, self.gemm_sizes).items():
             self.gemm[name].append(rate)
 
     def count(self, s: Subject) -> None:
-        """FLOPs and denoiser calls of one batch-1 render, once per architecture."""
+        """FLOPs and denoiser calls of one batch-1 render, once per architecture. A count that fails
+        leaves the row's timings standing: the error goes to the row's report."""
+        if s.spec.text in self.failed:
+            return
+        try:
+            self._count(s)
+        except Exception as exc:  # the counting pass (eager, FlopCounterMode) is not the row being timed
+            self.reports[s.spec.text]["count_error"] = f"{type(exc).__name__}: {exc}"
+            self.log(f"[yellow]{s.spec.text}: no FLOP/denoiser count ({type(exc).__name__}: {exc})[/]")
+
+    def _count(self, s: Subject) -> None:
         key = architecture(s.pipe)
         if key not in self.counts:
             self.log(f"counting {'FLOPs and ' if self.config.count_flops else ''}denoiser calls with {s.spec.text} …")
@@ -219,23 +279,51 @@ class _Run:
             self.counts[key] = count
         self.subject_counts[s.spec.text] = self.counts[key]
 
-    def cells(self, specs) -> list[tuple]:
-        return [(s, b) for s in specs for b in self.batch_sizes]
+    def rounds(self, subjects: list[Subject]) -> None:
+        """The timed rounds of ``subjects``' cells, round-robin, the order rotating each round."""
+        for r in range(self.config.repeats):
+            cells = [(s, b) for s in subjects if s.spec.text not in self.failed for b in self.batch_sizes]
+            if not cells:
+                return
+            self.measure_gemm()
+            shift = r % len(cells)
+            for s, b in cells[shift:] + cells[:shift]:
+                self.hot(s, b, r)
+            self.checkpoint()
+
+    def result(self, complete: bool) -> dict:
+        """The JSON-able result from what is measured so far."""
+        rows = _finish(self)
+        machine = machine_facts(self.profile, self.gemm, self.gemm_sizes)
+        machine["load_average_before"], machine["load_average_after"] = self.load_before, load_average()
+        return {
+            "benchmark": "pipeline",
+            "complete": complete,
+            "config": {**asdict(self.config), "batch_sizes": list(self.config.batch_sizes),
+                       "recipes": list(self.config.recipes), "guidance_scale": self.workload.guidance_scale,
+                       "pool_batch_size": self.pool, "resolved_batch_sizes": self.batch_sizes,
+                       "method": {"cold_calls": 1, "settle_calls": 1, "timed_rounds": self.config.repeats}},
+            "machine": machine,
+            "flops_by_module": {t: c.by_module for t, c in self.subject_counts.items() if c.by_module},
+            "reports": self.reports,
+            "rows": rows,
+            "seconds": round(time.time() - self.started, 1),
+        }
+
+    def checkpoint(self) -> None:
+        if self.checkpoint_to is not None:
+            self.checkpoint_to(self.result(complete=False))
 
 
 def _run_resident(run: _Run) -> None:
-    subjects = [run.load(spec) for spec in run.specs]
-    for s, b in run.cells(subjects):
-        run.cold(s, b)
+    subjects = [s for s in map(run.load, run.specs) if s is not None]
+    for s in subjects:
+        for b in list(run.batch_sizes):
+            run.cold(s, b)
     for b in run.resolve_pool(subjects):
         for s in subjects:
             run.cold(s, b)
-    cells = run.cells(subjects)
-    for r in range(run.config.repeats):
-        run.measure_gemm()
-        shift = r % len(cells)
-        for s, b in cells[shift:] + cells[:shift]:
-            run.hot(s, b, r)
+    run.rounds(subjects)
     for s in subjects:
         run.count(s)
     for s in subjects:
@@ -251,16 +339,13 @@ def _run_sequential(run: _Run) -> None:
             specs.insert(0, first_farm)
     for spec in specs:
         s = run.load(spec)
-        for _, b in run.cells([s]):
+        if s is None:
+            continue
+        for b in list(run.batch_sizes):
             run.cold(s, b)
         for b in run.resolve_pool([s]):
             run.cold(s, b)
-        cells = run.cells([s])
-        for r in range(run.config.repeats):
-            run.measure_gemm()
-            shift = r % len(cells)
-            for _, b in cells[shift:] + cells[:shift]:
-                run.hot(s, b, r)
+        run.rounds([s])
         run.count(s)
         s.close()
 
@@ -275,70 +360,40 @@ def _references(run: _Run) -> dict[int, np.ndarray]:
     return refs
 
 
-def _finish(run: _Run) -> None:
-    rates = {k: statistics.median(v) for k, v in run.gemm.items() if v}
+def _finish(run: _Run) -> list[dict]:
+    """Every row as a dict with its peaks, PSNR and counts filled in, summarized."""
     refs = _references(run)
-    by_kind_batch: dict[tuple[str, int], Row] = {}
-    for row in run.rows.values():  # the first reference / peer row is the one compared with
-        by_kind_batch.setdefault((row.kind, row.batch_size), row)
     for (text, b), row in run.rows.items():
-        summary = Summary.of(row.hot_s_per_img)
-        row.hot_mean_s_per_img, row.hot_median_s_per_img, row.hot_best_s_per_img = \
-            summary.mean, summary.median, summary.best
-        row.cpu_s_per_img = round(statistics.median(row.hot_cpu_s_per_img), 4)
-        row.images_per_s = round(1 / summary.median, 4)
-        row.peak_allocated_mib = mib(max(run.peaks[text, b]))
+        if run.peaks.get((text, b)):
+            row.peak_allocated_mib = mib(max(run.peaks[text, b]))
         row.peak_reserved_mib = mib(run.reserved.get((text, b)))
-        if refs:
+        if refs and (text, b) in run.images:
             row.psnr_db = min(psnr(img, refs[seed]) for img, seed in zip(run.images[text, b], run.seeds(b)))
         count = run.subject_counts.get(text)
         if count is not None:
-            row.denoiser_calls = count.denoiser_calls
-            row.it_per_s = round(count.denoiser_calls / (summary.median * b), 3) if count.denoiser_calls else None
+            row.denoiser_calls = count.denoiser_calls or None
             if run.config.count_flops and count.flops:
                 row.flops_per_image, row.denoiser_flops_per_image = count.flops, count.denoiser_flops
-                bf16 = rates.get("bfloat16")
-                row.pct_of_bf16_matmul = float(f"{100 * count.flops / (summary.median * bf16):.3g}") if bf16 else None
-                rate = rates.get("float32" if row.dtype == "float32" else "bfloat16")
-                if rate:  # significant figures, not decimals: a small model's floor is well under 1 ms
-                    floor = count.flops / rate
-                    row.floor_s_per_img = float(f"{floor:.4g}")
-                    row.pct_of_floor = float(f"{100 * floor / summary.median:.3g}")
-    for row in run.rows.values():
-        for attr, kind in (("speedup", "reference"), ("vs_peer", "peer")):
-            other = by_kind_batch.get((kind, row.batch_size))
-            if other is not None and other.hot_median_s_per_img:
-                # every row's hot median was set in the loop above
-                setattr(row, attr, round(other.hot_median_s_per_img / cast(float, row.hot_median_s_per_img), 3))
+    rates = {k: statistics.median(v) for k, v in run.gemm.items() if v}
+    return summarize([asdict(r) for r in run.rows.values()], rates)
 
 
-def run_pipeline_bench(config: PipelineBenchConfig, log=print) -> dict:
-    """Run the benchmark; returns the JSON-able result (``rows``, ``machine``, ``config``, …).
+def run_pipeline_bench(config: PipelineBenchConfig, log=print, checkpoint: Checkpoint | None = None) -> dict:
+    """Run the benchmark; returns the JSON-able result (``rows``, ``machine``, ``config``,
+    ``reports``, ``complete``, …). ``checkpoint(result)`` gets the result so far after every cold
+    call, settle call and round (``complete`` false), and the final one is returned.
 
     ``config.table == "modelcard"`` runs :func:`pipeline.bench.modelcard.run_modelcard` instead.
 
     Raises:
-        ValueError: a bad config or spec, a recipe that cannot be resolved, or (model-card table)
-            the forbidden allocator configuration.
+        ValueError: a bad config or spec, or (model-card table) the forbidden allocator
+            configuration. A row that fails to load or render does not raise: it is kept with
+            ``status: failed`` and its error.
     """
     if config.table == "modelcard":
         from pipeline.bench.modelcard import run_modelcard
 
         return run_modelcard(config, log)
-    run = _Run(config, log)
-    started, load_before = time.time(), load_average()
+    run = _Run(config, log, checkpoint)
     (_run_sequential if config.sequential else _run_resident)(run)
-    _finish(run)
-    machine = machine_facts(run.profile, run.gemm, run.gemm_sizes)
-    machine["load_average_before"], machine["load_average_after"] = load_before, load_average()
-    return {
-        "benchmark": "pipeline",
-        "config": {**asdict(config), "batch_sizes": list(config.batch_sizes), "recipes": list(config.recipes),
-                   "guidance_scale": run.workload.guidance_scale, "pool_batch_size": run.pool,
-                   "resolved_batch_sizes": run.batch_sizes},
-        "machine": machine,
-        "flops_by_module": {t: c.by_module for t, c in run.subject_counts.items() if c.by_module},
-        "reports": run.reports,
-        "rows": [asdict(r) for r in run.rows.values()],
-        "seconds": round(time.time() - started, 1),
-    }
+    return run.result(complete=True)

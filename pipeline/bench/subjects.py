@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from pipeline.bench import adapter, knobs, public
-from pipeline.bench.measure import DeviceTimer, MemoryWindow, device_kind, sync, weights_bytes
+from pipeline.bench.measure import DeviceTimer, MemoryWindow, device_kind, mib, sync, weights_bytes
 from pipeline.bench.specs import BenchSpec
 from pipeline.device import DeviceProfile
 
@@ -108,14 +108,33 @@ class Subject:
     def _call(self, prompts: list[str], seeds: list[int], on_step: OnStep | None) -> list:
         raise NotImplementedError
 
+    def summary(self) -> dict:
+        """How the row was loaded, for the bench's ``reports``: what the spec resolved to, dtype,
+        approximations, applied and skipped steps, load peaks (MiB) and the farm recipe in full."""
+        out = {"resolved": self.resolved, "dtype": self.dtype, "approximations": self.approximations,
+               "applied": self.report.get("applied", {}), "skipped": self.report.get("skipped", {}),
+               "load_peak_allocated_mib": mib(self.load_memory.peak_allocated),
+               "load_peak_reserved_mib": mib(self.load_memory.peak_reserved)}
+        recipe = getattr(self, "recipe", None)
+        if recipe is not None:
+            out["recipe"] = recipe.to_dict()
+        return out
+
     def _context(self):
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def render_context(self):
+        """The context every render of this row runs in: its pinned SDPA backend (``sdpa=…``) and
+        the subject's own settings (the peer's Inductor flags)."""
+        with knobs.sdpa_context(self.spec.sdpa), self._context():
+            yield
 
     def render(self, seeds: list[int], on_step: OnStep | None = None) -> list[np.ndarray]:
         """Render one call with ``seeds`` (prompt i ↔ seed i); returns uint8 HWC arrays.
         ``on_step(done, total)`` runs after each denoising step (``total`` 0 when unknown)."""
         torch.set_num_threads(self.threads)
-        with knobs.sdpa_context(self.spec.sdpa), self._context():
+        with self.render_context():
             images = self._call(prompts_for(seeds), seeds, on_step)
         return [np.asarray(im.convert("RGB")) for im in images]
 
@@ -144,7 +163,8 @@ class DiffusersSubject(Subject):
         elif kind == "peer":
             compile_ = opts.get("compile", device_kind(self.device) == "cuda")
             mode, fullgraph = opts.get("compile_mode", "max-autotune"), opts.get("fullgraph", True)
-            self.report = public.apply_fast_diffusion(self.pipe, compile=compile_, mode=mode, fullgraph=fullgraph)
+            self.report = public.apply_fast_diffusion(self.pipe, compile=compile_, mode=mode, fullgraph=fullgraph,
+                                                      tuning=opts.get("tuning", True))
             self.resolved = (f"diffusers {self.dtype}, fused QKV, channels_last"
                              + (f", torch.compile({mode}, fullgraph={fullgraph})" if compile_ else ", eager")
                              + ("" if opts.get("tuning", True) else ", without coordinate-descent tuning"))
