@@ -101,7 +101,8 @@ def apply_recipe(pipe, recipe: Recipe, device: str | None = None, offline: bool 
             pipe, denoiser_name, denoiser=recipe.compile_denoiser and not converted,
             vae=recipe.compile_vae and "vae_backend" not in applied,
             regional=recipe.compile_regional, dynamic=recipe.compile_dynamic, mode=recipe.compile_mode,
-            device=device, freeze=recipe.compile_freeze, aot=recipe.compile_aot))
+            device=device, freeze=recipe.compile_freeze, aot=recipe.compile_aot,
+            gemm_autotune=recipe.compile_gemm_autotune))
     return {
         "recipe": recipe.name,
         "family": detect_family(pipe),

@@ -10,7 +10,7 @@ block: seconds instead of minutes of Inductor work, about the same speed. Shapes
 each compiled at the worker's warm-up (:func:`pipeline.warm.warm_up`), after which a shape no graph
 matches runs eagerly instead of recompiling (:func:`pipeline.compile_count.hold_compiled`). On one
 H100, ``dynamic=True`` had not finished compiling the SD 1.5 UNet after six minutes where a static
-compile took 77–82 s (docs/performance/gpu.md, "What the lent H100 measured"). ``compile_dynamic`` stays a knob.
+compile took 77–82 s (docs/performance/gpu.md, "One NVIDIA H100 80GB, 2026-11-23"). ``compile_dynamic`` stays a knob.
 
 CUDA graphs (``compile_mode`` ``reduce-overhead`` or ``max-autotune`` on CUDA): a replay overwrites
 the previous replay's outputs, while schedulers keep earlier noise predictions between steps
@@ -158,21 +158,44 @@ def without_precompiled_headers() -> Iterator[bool]:
         setattr(codecache, "_precompile_header", original)  # noqa: B010
 
 
+#: Inductor options that keep GEMM lowering to ATen's kernels (cuBLAS / cuBLASLt), benchmarking
+#: nothing: the fp8 ``_scaled_mm`` lowering tries Triton templates even outside max-autotune
+#: (``use_triton_template(..., check_max_autotune=False)`` in ``torch/_inductor/kernel/mm.py``).
+ATEN_GEMMS = {"max_autotune_gemm_backends": "ATEN"}
+
+
+def compile_kwargs(mode: str, dynamic: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``torch.compile`` keyword arguments for ``mode`` plus the Inductor options ``extra``.
+    ``torch.compile`` takes a mode or options, not both; a mode is a set of options
+    (``torch._inductor.list_mode_options``: ``reduce-overhead`` is ``triton.cudagraphs``), so
+    with ``extra`` the mode is spelled as its options."""
+    if not extra:
+        return {"mode": mode, "dynamic": dynamic}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode, dynamic), **extra}, "dynamic": dynamic}
+
+
 def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, regional: bool, dynamic: bool,
-                     mode: str, device: str | None, freeze: bool = True, aot: bool = True):
+                     mode: str, device: str | None, freeze: bool = True, aot: bool = True,
+                     gemm_autotune: bool = True):
     """Compile as asked; returns ``{"mode", "dynamic", "modules"}`` or a :class:`Skip`.
 
     ``freeze``: Inductor freezing for the VAE decoder where it applies (the CPU, ``default`` mode;
     the recipe's ``compile_freeze``); the report's ``frozen`` lists the frozen modules. ``aot``
     (the recipe's ``compile_aot``): a frozen decoder with static shapes is compiled ahead of time,
     one AOTInductor package per shape (:mod:`pipeline.optimize.aot`), which a later worker loads
-    without tracing; the report's ``aot`` lists those modules."""
+    without tracing; the report's ``aot`` lists those modules. ``gemm_autotune`` false (the
+    recipe's ``compile_gemm_autotune``): GEMMs lower to ATen's kernels without benchmarking
+    (:data:`ATEN_GEMMS`), the report's ``inductor`` says so."""
     kind = (device or str(getattr(pipe, "device", "cpu"))).partition(":")[0]
     if kind == "cpu" and not has_cpp_compiler():
         return Skip("torch.compile on the CPU needs a C++ compiler (g++/clang++); none on PATH")
     if kind in ("cuda", "xpu") and importlib.util.find_spec("triton") is None:
         return Skip(f"torch.compile on {kind} needs triton; not installed")
-    options: dict[str, Any] = {"mode": mode, "dynamic": bool(dynamic)}  # False: static shapes, never automatic dynamism
+    extra = None if gemm_autotune else ATEN_GEMMS
+    # dynamic False: static shapes, never automatic dynamism
+    options: dict[str, Any] = compile_kwargs(mode, bool(dynamic), extra)
     done, failed = [], {}
     graphs = kind == "cuda" and mode in CUDAGRAPH_MODES
 
@@ -185,8 +208,8 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
             cudagraph_safe(module)
         elif frozen and aot:
             install_aot(module, "vae-decoder")
-        elif frozen:  # torch.compile takes mode or options, not both; "default" is no mode
-            module.compile(dynamic=options["dynamic"], options={"freezing": True})
+        elif frozen:  # freezing happens in "default" mode only, which has no options of its own
+            module.compile(dynamic=options["dynamic"], options={"freezing": True, **(extra or {})})
         else:
             module.compile(**options)
 
@@ -205,7 +228,7 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
             if why:
                 notes["regional_mode"] = f"{block_mode}: {why}"
             attempt(f"{denoiser_name} (regional: {', '.join(model._repeated_blocks)})",
-                    lambda: model.compile_repeated_blocks(**{**options, "mode": block_mode}))
+                    lambda: model.compile_repeated_blocks(**compile_kwargs(block_mode, bool(dynamic), extra)))
         else:
             attempt(denoiser_name, lambda: whole(model))
     if vae and hasattr(getattr(pipe, "vae", None), "decoder"):
@@ -216,6 +239,8 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
                 notes["aot"] = ["vae.decoder"]
     if not done:
         return Skip("; ".join(f"{k}: {v}" for k, v in failed.items()) or "nothing to compile")
+    if extra:
+        notes["inductor"] = extra
     return {"mode": mode, "dynamic": dynamic, "modules": done, "cuda_graphs": graphs, **notes,
             **({"failed": failed} if failed else {})}
 

@@ -51,6 +51,9 @@ OPTIMIZATIONS: dict[str, Optimization] = {
     "compile_mode": Optimization(EXACT, "torch.compile modes"),
     "compile_freeze": Optimization(EXACT, "Inductor freezing (PyTorch 'Inductor CPU backend' tutorial): the compiled "
                                           "VAE decoder's weights become constants; CPU, default mode"),
+    "compile_gemm_autotune": Optimization(EXACT, "Inductor's GEMM autotuning (torch/_inductor/kernel/mm.py: fp8 "
+                                                 "scaled_mm benchmarks Triton templates in every mode); false: "
+                                                 "max_autotune_gemm_backends=ATEN, one cuBLAS(Lt) choice"),
     "compile_aot": Optimization(EXACT, "AOTInductor (PyTorch 'AOTInductor' docs): the frozen CPU decoder compiled "
                                        "ahead of time, one package per shape, loaded by the next worker"),
     "vae_tiling": Optimization(APPROX, "diffusers 'Reduce memory usage': tiles are blended, pixels change "
@@ -83,8 +86,8 @@ _CHOICES: dict[str, tuple] = {"dtype": DTYPES, "attention": ATTENTION, "compile_
                               "quantization": QUANTIZATION, "backend": BACKENDS,
                               "vae_backend": BACKENDS}
 _BOOLS = ("channels_last", "fuse_qkv", "compile_denoiser", "compile_regional", "compile_dynamic", "compile_vae",
-          "compile_freeze", "compile_aot", "vae_tiling", "vae_slicing", "cpu_offload", "scheduler_precompute",
-          "batch_invariant")
+          "compile_freeze", "compile_aot", "compile_gemm_autotune", "vae_tiling", "vae_slicing", "cpu_offload",
+          "scheduler_precompute", "batch_invariant")
 #: Old knob names still accepted in overrides.
 ALIASES = {"compile_unet": "compile_denoiser"}
 _NOT_KNOBS = ("name", "overridden", "reference_dtype", "family", "adjusted")
@@ -114,6 +117,7 @@ class Recipe:
     compile_mode: str = "default"
     compile_freeze: bool = True  # Inductor freezing of the compiled VAE decoder (CPU, default mode only)
     compile_aot: bool = True  # the frozen decoder as AOTInductor packages (static shapes; pipeline/optimize/aot.py)
+    compile_gemm_autotune: bool = True  # false: Inductor picks ATen's GEMMs (cuBLAS/cuBLASLt) without benchmarking
     vae_tiling: bool = False
     vae_slicing: bool = False
     cpu_offload: bool = False

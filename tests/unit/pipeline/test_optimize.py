@@ -161,6 +161,23 @@ def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
     assert "aot" not in unfrozen["applied"]["compile"]  # and with it the packages
 
 
+def test_gemm_autotuning_off_compiles_with_atens_gemms_alone(tmp_path, exact_recipe):
+    from pipeline.bench.observe import compiled_regions
+
+    recipe = dataclasses.replace(exact_recipe, compile_denoiser=True, compile_vae=True, compile_freeze=False,
+                                 compile_mode="reduce-overhead", compile_gemm_autotune=False)
+    pipe = tiny_pipeline(tmp_path)
+    report = apply_recipe(pipe, recipe)  # lazy: the options are on the compiled callables, nothing compiled yet
+    assert report["applied"]["compile"]["inductor"] == {"max_autotune_gemm_backends": "ATEN"}
+    regions = compiled_regions(pipe)
+    assert {r["where"] for r in regions} == {"unet", "vae.decoder"}
+    for region in regions:  # the mode is kept, spelled as its options
+        assert region["backend"]["options"] == {"triton.cudagraphs": True, "max_autotune_gemm_backends": "ATEN"}
+    default = tiny_pipeline(tmp_path)
+    apply_recipe(default, dataclasses.replace(recipe, compile_gemm_autotune=True))
+    assert all(r["backend"]["options"] == {"triton.cudagraphs": True} for r in compiled_regions(default))
+
+
 def test_the_frozen_compiled_vae_decoder_renders_what_the_eager_one_does(tmp_path, exact_recipe):
     """Inductor freezing bakes the decoder's weights into its graph: the images must not change."""
     torch._dynamo.reset()
