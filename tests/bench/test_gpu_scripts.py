@@ -1,10 +1,12 @@
 """deploy/gpu: the wheel list for the GPU machine, the staged bench command and the one prepared
-session command. Nothing is downloaded: fetch-wheels.sh is checked through its --dry-run listing,
-every invocation bench-gpu.sh would run is parsed by the real bench argument parser and spec
-parser, and session.sh runs whole on this CPU (--dry-run: the same parts with the tiny models)."""
+measurement command. Nothing is downloaded: fetch-wheels.sh is checked through its --dry-run
+listing, every invocation bench-gpu.sh would run is parsed by the real bench argument parser and
+spec parser, and measure.sh runs whole on this CPU (--dry-run: the same parts with the tiny
+models), its `ready` part being the end-to-end test of `bench ready` (cold, then cached)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.bench.ready import served
 from pipeline.bench.specs import parse_specs
 from producer.bench_cli import build_parser
 
@@ -23,9 +26,9 @@ pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parents[2]
 FETCH, BENCH = ROOT / "deploy/gpu/fetch-wheels.sh", ROOT / "deploy/gpu/bench-gpu.sh"
-SESSION = ROOT / "deploy/gpu/session.sh"
-#: session.sh's parts, in priority order
-PARTS = ["sd15-b1", "sd15-b8", "ready", "flux-reference", "flux-fast", "flux-exact"]
+MEASURE, FARM = ROOT / "deploy/gpu/measure.sh", ROOT / "deploy/gpu/farm-gpu.sh"
+#: measure.sh's parts, in priority order
+PARTS = ["flux-a", "flux-fast", "sd15-pool", "sdxl-pool", "sd15-like", "sd15-cudnn", "ready"]
 STAGES = ("smoke", "sd15", "sd15-pool", "sdturbo", "sdxl", "flux", "ernie", "profile-sd15", "profile-sdxl",
           "profile-flux")
 
@@ -34,7 +37,7 @@ def _run(*args, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
 
 
-@pytest.mark.parametrize("script", [FETCH, BENCH, SESSION])
+@pytest.mark.parametrize("script", [FETCH, BENCH, MEASURE, FARM])
 def test_scripts_parse(script):
     assert _run("-n", script).returncode == 0
 
@@ -88,73 +91,103 @@ def test_custom_invocations_and_unknown_stages():
     assert _run(BENCH, "--dry-run", "warp").returncode == 2
 
 
-def _session(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
-    out, results = tmp_path / "out", tmp_path / "results"
-    full = {**os.environ, "OUT": str(out), "BENCH_RESULTS": str(results), "PYTHON": sys.executable,
-            "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **env}
-    done = subprocess.run(["bash", str(SESSION), "--dry-run"], capture_output=True, text=True, cwd=ROOT, env=full,
-                          timeout=1800)
-    return done, out, results
+
+def _measure(tmp_path: Path, *args: str, cache: Path | None = None, **env: str):
+    """Run ``measure.sh --dry-run`` into ``tmp_path/results``; returns (process, results folder, the
+    archive's members by name, parts.json)."""
+    results = tmp_path / "results"
+    full = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), **env}
+    if cache is not None:
+        full["RENDERFARM_CACHE_DIR"] = str(cache)
+    done = subprocess.run(["bash", str(MEASURE), "--dry-run", "--results", str(results), *args],
+                          capture_output=True, text=True, cwd=ROOT, env=full, timeout=1800)
+    members: dict[str, bytes] = {}
+    if (results / "results.tgz").exists():
+        with tarfile.open(results / "results.tgz") as tgz:
+            for m in tgz.getmembers():
+                if m.isfile():
+                    members[m.name] = tgz.extractfile(m).read()  # type: ignore[union-attr]
+    parts = json.loads(members["parts.json"]) if "parts.json" in members else []
+    return done, results, members, parts
 
 
-def _has_ready_command() -> bool:
-    """Whether this build has ``bench ready`` (the worker's time to ready, cold and cached)."""
-    try:
-        build_parser().parse_args(["ready", "--help"])
-    except SystemExit as stop:
-        return stop.code == 0
-    return True
+def _rows(members: dict[str, bytes], part: str) -> dict[str, dict]:
+    result = json.loads(members[f"{part}.json"])
+    assert result["complete"] is True and result["config"]["method"] == {
+        "cold_calls": 1, "settle_calls": 1, "timed_rounds": 1}
+    for text, report in result["reports"].items():  # what ran, read back from the objects
+        observed = report["observed"]
+        assert observed["scheduler"] and "max_autotune_gemm_backends" in observed["inductor"], text
+        assert observed["cuda_graphs"] is None  # a CUDA fact: null on the CPU
+    return {r["recipe"]: r for r in result["rows"]}
 
 
-def test_session_dry_run_runs_every_part_in_order_and_packs_each_json(tmp_path):
-    # the GPU budgets are for an H100; a loaded 2-core CPU loads even the tiny models slower (about
-    # 3 minutes in all at load average 2, over 10 at 12)
-    budgets = {"SD15_B1_S": "400", "SD15_B8_S": "400", "READY_S": "500", "FLUX_S": "300"}
-    done, out, results = _session(tmp_path, SESSION_DEADLINE_S="1700", **budgets)
+def _check_ready(members: dict[str, bytes]) -> None:
+    """`bench ready` end to end: the cold phase compiled and saved the artifact, the cached phase
+    loaded it and compiled nothing; the artifact came back with its checksum."""
+    ready = json.loads(members["ready.json"])
+    cold, cached = ready["cold"], ready["cached"]
+    assert cold["compile_cache"]["outcome"] == "miss" and cold["counters"]["fxgraph_cache_miss"] >= 1, cold
+    assert cached["compile_cache"]["outcome"] == "hit", cached["compile_cache"]
+    # TorchDynamo traces again (the artifact holds Inductor's output), Inductor compiles nothing
+    assert cached["counters"]["fxgraph_cache_miss"] == 0 and served(cached["counters"]) >= 1, cached
+    assert cached["compile_cache"]["compiler_warm_up"] in ("stopped", "finished"), cached["compile_cache"]
+    assert cached["quiet_s"] is not None and cached["quiet_s"] >= cached["ready_s"], cached
+    artifact = members[f"artifacts/{ready['artifact_kept']}"]
+    assert hashlib.sha256(artifact).hexdigest() == ready["artifact_sha256"] and len(artifact) == ready["artifact_bytes"]
+    listed = json.loads(members["artifacts.json"])
+    assert listed == [{"name": ready["artifact_kept"], "bytes": len(artifact), "sha256": ready["artifact_sha256"],
+                       "in_archive": True}]
+
+
+def test_measure_dry_run_runs_every_part_in_order_and_returns_each_json(tmp_path, bench_cache):
+    budgets = {"FLUX_A_S": "400", "FLUX_FAST_S": "400", "SD15_POOL_S": "400", "SDXL_POOL_S": "400",
+               "SD15_LIKE_S": "400", "SD15_CUDNN_S": "400", "READY_S": "600"}
+    done, results, members, parts = _measure(tmp_path, "--budget", "3000", cache=bench_cache, **budgets)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    parts = json.loads((results / "parts.json").read_text())
+    print("\n".join(f"dry run part {p['part']}: {p['status']}, {p['seconds']} s" for p in parts))
     assert [p["part"] for p in parts] == PARTS
-    by_name = {p["part"]: p for p in parts}
-    for name in ("sd15-b1", "sd15-b8", "flux-reference", "flux-fast", "flux-exact"):
-        assert by_name[name]["status"] == "ok", by_name[name]
-    # bench ready's own results are tested with it (tests/bench, tests/integration); here: the part runs
-    # inside its budget, and whatever it ends with, the parts after it still run
-    assert by_name["ready"]["status"] in ("ok", "failed") and by_name["ready"]["exit"] != -1
-    if not _has_ready_command():
-        assert by_name["ready"]["status"] == "failed"
-    if by_name["ready"]["status"] == "ok":  # the cached phase compiled nothing and left nothing running
-        cached = json.loads((results / "ready.json").read_text())["cached"]
-        assert cached["compile_cache"]["outcome"] == "hit", cached["compile_cache"]
-        assert cached["compile_cache"]["compiler_warm_up"] in ("stopped", "finished"), cached["compile_cache"]
-        assert cached["quiet_s"] is not None and cached["quiet_s"] >= cached["ready_s"], cached
-    b1 = json.loads((results / "sd15-b1.json").read_text())
-    assert [(r["kind"], r["batch_size"]) for r in b1["rows"]] == [("reference", 1), ("peer", 1), ("farm", 1)]
-    farm = parse_specs([b1["rows"][2]["recipe"]])[0]
-    assert farm.options["compile_dynamic"] is False and farm.options["compile_mode"] == "reduce-overhead"
-    b8 = json.loads((results / "sd15-b8.json").read_text())
-    assert {r["batch_size"] for r in b8["rows"]} == {8}
-    with tarfile.open(out / "results.tgz") as tgz:
-        packed = {Path(n).name for n in tgz.getnames()}
-    assert {"parts.json", "versions.txt", "sd15-b1.json", "sd15-b8.json", "flux-exact.json"} <= packed
-    assert by_name["ready"]["status"] != "ok" or "ready.json" in packed
-    returned = [p for p in out.rglob("*") if p.is_file()]
-    assert len(returned) <= 8  # what a device call brings back
-    assert "torch" in (results / "versions.txt").read_text() and "## flux-exact: ok" in done.stdout
+    assert all(p["status"] == "ok" for p in parts), parts  # `ready` too: the CPU runs it whole
+    flux = _rows(members, "flux-a")
+    assert list(flux) == ["reference", "reference:fp8=true", next(r for r in flux if r.startswith("exact:"))]
+    fp8 = json.loads(members["flux-a.json"])["reports"]["reference:fp8=true"]
+    assert "compute capability" in fp8["skipped"]["fp8"]  # the CPU has no FP8 tensor cores: said, not hidden
+    fast = _rows(members, "flux-fast")
+    spec = next(r for r in fast if r.startswith("fast:"))
+    assert json.loads(members["flux-fast.json"])["reports"][spec]["recipe"]["compile_gemm_autotune"] is False
+    pool = json.loads(members["sd15-pool.json"])
+    assert pool["config"]["resolved_batch_sizes"] == [pool["config"]["pool_batch_size"]] and \
+        pool["config"]["pool_batch_size"] >= 1
+    like = _rows(members, "sd15-like")
+    modes = sorted(parse_specs([r])[0].options.get("compile_mode") for r in like if not r.startswith("reference"))
+    assert modes == ["default", "default", "reduce-overhead", "reduce-overhead"]  # graphs off and on, each side
+    assert all(r["status"] == "ok" and r["settle_s"] is not None and r["timed_rounds"] == 1 for r in like.values())
+    _check_ready(members)
+    assert {"parts.json", "versions.txt", *(f"{p}.json" for p in PARTS), *(f"{p}.recompiles.log" for p in PARTS)} \
+        <= set(members)
+    returned = sorted(p.name for p in results.iterdir())
+    assert len(returned) <= 8 and {"results.tgz", "run.log", "parts.json"} <= set(returned), returned
+    assert "torch" in members["versions.txt"].decode() and "## ready: ok" in done.stdout
 
 
-def test_session_cut_off_by_its_budgets_still_returns_what_it_recorded(tmp_path):
-    # 3 s cannot import torch and diffusers, load a pipeline and render: every part is cut off, or
-    # skipped once less than 20 s of the deadline is left
-    # (SESSION_PARTS: a second call runs only the parts the first left; the others are skipped at once)
-    budgets = {"SD15_B1_S": "3", "SD15_B8_S": "3", "READY_S": "3", "FLUX_S": "3"}
-    done, out, results = _session(tmp_path, SESSION_DEADLINE_S="45", SESSION_PARTS="sd15-b1,flux-fast", **budgets)
+def test_measure_cut_off_by_its_budgets_still_returns_what_it_recorded(tmp_path):
+    # 3 s cannot import torch and diffusers, load a pipeline and render: the parts named are cut off
+    # by their budget; the others are skipped at once (--parts), and what is left is recorded
+    budgets = {k: "3" for k in ("FLUX_A_S", "FLUX_FAST_S", "SD15_POOL_S", "SDXL_POOL_S", "SD15_LIKE_S",
+                                "SD15_CUDNN_S", "READY_S")}
+    done, results, members, parts = _measure(tmp_path, "--budget", "60", "--parts", "flux-a,sd15-pool", **budgets)
     assert done.returncode == 0, done.stderr[-3000:]
-    parts = json.loads((results / "parts.json").read_text())
     assert [p["part"] for p in parts] == PARTS
-    assert parts[0]["status"] == "budget ran out" and parts[0]["json"] is None
-    not_named = [p for p in parts if p["part"] not in ("sd15-b1", "flux-fast")]
+    assert parts[0]["status"] == "budget ran out" and parts[0]["json"] is None and parts[0]["budget_s"] == 3
+    not_named = [p for p in parts if p["part"] not in ("flux-a", "sd15-pool")]
     assert all(p["status"] == "skipped" and p["seconds"] <= 1 for p in not_named), parts
-    assert done.stdout.count("skipped (not in SESSION_PARTS)") == len(not_named)
-    assert all(p["status"] in ("budget ran out", "skipped", "failed") and p["json"] is None for p in parts[1:])
-    with tarfile.open(out / "results.tgz") as tgz:
-        assert "parts.json" in {Path(n).name for n in tgz.getnames()}
+    assert done.stdout.count("skipped (not in --parts)") == len(not_named)
+    assert {"results.tgz", "run.log", "parts.json"} <= {p.name for p in results.iterdir()}
+
+
+def test_measure_refuses_unknown_options(tmp_path):
+    done = subprocess.run(["bash", str(MEASURE), "--dry-run", "--budget", "ten"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and "whole numbers" in done.stderr
+    assert subprocess.run(["bash", str(MEASURE), "--warp"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60).returncode == 2
