@@ -123,6 +123,14 @@ def render_farm(renderer, prompts: list[str], seeds: list[int], width: int, heig
     return renderer.render(requests, on_step=on_step)
 
 
+def cudagraph_safe(module):
+    """The farm's CUDA-graph remedy on ``module`` (:func:`pipeline.optimize.compile.cudagraph_safe`:
+    a new CUDAGraph Trees step before each call, the outputs cloned after it); returns ``module``."""
+    from pipeline.optimize.compile import cudagraph_safe as safe
+
+    return safe(module)
+
+
 def default_guidance_scale() -> float:
     """The guidance scale a render request gets when it names none (``RenderRequest``'s default)."""
     from infra.schemas import RenderRequest

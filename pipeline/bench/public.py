@@ -11,7 +11,10 @@ one of these on it for the ``peer`` and ``sdnq-uint4`` rows.
   ``torch.compile(…, mode="max-autotune", fullgraph=True)`` of the denoiser and of
   ``vae.decode``. Transformer pipelines (FLUX, SD3, ERNIE-Image) get the same steps where their
   classes offer them (``transformer.fuse_qkv_projections``; channels_last only where there are
-  convolutions).
+  convolutions). With CUDA graphs (a ``peer:compile_mode`` of ``reduce-overhead`` or
+  ``max-autotune`` on CUDA) the compiled denoiser's outputs are cloned after each call, the remedy
+  PyTorch's CUDAGraph Trees documentation gives: without it a multistep scheduler (SD 1.5's PNDM)
+  reads an output the next replay overwrote, and the row fails.
 * :func:`apply_sdnq_uint4`: the ERNIE-Image-Turbo SDNQ uint4 model card
   (WaveCut/ERNIE-Image-Turbo-SDNQ-uint4-static): uint4 weights for ``pe``, ``text_encoder`` and
   ``transformer``, ``dequantize_fp32=False``, and quantized matmul switched on explicitly with
@@ -27,6 +30,7 @@ import importlib.util
 
 import torch
 
+from pipeline.bench import adapter
 from pipeline.bench.probes import denoiser_attr
 
 #: The Inductor settings of the tutorial's torch.compile section.
@@ -98,7 +102,15 @@ def apply_fast_diffusion(pipe, *, compile: bool = True, mode: str = "max-autotun
     if not compile:
         skipped["compile"] = "turned off (peer:compile=false; the default on the CPU)"
         return {"applied": applied, "skipped": skipped}
-    setattr(pipe, name, torch.compile(denoiser, mode=mode, fullgraph=fullgraph))
+    compiled_denoiser = torch.compile(denoiser, mode=mode, fullgraph=fullgraph)
+    setattr(pipe, name, compiled_denoiser)
+    if mode in ("reduce-overhead", "max-autotune") and getattr(pipe.device, "type", "") == "cuda":
+        # CUDA graphs: each replay overwrites the previous one's outputs, which multistep schedulers
+        # (PNDM, DPM-Solver++, UniPC) still read, and CUDAGraph Trees raise on that access. The
+        # remedy PyTorch's CUDAGraph Trees documentation gives, as hooks on the compiled wrapper
+        # (they run outside the graph): a new step before each call, the outputs cloned after it.
+        adapter.cudagraph_safe(compiled_denoiser)
+        applied["cuda_graph_outputs"] = "cloned after each denoiser call (CUDAGraph Trees' remedy)"
     compiled = [name]
     if vae is not None:
         vae.decode = torch.compile(vae.decode, mode=mode, fullgraph=fullgraph)
