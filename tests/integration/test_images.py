@@ -1,9 +1,11 @@
 """Image inputs through the real farm: uploads to SeaweedFS, the status API's checks, a ``tiny``
 worker rendering txt2img, img2img and inpainting in one batch, and the bad-input table (each case
-a clear 4xx, nothing recorded)."""
+a clear 4xx, nothing recorded); an https input is fetched by the running API from a real HTTPS
+server on loopback, with the private-address switch on, and refused with it off."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -14,8 +16,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from infra.api.inputs import fetch_url
 from infra.localstack import ApiServer, WorkerProcess, free_port
 from infra.storage.images import parse_parameters, read_parameters
+from infra.storage.inputs import InputRefused
 from producer import RenderClient
 from producer.client import RenderFarmError
 
@@ -173,3 +177,33 @@ def test_an_input_that_fails_at_the_worker_fails_its_job_alone(worker, env, http
     assert [j.state for j in done] == ["succeeded", "failed", "succeeded", "succeeded"], [j.error for j in done]
     assert [j.attempts for j in done if j.state == "succeeded"] == [1, 1, 1]
     assert "not an image" in done[1].error.message or "decode" in done[1].error.message, done[1].error
+
+
+@pytest.fixture(scope="module")
+def private_api(env, run_dir, https_folder) -> Iterator[ApiServer]:
+    """A second status API on the module's farm with RENDERFARM_INPUT_ALLOW_PRIVATE on, trusting
+    the loopback site's certificate through its CA bundle (SSL_CERT_FILE); TLS stays verified."""
+    extra = {"RENDERFARM_INPUT_ALLOW_PRIVATE": "true", "SSL_CERT_FILE": str(https_folder.cert)}
+    with ApiServer(free_port(), {**env, **extra}, name="api-images-private", run_dir=run_dir) as s:
+        yield s
+
+
+def test_an_https_input_is_fetched_by_the_api_and_stored_by_its_sha256(worker, env, http, https_folder,
+                                                                      private_api, s3_server, monkeypatch):
+    data = png(seed=41)
+    (https_folder.folder / "photo.png").write_bytes(data)
+    url, digest = f"{https_folder.url}/photo.png", hashlib.sha256(data).hexdigest()
+    refused = http.post("/v1/jobs", json=_job(init_image=url))  # the module's API: the switch is off
+    assert refused.status_code == 422, refused.text
+    assert "not a public address (loopback); set RENDERFARM_INPUT_ALLOW_PRIVATE=true" in refused.text
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # a CA bundle without the site's certificate
+    with pytest.raises(InputRefused, match=r"fetching the image failed \(ConnectError\)"):
+        fetch_url(url, max_bytes=MAX_BYTES, allow_private=True)
+    with RenderClient(api_url=private_api.url) as client:
+        [job] = client.wait(client.submit_batch([_job(seed=9, init_image=url, strength=0.5)]).batch_id, timeout=600)
+        assert job.state == "succeeded", job.error
+        params = parse_parameters(read_parameters(client.fetch_bytes(job)) or "")
+    key = f"inputs/{digest}.png"
+    assert job.request.init_image == key and (params["Mode"], params["Init image"]) == ("img2img", key)
+    stored = s3_server.client().get_object(Bucket=env["RENDERFARM_S3_BUCKET"], Key=key)["Body"].read()
+    assert hashlib.sha256(stored).hexdigest() == digest
