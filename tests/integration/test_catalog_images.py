@@ -1,10 +1,11 @@
 """Catalogs of products with photos against the session farm: ``image`` and ``mask`` columns
 (local files next to the catalog, or https URLs on a real loopback server), uploaded by the run,
-hashed into the content keys; a re-run renders nothing, a changed photo renders only its item, a
-bad photo fails only its item."""
+hashed into the content keys; a re-run renders nothing, a changed photo renders only its item (with
+the new photo's pixels), a bad photo fails only its item."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -103,7 +104,8 @@ def test_a_url_photo_is_keyed_by_its_bytes(client, tmp_path, https_folder, monke
     monkeypatch.setenv("SSL_CERT_FILE", str(https_folder.cert))  # the producer's CA bundle: the site's certificate
     nonce = uuid.uuid4().hex[:8]
     _photo(served / "mug.png", 1)
-    (tmp_path / "urls.csv").write_text(f"id,name,image,strength\nmug,a mug,{base}/mug.png,0.5\n", encoding="utf-8")
+    (tmp_path / "urls.csv").write_text(f"id,name,image,strength,seed\nmug,a mug,{base}/mug.png,0.5,5\n",
+                                       encoding="utf-8")  # a fixed seed: a changed photo changes nothing else
     template = f"{{name}} on a shelf, {nonce}"
 
     def run():
@@ -117,6 +119,12 @@ def test_a_url_photo_is_keyed_by_its_bytes(client, tmp_path, https_folder, monke
     changed = run()
     assert (changed["rendered"], changed["skipped"]) == (1, 0), changed
     assert changed["manifest"][0]["inputs"] == {"image": f"inputs/{file_sha256(served / 'mug.png')}.png"}
+    before, after = (np.asarray(Image.open(io.BytesIO(client.fetch_bytes(client.job(r["manifest"][0]["job_id"])))),
+                                dtype=np.float64) for r in (first, changed))
+    # the new photo's pixels: same prompt and seed, another image
+    assert (diff := np.abs(before - after).mean()) > 0.2, f"mean |difference| {diff:.3f}"
+    # (mean |difference| 0…255, measured in process on the tiny model for these two photos, seed 5 and
+    # 20 random nonces: 1.25–1.39; an init image the worker ignored gives 0)
     (served / "mug.png").unlink()  # gone: the item fails with the URL's answer, nothing else
     gone = run()
     assert gone["failed"] == 1 and "HTTP 404" in str(gone["failures"]), gone["failures"]
