@@ -242,7 +242,8 @@ class BatchAccepted(BaseModel):
 
 
 class JobResult(BaseModel):
-    """Where a rendered image is: S3 ``key`` and a presigned GET ``url``; sizes in pixels and bytes."""
+    """Where a rendered image is: S3 ``key`` and a presigned GET ``url``; sizes in pixels and bytes;
+    ``denoising_steps``, what the worker counted while it rendered the image."""
 
     key: str
     url: str | None = None
@@ -251,6 +252,13 @@ class JobResult(BaseModel):
     seed: int
     content_type: str
     bytes: int
+    denoising_steps: int | None = Field(
+        None, ge=0, description="Denoising steps the worker ran for the pipeline call(s) that rendered this "
+        "image's group: its step callbacks, counted (a step is one pass of the denoising loop, which calls the "
+        "denoiser on the call's whole batch). "
+        "txt2img runs num_inference_steps; img2img and inpainting about num_inference_steps × strength "
+        "(diffusers' rule); a group split into several batch-bucket calls counts the steps of each. "
+        "None: a result recorded by a worker that did not count them.")
 
 
 class JobError(BaseModel):

@@ -120,6 +120,10 @@ class Settings(BaseSettings):
                                                                   "bytes; larger → 413.")
     input_max_pixels: int = Field(4096 * 4096, ge=64 * 64, description="Most decoded pixels of an input image (a "
                                   "decompression-bomb guard next to Pillow's MAX_IMAGE_PIXELS); more → 422.")
+    input_allow_private: bool = Field(False, description="Let the API fetch input-image URLs (init_image, "
+                                      "mask_image) from hosts on loopback/private/link-local addresses (SSRF guard "
+                                      "off for inputs). Off: such a URL is a 422. The fetch still verifies TLS "
+                                      "against the CA bundle (SSL_CERT_FILE names another).")
     dispatch_interval_s: float = Field(0.2, gt=0, le=10, description="Seconds between two dispatcher passes "
                                                                       "(a submission wakes it at once).")
     dispatch_depth: float = Field(2.0, gt=0, le=100, description="A pool's Celery queue is kept at most this many "
@@ -191,7 +195,8 @@ class Settings(BaseSettings):
     rate_limit_job_burst: int = Field(
         20_000, ge=1, description="Per-tenant job burst; a batch larger than it is a 413.")
     webhook_allow_private: bool = Field(False, description="Allow webhook hosts on loopback/private/link-local "
-                                                           "addresses (SSRF guard off).")
+                                                           "addresses (SSRF guard off for webhooks; input URLs "
+                                                           "have RENDERFARM_INPUT_ALLOW_PRIVATE).")
     # webhooks on batch completion (infra/api/webhooks.py)
     webhooks_enabled: bool = Field(True, description="Run the webhook dispatcher inside the status API process.")
     webhook_secret: str = Field("", description="Ignored: webhooks are signed with each tenant's own secret "

@@ -55,12 +55,14 @@ class BatchWork:
 
 @dataclass
 class PostItem:
-    """A post-processing item: a rendered group (jobs and their images, in order), or with
-    ``jobs`` None the batch's end (metrics, requeues, release from ``current``)."""
+    """A post-processing item: a rendered group (jobs and their images, in order, and the
+    denoising steps its render ran), or with ``jobs`` None the batch's end (metrics, requeues,
+    release from ``current``)."""
 
     work: BatchWork
     jobs: list[StartedJob] | None = None
     images: list[Image.Image] | None = None
+    steps: int | None = None
 
 
 def render_groups(jobs: list[StartedJob]) -> list[list[StartedJob]]:

@@ -239,7 +239,7 @@ class BatchRunner:
     def _post_one(self, item: PostItem) -> None:
         if item.jobs is not None:
             assert item.images is not None  # a group's item always carries its images
-            self._store_group(item.work, item.jobs, item.images)
+            self._store_group(item.work, item.jobs, item.images, item.steps)
             return
         work = item.work  # the batch's end: every group before it is stored
         outcome, rendering = work.outcome, work.rendering
@@ -268,7 +268,8 @@ class BatchRunner:
             done, self._done = self._done, []
         return done
 
-    def _store_group(self, work: BatchWork, jobs: list[StartedJob], images: list[Image.Image]) -> None:
+    def _store_group(self, work: BatchWork, jobs: list[StartedJob], images: list[Image.Image],
+                     steps: int | None = None) -> None:
         """Who is still ours, just before upload (cancellation and takeover), then store them."""
         held = self._redis(self.store.renew_leases, jobs, rendered=True)
         kept = []
@@ -279,7 +280,7 @@ class BatchRunner:
                 work.outcome.dropped += 1
                 continue
             kept.append((job, image))
-        self._store_all(kept, work.outcome)
+        self._store_all(kept, work.outcome, steps)
 
     def _account(self, jobs: int, total_s: float, outcome: BatchOutcome) -> None:
         """Worker time of one batch, in seconds: whole (start, render, encode, upload, state writes,
@@ -314,9 +315,11 @@ class BatchRunner:
             self.store.mark_rendering(jobs, rendered=self._rendered)
         except redis.RedisError as exc:  # Redis away: render anyway, the heartbeat renews the leases
             log.warning("group size not recorded: %s", exc)
+        steps = [0]  # the group's denoising steps, counted by the step callback (each result reports them)
         try:
             with self.watchdog.rendering(f"a group of {len(jobs)} ({jobs[0].job_id}…)"):
-                images = self.renderer.render([j.request for j in jobs], on_step=self._step_callback(jobs, deadline))
+                images = self.renderer.render([j.request for j in jobs],
+                                              on_step=self._step_callback(jobs, deadline, steps))
         except GroupAbandoned as exc:
             log.info("stopped a group of %d: %s", len(jobs), exc)
             outcome.dropped += len(jobs)
@@ -349,9 +352,10 @@ class BatchRunner:
         self._rendered = jobs
         outcome.renders.append((len(jobs), time.perf_counter() - t0))
         self.on_rendered([j.job_id for j in jobs])
-        post(PostItem(work, jobs, images))
+        post(PostItem(work, jobs, images, steps[0]))
 
-    def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome) -> None:
+    def _store_all(self, kept: list[tuple[StartedJob, Image.Image]], outcome: BatchOutcome,
+                   steps: int | None = None) -> None:
         """Encode and upload each job's image, ``upload_threads`` jobs at a time (Pillow's encoders
         and the S3 PUT release the GIL; boto3's client is thread-safe, on one connection pool
         sized to these threads), then record the group's successes in one pipelined round trip
@@ -359,7 +363,7 @@ class BatchRunner:
         def upload(pair: tuple[StartedJob, Image.Image]):
             job, image = pair
             try:
-                return self._upload(job, image)
+                return self._upload(job, image, steps)
             except Exception as exc:
                 return exc
 
@@ -391,10 +395,13 @@ class BatchRunner:
             else:
                 self._stale_result(job, result, outcome)
 
-    def _step_callback(self, jobs: list[StartedJob], deadline: float) -> Callable[[int, int], None]:
+    def _step_callback(self, jobs: list[StartedJob], deadline: float, steps: list[int]) -> Callable[[int, int], None]:
+        """The renderer's ``on_step`` for a group: progress, cancellation, the deadline; adds each
+        denoising step it sees to ``steps[0]``."""
         last = [0.0]
 
         def on_step(step: int, total: int) -> None:
+            steps[0] += 1
             self.watchdog.progress()
             now = time.monotonic()
             if now > deadline:
@@ -416,11 +423,12 @@ class BatchRunner:
         return on_step
 
     # ---- results --------------------------------------------------------------------------
-    def _upload(self, job: StartedJob, image: Image.Image) -> StoredImage:
+    def _upload(self, job: StartedJob, image: Image.Image, steps: int | None = None) -> StoredImage:
         stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
                              model=self.renderer.model, retry_s=self.upload_retry_s,
                              scheduler=self._scheduler_name(job.request.scheduler),
-                             lora_hashes=getattr(self.renderer, "lora_hashes", lambda request: None)(job.request))
+                             lora_hashes=getattr(self.renderer, "lora_hashes", lambda request: None)(job.request),
+                             denoising_steps=steps)
         if stored.written:
             self.on_written(job.job_id)
         return stored

@@ -86,7 +86,7 @@ class Farm:
                                                       timeout_ms=settings.durable_ack_timeout_ms))
         self.inputs = InputResolver(self.storage, max_bytes=settings.input_max_bytes,
                                     max_pixels=settings.input_max_pixels,
-                                    allow_private=settings.webhook_allow_private)
+                                    allow_private=settings.input_allow_private)
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
         self.catalog = CatalogIndex(self.store, self.locate_image, exists=self.storage.exists)

@@ -5,8 +5,10 @@ A request's ``init_image`` / ``mask_image`` leaves here as an object key in the 
 the job record and the worker never see a URL:
 
 - an ``https`` URL is fetched by the API, once per submission, under the webhook SSRF policy
-  (:mod:`infra.api.webhook_policy`: every address the host resolves to must be public; each
-  redirect's target is checked again, at most :data:`MAX_REDIRECTS`), at most
+  (:mod:`infra.api.webhook_policy`: every address the host resolves to must be public, unless
+  ``RENDERFARM_INPUT_ALLOW_PRIVATE``; each redirect's target is checked again, at most
+  :data:`MAX_REDIRECTS`; the TLS certificate is verified against the CA bundle, certifi's or the
+  one ``SSL_CERT_FILE`` names), at most
   ``RENDERFARM_INPUT_MAX_BYTES`` bytes, then checked and stored by content hash
   (:func:`infra.storage.inputs.store_input`);
 - an object key must name an image in the bucket (a HEAD; its size from the upload's metadata);
@@ -51,7 +53,7 @@ def fetch_url(url: str, *, max_bytes: int, allow_private: bool = False, client: 
 
     Args:
         url: an https URL. max_bytes: most body bytes read. allow_private: lift the address rule
-            (``RENDERFARM_WEBHOOK_ALLOW_PRIVATE``). client: the HTTP client (tests give one with
+            (``RENDERFARM_INPUT_ALLOW_PRIVATE``). client: the HTTP client (tests give one with
             a transport standing in for the internet). resolver: ``socket.getaddrinfo`` or a stand-in.
     Raises:
         InputRefused: 422 for a refused address or scheme, too many redirects, a non-2xx answer or
@@ -64,7 +66,8 @@ def fetch_url(url: str, *, max_bytes: int, allow_private: bool = False, client: 
             if not url.startswith("https://"):
                 raise InputRefused(422, f"input URLs must be https, got {url[:80]!r}")
             try:
-                check_webhook_url(url, allow_private=allow_private, resolver=resolver)
+                check_webhook_url(url, allow_private=allow_private, resolver=resolver,
+                                  switch="RENDERFARM_INPUT_ALLOW_PRIVATE")
             except WebhookRefused as exc:
                 raise InputRefused(422, f"URL refused: {exc.reason}") from None
             try:
@@ -94,7 +97,7 @@ class InputResolver:
     Args:
         storage: the farm's bucket. max_bytes, max_pixels: the input limits
             (``RENDERFARM_INPUT_MAX_BYTES``, ``RENDERFARM_INPUT_MAX_PIXELS``). allow_private: the
-            SSRF policy's switch (``RENDERFARM_WEBHOOK_ALLOW_PRIVATE``). client, resolver: see
+            SSRF policy's switch (``RENDERFARM_INPUT_ALLOW_PRIVATE``). client, resolver: see
             :func:`fetch_url`.
     """
 

@@ -10,7 +10,9 @@ A URL passes when its scheme is ``http`` or ``https``, it names a host, and ever
 host resolves to is public: not loopback, link-local, private, shared (CGNAT), multicast,
 reserved or unspecified, including IPv4 addresses embedded in IPv6 ones (``::ffff:10.0.0.1``,
 6to4, Teredo, NAT64). ``allow_private=True`` (``RENDERFARM_WEBHOOK_ALLOW_PRIVATE``) lifts the
-address rule, for farms whose receivers live on a private network; the scheme rule stays.
+address rule, for farms whose receivers live on a private network; the scheme rule stays. Input
+images fetched by URL (:mod:`infra.api.inputs`) pass the same check with their own switch,
+``RENDERFARM_INPUT_ALLOW_PRIVATE``, named in the refusal.
 """
 
 from __future__ import annotations
@@ -102,14 +104,15 @@ def resolve_host(host: str, port: int, resolver: Resolver = socket.getaddrinfo) 
     return addresses
 
 
-def check_webhook_url(url: str, *, allow_private: bool = False,
-                      resolver: Resolver = socket.getaddrinfo) -> list[IPAddress]:
+def check_webhook_url(url: str, *, allow_private: bool = False, resolver: Resolver = socket.getaddrinfo,
+                      switch: str = "RENDERFARM_WEBHOOK_ALLOW_PRIVATE") -> list[IPAddress]:
     """Check ``url`` against the policy; return the addresses it may be delivered to.
 
     Args:
         url: the webhook URL as the client sent it.
         allow_private: accept hosts that resolve to non-public addresses.
         resolver: ``socket.getaddrinfo`` or a stand-in with its signature (blocking DNS).
+        switch: the setting that lifts the address rule, named in the refusal.
     Raises:
         WebhookRefused: naming the rule that failed: the scheme, a missing host or bad port,
             a name that does not resolve, or the first non-public address and its class.
@@ -132,5 +135,5 @@ def check_webhook_url(url: str, *, allow_private: bool = False,
             if problem is not None:
                 shown = "" if _literal(host) is not None else f" resolves to {ip}, which"
                 raise WebhookRefused(f"host {host!r}{shown} is not a public address ({problem}); set "
-                                     f"RENDERFARM_WEBHOOK_ALLOW_PRIVATE=true to allow it")
+                                     f"{switch}=true to allow it")
     return addresses

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -139,7 +139,7 @@ def post_once(url: str, body: bytes, headers: Mapping[str, str], *, allow_privat
     Returns the HTTP status. Raises :class:`~infra.api.webhook_policy.WebhookRefused` (permanent)
     or ``httpx.HTTPError`` (connection, timeout: worth retrying).
     """
-    kwargs = {} if resolver is None else {"resolver": resolver}
+    kwargs: dict[str, Any] = {} if resolver is None else {"resolver": resolver}
     addresses = check_webhook_url(url, allow_private=allow_private, **kwargs)
     pinned, host_header, extensions = _pinned(url, addresses[0])
     parts = urlsplit(url)

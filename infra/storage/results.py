@@ -29,7 +29,7 @@ class StoredImage:
 
 def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: str, request: RenderRequest,
                 model: str, retry_s: float = 60.0, scheduler: str | None = None,
-                lora_hashes: dict[str, str] | None = None) -> StoredImage:
+                lora_hashes: dict[str, str] | None = None, denoising_steps: int | None = None) -> StoredImage:
     """Encode ``image`` (RGB, ``request.width`` × ``request.height`` pixels, times ``request.upscale``
     when set) and write it once to
     ``{batch_id}/{job_id}.{ext}``.
@@ -42,6 +42,8 @@ def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: 
             (default ``request.scheduler``; the worker names the model's own for ``default``).
         retry_s: how long the upload rides out a storage outage, seconds.
         lora_hashes: adapter name → short hash, for the infotext's ``Lora hashes``.
+        denoising_steps: the denoising steps the worker counted for the image's group (recorded in
+            the result as :attr:`~infra.schemas.JobResult.denoising_steps`), or None.
     Returns:
         the result to record (its ``bytes`` is the stored object's size, also when an earlier
         write was kept).
@@ -61,5 +63,5 @@ def store_image(storage: Storage, image: Image.Image, *, job_id: str, batch_id: 
     written = storage.put_once(key, body, content_type, metadata, retry_s=retry_s)
     size = len(body) if written else storage.size(key)
     result = JobResult(key=key, width=image.width, height=image.height, seed=request.seed or 0,
-                       content_type=content_type, bytes=size)
+                       content_type=content_type, bytes=size, denoising_steps=denoising_steps)
     return StoredImage(result, written)

@@ -1,7 +1,8 @@
 """Integration fixtures beside the session farm of ``tests/conftest.py``: ``start_worker``, the one
 way a test module starts workers of its own (a model, a pool, a Redis database other than the
-session farm's), stopped when the module ends; ``private_env`` and ``port_open`` for the tests that
-start a local stack of their own (``renderfarm up``, ``renderfarm demo``, the service classes)."""
+session farm's), stopped when the module ends; ``https_folder``, a real HTTPS server on loopback
+for input images fetched by URL; ``private_env`` and ``port_open`` for the tests that start a local
+stack of their own (``renderfarm up``, ``renderfarm demo``, the service classes)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from infra.localstack import WorkerProcess, free_port, start_workers
+from tests.integration.https_site import HttpsSite, https_site
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -40,6 +42,15 @@ def start_worker(run_dir: Path) -> Iterator[StartWorker]:
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+@pytest.fixture(scope="module")
+def https_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpsSite]:
+    """A folder served over HTTPS on 127.0.0.1 for the module, with a self-signed certificate
+    (:func:`tests.integration.https_site.https_site`); a client trusts it with
+    ``SSL_CERT_FILE=<site.cert>``."""
+    with https_site(tmp_path_factory.mktemp("https")) as site:
+        yield site
 
 
 @pytest.fixture(scope="module")

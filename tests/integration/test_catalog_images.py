@@ -1,9 +1,11 @@
 """Catalogs of products with photos against the session farm: ``image`` and ``mask`` columns
-(local files next to the catalog), uploaded by the run, hashed into the content keys; a re-run
-renders nothing, a changed photo renders only its item, a bad photo fails only its item."""
+(local files next to the catalog, or https URLs on a real loopback server), uploaded by the run,
+hashed into the content keys; a re-run renders nothing, a changed photo renders only its item (with
+the new photo's pixels), a bad photo fails only its item."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -97,39 +99,13 @@ def test_cli_submit_with_a_photo_and_a_mask(client, tmp_path):
     assert refused.returncode == 2 and "no adapter 'brand'" in refused.stderr, refused.stderr
 
 
-@pytest.fixture
-def https_folder(tmp_path, monkeypatch):
-    """A folder served over HTTPS on 127.0.0.1 (a self-signed certificate made with openssl, which
-    the producer trusts through ``SSL_CERT_FILE``); yields (folder, base URL)."""
-    import http.server
-    import ssl
-    import threading
-
-    served = tmp_path / "served"
-    served.mkdir()
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(served), **k)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
-    try:
-        yield served, f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_a_url_photo_is_keyed_by_its_bytes(client, tmp_path, https_folder):
-    served, base = https_folder
+def test_a_url_photo_is_keyed_by_its_bytes(client, tmp_path, https_folder, monkeypatch):
+    served, base = https_folder.folder, https_folder.url
+    monkeypatch.setenv("SSL_CERT_FILE", str(https_folder.cert))  # the producer's CA bundle: the site's certificate
     nonce = uuid.uuid4().hex[:8]
     _photo(served / "mug.png", 1)
-    (tmp_path / "urls.csv").write_text(f"id,name,image,strength\nmug,a mug,{base}/mug.png,0.5\n", encoding="utf-8")
+    (tmp_path / "urls.csv").write_text(f"id,name,image,strength,seed\nmug,a mug,{base}/mug.png,0.5,5\n",
+                                       encoding="utf-8")  # a fixed seed: a changed photo changes nothing else
     template = f"{{name}} on a shelf, {nonce}"
 
     def run():
@@ -143,6 +119,12 @@ def test_a_url_photo_is_keyed_by_its_bytes(client, tmp_path, https_folder):
     changed = run()
     assert (changed["rendered"], changed["skipped"]) == (1, 0), changed
     assert changed["manifest"][0]["inputs"] == {"image": f"inputs/{file_sha256(served / 'mug.png')}.png"}
+    before, after = (np.asarray(Image.open(io.BytesIO(client.fetch_bytes(client.job(r["manifest"][0]["job_id"])))),
+                                dtype=np.float64) for r in (first, changed))
+    # the new photo's pixels: same prompt and seed, another image
+    assert (diff := np.abs(before - after).mean()) > 0.2, f"mean |difference| {diff:.3f}"
+    # (mean |difference| 0…255, measured in process on the tiny model for these two photos, seed 5 and
+    # 20 random nonces: 1.25–1.39; an init image the worker ignored gives 0)
     (served / "mug.png").unlink()  # gone: the item fails with the URL's answer, nothing else
     gone = run()
     assert gone["failed"] == 1 and "HTTP 404" in str(gone["failures"]), gone["failures"]

@@ -1,9 +1,13 @@
 """Image inputs through the real farm: uploads to SeaweedFS, the status API's checks, a ``tiny``
 worker rendering txt2img, img2img and inpainting in one batch, and the bad-input table (each case
-a clear 4xx, nothing recorded)."""
+a clear 4xx, nothing recorded). The modes are checked on the infotext, on the pixels (an output
+follows its init image; inpainting keeps the unmasked region) and on the denoising steps the
+worker counted (strength sets them); an https input is fetched by the running API from a real
+HTTPS server on loopback, with the private-address switch on, and refused with it off."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -14,8 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from infra.api.inputs import fetch_url
 from infra.localstack import ApiServer, WorkerProcess, free_port
 from infra.storage.images import parse_parameters, read_parameters
+from infra.storage.inputs import InputRefused
 from producer import RenderClient
 from producer.client import RenderFarmError
 
@@ -173,3 +179,110 @@ def test_an_input_that_fails_at_the_worker_fails_its_job_alone(worker, env, http
     assert [j.state for j in done] == ["succeeded", "failed", "succeeded", "succeeded"], [j.error for j in done]
     assert [j.attempts for j in done if j.state == "succeeded"] == [1, 1, 1]
     assert "not an image" in done[1].error.message or "decode" in done[1].error.message, done[1].error
+
+
+def _pixels(client: RenderClient, job) -> np.ndarray:
+    """A succeeded job's image as float64 RGB, height × width × 3, values 0…255."""
+    return np.asarray(Image.open(io.BytesIO(client.fetch_bytes(job))).convert("RGB"), dtype=np.float64)
+
+
+def test_img2img_pixels_follow_the_init_image_and_strength_sets_the_steps(worker, env, http):
+    """Same init image and seed: the same pixels; another init image: other pixels (a worker that
+    ignored ``init_image`` would render the same txt2img image for all three). Strength sets the
+    denoising steps the worker counted: ⌊4 × strength⌋ of 4 (diffusers' rule), txt2img all 4."""
+    a, b = (upload(http, png(seed=s)).json()["key"] for s in (31, 32))
+    follow = [_job(seed=7, init_image=key, strength=0.5) for key in (a, a, b)]
+    strengths = (0.25, 0.75, 1.0)  # one job per strength: each renders alone, one pipeline call
+    jobs = [*follow, _job(seed=7), *(_job(seed=7, init_image=a, strength=s) for s in strengths)]
+    with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
+        done = client.wait(client.submit_batch(jobs).batch_id, timeout=600)
+        assert [j.state for j in done] == ["succeeded"] * len(jobs), [(j.state, j.error) for j in done]
+        same, again, other = (_pixels(client, j) for j in done[:3])
+        params = [parse_parameters(read_parameters(client.fetch_bytes(j)) or "") for j in done]
+    assert np.array_equal(same, again), np.abs(same - again).max()
+    # mean |difference| 0…255, measured in process on the tiny model (the worker's Renderer, these
+    # two init images, strength 0.5, seeds 1–16): 0.82–1.34. Its autoencoder has random weights and
+    # carries little of an image, so the change is small, but never 0; an ignored init image gives 0
+    assert (diff := np.abs(same - other).mean()) > 0.2, f"another init image, mean |difference| {diff:.3f}"
+    assert [j.result.denoising_steps for j in done[3:]] == [4, 1, 3, 4]
+    assert [(p.get("Mode"), p.get("Denoising strength")) for p in params] == [
+        *[("img2img", "0.5")] * 3, (None, None), *(("img2img", f"{s:g}") for s in strengths)]
+
+
+INPAINT_SIZE = 128  # at 64 × 64 the latent is 8 × 8 and the tiny decoder mixes the two halves (margins overlap)
+
+
+def _mask_png(*, half: bool) -> bytes:
+    """INPAINT_SIZE² L-mode PNG: white (repaint) on the right half, or black all over (repaint nothing)."""
+    mask = np.zeros((INPAINT_SIZE, INPAINT_SIZE), np.uint8)
+    if half:
+        mask[:, INPAINT_SIZE // 2:] = 255
+    buf = io.BytesIO()
+    Image.fromarray(mask).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def inpaint_metrics(out: np.ndarray, reference: np.ndarray, photo: np.ndarray) -> dict[str, float]:
+    """Mean |difference| (0…255 per channel) of ``out`` against ``reference`` and ``photo`` over the
+    kept left half and the repainted right half (arrays height × width × 3)."""
+    half = out.shape[1] // 2
+    to_ref, to_photo = np.abs(out - reference), np.abs(out - photo)
+    return {"ref_kept": to_ref[:, :half].mean(), "ref_repainted": to_ref[:, half:].mean(),
+            "photo_kept": to_photo[:, :half].mean(), "photo_repainted": to_photo[:, half:].mean()}
+
+
+def test_inpainting_keeps_the_unmasked_region(worker, env, http):
+    """The right half is repainted, the left half kept. The tiny model's autoencoder has random
+    weights, so even a kept region comes back as its reconstruction of the photo, not the photo:
+    a job whose mask repaints nothing renders that reconstruction through the farm, and the kept
+    half must stay close to it while the repainted half moves away. Measured in process on the
+    tiny model (the worker's ``Renderer`` with these inputs and strength, seeds 1–16; mean
+    |difference| 0…255): kept half vs the reconstruction 24.4–31.8, repainted half 50.1–55.1, a
+    gap ≥ 19.0; against the photo (which no half is close to: the reconstruction is 70.0–71.0
+    off it) repainted minus kept 11.4–13.3. A worker that dropped the mask (img2img) or the init
+    image (txt2img) renders both jobs alike (gaps 0) and, against the photo, −2.3…+2.9."""
+    photo = upload(http, png(INPAINT_SIZE, INPAINT_SIZE, seed=33)).json()["key"]
+    half, nothing = (upload(http, _mask_png(half=h)).json()["key"] for h in (True, False))
+    jobs = [_job(seed=5, width=INPAINT_SIZE, height=INPAINT_SIZE, init_image=photo, mask_image=mask, strength=0.75)
+            for mask in (half, nothing)]
+    with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
+        done = client.wait(client.submit_batch(jobs).batch_id, timeout=600)
+        assert [j.state for j in done] == ["succeeded"] * 2, [(j.state, j.error) for j in done]
+        inpainted, reconstruction = (_pixels(client, j) for j in done)
+        modes = [parse_parameters(read_parameters(client.fetch_bytes(j)) or "").get("Mode") for j in done]
+    source = np.asarray(Image.open(io.BytesIO(png(INPAINT_SIZE, INPAINT_SIZE, seed=33))), dtype=np.float64)
+    m = inpaint_metrics(inpainted, reconstruction, source)
+    print("\ninpainting, mean |difference|:", {k: round(v, 1) for k, v in m.items()})
+    assert m["ref_kept"] < 40 and m["ref_repainted"] - m["ref_kept"] > 10, m
+    assert m["photo_repainted"] - m["photo_kept"] > 6, m
+    assert modes == ["inpaint", "inpaint"] and [j.result.denoising_steps for j in done] == [3, 3]
+
+
+@pytest.fixture(scope="module")
+def private_api(env, run_dir, https_folder) -> Iterator[ApiServer]:
+    """A second status API on the module's farm with RENDERFARM_INPUT_ALLOW_PRIVATE on, trusting
+    the loopback site's certificate through its CA bundle (SSL_CERT_FILE); TLS stays verified."""
+    extra = {"RENDERFARM_INPUT_ALLOW_PRIVATE": "true", "SSL_CERT_FILE": str(https_folder.cert)}
+    with ApiServer(free_port(), {**env, **extra}, name="api-images-private", run_dir=run_dir) as s:
+        yield s
+
+
+def test_an_https_input_is_fetched_by_the_api_and_stored_by_its_sha256(worker, env, http, https_folder,
+                                                                      private_api, s3_server, monkeypatch):
+    data = png(seed=41)
+    (https_folder.folder / "photo.png").write_bytes(data)
+    url, digest = f"{https_folder.url}/photo.png", hashlib.sha256(data).hexdigest()
+    refused = http.post("/v1/jobs", json=_job(init_image=url))  # the module's API: the switch is off
+    assert refused.status_code == 422, refused.text
+    assert "not a public address (loopback); set RENDERFARM_INPUT_ALLOW_PRIVATE=true" in refused.text
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # a CA bundle without the site's certificate
+    with pytest.raises(InputRefused, match=r"fetching the image failed \(ConnectError\)"):
+        fetch_url(url, max_bytes=MAX_BYTES, allow_private=True)
+    with RenderClient(api_url=private_api.url) as client:
+        [job] = client.wait(client.submit_batch([_job(seed=9, init_image=url, strength=0.5)]).batch_id, timeout=600)
+        assert job.state == "succeeded", job.error
+        params = parse_parameters(read_parameters(client.fetch_bytes(job)) or "")
+    key = f"inputs/{digest}.png"
+    assert job.request.init_image == key and (params["Mode"], params["Init image"]) == ("img2img", key)
+    stored = s3_server.client().get_object(Bucket=env["RENDERFARM_S3_BUCKET"], Key=key)["Body"].read()
+    assert hashlib.sha256(stored).hexdigest() == digest

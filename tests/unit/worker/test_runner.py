@@ -104,7 +104,7 @@ def image_of(storage: Storage, key: str) -> Image.Image:
 
 def test_one_render_per_group_and_every_job_recorded_with_its_image(store, storage):
     small = submit(store, [f"a fox {i}" for i in range(3)])
-    wide = submit(store, ["a wide lighthouse", "a wide field"], width=128)
+    wide = submit(store, ["a wide lighthouse", "a wide field"], width=128, num_inference_steps=3)
     renderer = ScriptedRenderer()
     outcome = runner(store, storage, renderer).run(messages(small + wide))
     assert (outcome.started, outcome.succeeded, outcome.failed, outcome.dropped) == (5, 5, 0, 0)
@@ -117,6 +117,7 @@ def test_one_render_per_group_and_every_job_recorded_with_its_image(store, stora
         assert status.result.bytes == storage.size(status.result.key)
         assert image.getpixel((0, 0)) == (status.request.seed % 256, 40, 90)
         assert f"Seed: {status.request.seed}" in read_parameters(storage.get(status.result.key))
+        assert status.result.denoising_steps == status.request.num_inference_steps  # the step callbacks counted
 
 
 def test_a_poison_request_fails_alone_and_its_batch_mates_succeed(store, storage):
