@@ -12,10 +12,10 @@ graph per shape, ``set_stance("eager_on_recompile")`` afterwards) is the same fo
 compile it, and both are checked: AOTInductor packages (the CPU recipe's default, ``compile_aot``),
 and TorchDynamo graphs (``compile_aot: false``, the path of every accelerator recipe). The
 TorchDynamo decoder is compiled again with its ``eager`` backend: which graph serves a call is
-decided by TorchDynamo's guards whatever the backend (the same hits, misses and
-``fail_on_recompile`` error were seen with Inductor; ``tests/unit/pipeline/test_compile_count.py``
-checks them with a small module), and Inductor's frozen graphs would add about a minute of
-compiling on two cores.
+decided by TorchDynamo's guards whatever the backend (a small module compiled by Inductor gave
+the same hits, misses and ``fail_on_recompile`` error as with the eager backend, which
+``tests/unit/pipeline/test_compile_count.py`` checks), and Inductor's frozen graphs would add about
+a minute of compiling on two cores.
 """
 
 from __future__ import annotations
