@@ -344,7 +344,10 @@ class WorkerInfo(BaseModel):
                                 "once ready its report (seconds, renders, compiles, per-shape seconds, plan).")
     buckets: list[int] = Field(default_factory=list, description="The batch buckets it compiled (images).")
     recompiles: int | None = Field(None, description="torch.compile compilations since the warm-up (0 expected).")
-    eager_renders: int | None = Field(None, description="Pipeline calls at a shape outside the warm-up, run eagerly.")
+    compiled_renders: int | None = Field(None, description="Pipeline calls since the warm-up that ran compiled code "
+                                         "alone (TorchDynamo graphs, AOTInductor packages, OpenVINO models).")
+    eager_renders: int | None = Field(None, description="Pipeline calls since the warm-up in which a compiled module "
+                                      "ran eagerly: seen to miss its graphs (a shape the warm-up did not compile).")
     compile_cache: dict | None = Field(None, description="The shared compile cache at start-up: key, outcome (hit, "
                                        "miss, corrupt, mismatch, error), reason, bytes, seconds, saved, and "
                                        "Inductor's FX graph cache hits and misses after the warm-up (counters).")

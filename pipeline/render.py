@@ -24,6 +24,7 @@ import PIL.Image
 import torch
 
 from infra.schemas import RenderRequest
+from pipeline import compile_count
 from pipeline.buckets import split
 from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.compat import CompatKey as CompatKey
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from pipeline.memory import BatchLimits
     from pipeline.pool_options import PoolOptions
 
-ShapeKey = tuple[int, int, int, bool]  # (images, width, height, classifier-free guidance on)
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
@@ -59,13 +59,20 @@ class Renderer:
 
     Static batch buckets (:mod:`pipeline.buckets`): with :attr:`buckets` set (by
     :func:`pipeline.warm.warm_up`), a group is rendered as one pipeline call per bucket, largest
-    first; :attr:`warmed` holds the :meth:`shape_key` of every shape warmed, and a call outside it
-    (a size the pool did not declare) runs eagerly and is counted in :attr:`eager_renders`.
+    first. Once warmed up (:attr:`graphs_warmed` set), every pipeline call is counted by the code
+    it was seen to run (:func:`pipeline.compile_count.observed`): in :attr:`compiled_renders` when
+    compiled code served it alone (TorchDynamo graphs, AOTInductor packages, OpenVINO models), in
+    :attr:`eager_renders` when a compiled module ran its Python instead (no graph for the call's
+    shapes, e.g. a size the pool did not declare or a bucket the warm-up missed), or when the
+    warm-up compiled graphs and the call ran none of them.
     """
 
     buckets: tuple[int, ...] | None = None  # None: one call per group, whatever its size
-    warmed: frozenset[ShapeKey] | None = None  # None: not warmed up (nothing is counted as eager)
-    eager_renders = 0  # pipeline calls at a shape outside `warmed`
+    #: Set by the warm-up when it ends: whether it compiled graphs (torch.compile, AOTInductor)
+    #: that every later call should run. None: not warmed up; no call is counted.
+    graphs_warmed: bool | None = None
+    compiled_renders = 0  # pipeline calls since the warm-up served by compiled code alone
+    eager_renders = 0  # pipeline calls since the warm-up in which a compiled module ran eagerly
 
     # set by pipeline.warm.prepare_renderer after construction
     recipe: dict[str, Any]
@@ -189,19 +196,19 @@ class Renderer:
             images += self._render_call(chunk, progress)
         return images
 
-    @staticmethod
-    def shape_key(images: int, width: int, height: int, guidance_scale: float) -> ShapeKey:
-        """What a compiled graph is specialised on: ``(images, width, height, guidance > 1)``
-        (classifier-free guidance, on above 1 as in diffusers' pipelines, doubles the denoiser's batch)."""
-        return images, width, height, guidance_scale > 1
+    def _count(self, calls: compile_count.CallCounts) -> None:
+        """Count one pipeline call after the warm-up by the compiled code ``calls`` saw it run."""
+        if self.graphs_warmed is None:
+            return
+        if calls.eager or (self.graphs_warmed and not calls.compiled):
+            self.eager_renders += 1
+        elif calls.compiled:
+            self.compiled_renders += 1
 
     def _render_call(self, requests: Sequence[RenderRequest],
                      on_step: Callable[[int, int], None] | None) -> list[PIL.Image.Image]:
         """One pipeline call for ``requests`` (checked by :meth:`render`)."""
         first = requests[0]
-        if self.warmed is not None and \
-                self.shape_key(len(requests), first.width, first.height, first.guidance_scale) not in self.warmed:
-            self.eager_renders += 1
         self._prepare()
         pipe = self.modes.for_mode(first.mode)
         if self.adapters is not None:
@@ -220,8 +227,9 @@ class Renderer:
 
         kwargs = call_arguments(self.pipe, requests, generators=generators, step_end=step_end, use_pe=self.use_pe)
         kwargs = mode_arguments(pipe, requests, self.input_loader, base=kwargs)
-        with torch.inference_mode():
+        with torch.inference_mode(), compile_count.observed() as calls:
             result = pipe(**kwargs)
+        self._count(calls)
         images = list(result.images)
         if first.upscale is not None:
             images = self.upscale_stage().upscale(images, first.upscaler, first.upscale,

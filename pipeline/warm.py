@@ -242,8 +242,10 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
 
     ``on_progress(done, total, eta_s)`` is called before the first render (0, total, None) and after
     each one; ``eta_s`` (seconds) extrapolates the seconds per image so far to the images left.
-    Sets ``renderer.buckets`` (the group split) and, when compiled, ``renderer.warmed`` (the shapes
-    warmed; a render outside them counts in ``renderer.eager_renders``).
+    Sets ``renderer.buckets`` (the group split) and, when it ends, ``renderer.graphs_warmed``
+    (whether graphs were compiled): from then on the renderer counts each pipeline call in
+    ``compiled_renders`` or ``eager_renders`` by the code it ran
+    (:class:`pipeline.render.Renderer`); the warm-up's own renders are not counted.
 
     Returns:
         ``{"seconds", "renders", "images", "compiled", "compiles", "fx_graph_cache": {"hits", "misses"},
@@ -254,7 +256,7 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
     """
     compile_count.install()
     compile_count.allow_graphs(2 * plan.renders + 2)
-    renderer.buckets = plan.buckets
+    renderer.buckets, renderer.graphs_warmed = plan.buckets, None
     compiled = "compile" in (getattr(renderer, "recipe", None) or {}).get("report", {}).get("applied", {})
     compiles0, cache0 = compile_count.compiles(), compile_count.fx_graph_cache()
     started = time.perf_counter()
@@ -262,9 +264,8 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
     # nothing compiled: no graph per bucket to build, one 1-step image per size sets up the kernels
     _render_plan(renderer, plan if compiled else replace(plan, buckets=(1,), steps=1), shapes, on_progress, started)
     if compiled:
-        renderer.warmed = frozenset(renderer.shape_key(b, w, h, plan.guidance_scale)
-                                    for w, h in plan.sizes for b in plan.buckets)
         compile_count.hold_compiled()
+    renderer.graphs_warmed = compiled
     cache1 = compile_count.fx_graph_cache()
     report = {"seconds": round(time.perf_counter() - started, 3), "renders": len(shapes),
               "images": sum(s["batch"] for s in shapes), "compiled": compiled,

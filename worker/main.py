@@ -346,6 +346,7 @@ def run_worker(args: argparse.Namespace) -> int:
                 "state": warm.state, "warmup": {**warm.progress, "report": warm.report, "ready_at": warm.ready_at},
                 "buckets": list(getattr(loaded, "buckets", None) or ()),
                 "recompiles": _compiles(loaded, warm), "eager_renders": getattr(loaded, "eager_renders", 0),
+                "compiled_renders": getattr(loaded, "compiled_renders", 0),
                 "pid": os.getpid(), "host": socket.gethostname(), "started_at": started_at,
                 "images_done": runner.images_done, "jobs_failed": runner.jobs_failed,
                 "current_jobs": [j.job_id for j in runner.current_jobs()], "reserved_jobs": reserved.snapshot(),

@@ -82,14 +82,20 @@ class FarmCollector:
 def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
     """Per-worker figures from the heartbeats (``worker.main``'s ``describe``), labelled
     ``{pool, worker}``: ``renderfarm_recompiles_total`` (TorchDynamo compiles after warm-up; 0 is
-    the goal), ``renderfarm_eager_renders_total`` (pipeline calls at a shape the warm-up did not
-    compile), ``renderfarm_warmup_seconds`` (the warm-up's wall time) and
-    ``renderfarm_worker_warming`` (1 while warming up, 0 once ready). A worker that does not report
-    a figure (the null model; an older worker) is left out of that family."""
+    the goal), ``renderfarm_compiled_renders_total`` (pipeline calls since the warm-up that compiled
+    code served alone), ``renderfarm_eager_renders_total`` (pipeline calls since the warm-up in
+    which a compiled module was seen to run eagerly: a shape the warm-up did not compile; both
+    observed by :func:`pipeline.compile_count.observed`), ``renderfarm_warmup_seconds`` (the
+    warm-up's wall time) and ``renderfarm_worker_warming`` (1 while warming up, 0 once ready). A
+    worker that does not report a figure (the null model; an older worker) is left out of that family."""
     recompiles = CounterMetricFamily("renderfarm_recompiles", "torch.compile compilations after warm-up",
                                      labels=["pool", "worker"])
-    eager = CounterMetricFamily("renderfarm_eager_renders", "Pipeline calls at a shape not compiled at warm-up "
-                                "(a size the pool did not declare), run eagerly", labels=["pool", "worker"])
+    compiled = CounterMetricFamily("renderfarm_compiled_renders", "Pipeline calls since warm-up served by compiled "
+                                   "code alone (TorchDynamo graphs, AOTInductor packages, OpenVINO models)",
+                                   labels=["pool", "worker"])
+    eager = CounterMetricFamily("renderfarm_eager_renders", "Pipeline calls since warm-up in which a compiled module "
+                                "ran eagerly (no graph for its shapes, e.g. a size the pool did not declare)",
+                                labels=["pool", "worker"])
     seconds = GaugeMetricFamily("renderfarm_warmup_seconds", "Wall time of the worker's warm-up, seconds",
                                 labels=["pool", "worker"])
     warming = GaugeMetricFamily("renderfarm_worker_warming", "1 while the worker warms up (takes no jobs), 0 when "
@@ -98,6 +104,8 @@ def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
         labels = [str(w.get("pool", "")), str(w.get("name", ""))]
         if isinstance(w.get("recompiles"), int):
             recompiles.add_metric(labels, float(w["recompiles"]))
+        if isinstance(w.get("compiled_renders"), int):
+            compiled.add_metric(labels, float(w["compiled_renders"]))
         if isinstance(w.get("eager_renders"), int):
             eager.add_metric(labels, float(w["eager_renders"]))
         report = (w.get("warmup") or {}).get("report") or {}
@@ -105,7 +113,7 @@ def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
             seconds.add_metric(labels, float(report["seconds"]))
         if w.get("state") in ("warming", "ready"):
             warming.add_metric(labels, 1.0 if w["state"] == "warming" else 0.0)
-    yield from (recompiles, eager, seconds, warming)
+    yield from (recompiles, compiled, eager, seconds, warming)
 
 
 def exposition(client: redis.Redis, heartbeat_ttl_s: float = 20.0,

@@ -32,6 +32,9 @@ After the warm-up (:func:`pipeline.compile_count.hold_compiled`) a shape that go
 then runs eagerly (even when its package is on disk: no new graph in the hot path), and under
 :func:`pipeline.compile_count.eager` every call does. A failed export, compile
 or load logs one warning and that shape runs eagerly from then on: it never fails a render.
+Under :func:`pipeline.compile_count.fail_on_recompile` a shape without a loaded package raises
+instead, as TorchDynamo does there. Every call is counted (:func:`pipeline.compile_count.count_call`):
+compiled when a package ran, eager when the module's own ``forward`` did.
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ class AotForward:
     Call with ``sample`` (a CPU tensor; for the VAE decoder ``(batch, latent_channels, height / 8,
     width / 8)``, float32 or bfloat16); returns what the module's own ``forward`` returns. A call
     with other arguments, a tensor that needs gradients, or under ``compile_count.eager()`` runs
-    the module's own ``forward``. :attr:`report` lists the shapes compiled, loaded and failed."""
+    the module's own ``forward``. :attr:`report` lists the shapes compiled, loaded and failed.
+    Raises ``RuntimeError`` for a shape without a loaded package under
+    ``compile_count.fail_on_recompile()``."""
 
     def __init__(self, module: torch.nn.Module, label: str):
         self.module, self.label = module, label
@@ -89,9 +94,11 @@ class AotForward:
         if args or any(v is not None for v in kwargs.values()) or not isinstance(sample, torch.Tensor) \
                 or sample.device.type != "cpu" or (sample.requires_grad and torch.is_grad_enabled()) \
                 or compile_count.stance() == "force_eager":
+            compile_count.count_call(compiled=False)
             return type(self.module).forward(self.module, sample, *args, **kwargs)
         key = (tuple(sample.shape), sample.dtype)
         runner = self.runners.get(key) or self._obtain(sample, key)
+        compile_count.count_call(compiled=runner is not None)
         if runner is None:
             return type(self.module).forward(self.module, sample)
         return runner(sample)
@@ -120,9 +127,12 @@ class AotForward:
         with self._lock:
             if key in self.runners or key in self.failed:
                 return self.runners.get(key)
+            if compile_count.stance() == "fail_on_recompile":
+                raise RuntimeError(f"AOTInductor: no package loaded for {self.label} at {_name(key)}, and the stance "
+                                   "is fail_on_recompile")
+            if compile_count.stance() != "default":  # held after the warm-up: no new graph
+                return None
             try:
-                if compile_count.stance() != "default":  # held after the warm-up: no new graph
-                    return None
                 path = self.package_path(sample)
                 if path.is_file():
                     self.runners[key] = _load(path)

@@ -20,6 +20,7 @@ import importlib.util
 import numpy as np
 import torch
 
+from pipeline import compile_count
 from pipeline.invariance import PER_SAMPLE
 from pipeline.optimize.quantize import Skip
 
@@ -38,7 +39,9 @@ class UNetCall(torch.nn.Module):
 class OpenVinoModule(torch.nn.Module):
     """A compiled OpenVINO model standing in for the PyTorch ``source`` module it was converted
     from: its class name (``source_class``), ``dtype`` and ``device`` (an empty buffer that
-    ``.to()`` moves and casts, so diffusers' dtype and device checks keep working)."""
+    ``.to()`` moves and casts, so diffusers' dtype and device checks keep working). Every call
+    runs the compiled model (there is no eager fallback) and counts as a compiled call
+    (:func:`pipeline.compile_count.count_call`)."""
 
     #: Which runtime runs it (the benchmarks count this module's FLOPs from its ``source_class``).
     runtime = "openvino"
@@ -78,6 +81,7 @@ class OpenVinoUNet(OpenVinoModule):
         if args or extra:
             raise ValueError(f"the OpenVINO UNet was converted without {extra or 'extra positional inputs'}")
         t = torch.as_tensor(timestep).float().reshape(-1)[:1].reshape(())
+        compile_count.count_call(compiled=True)
         out = self.compiled([sample.float().numpy(), t.numpy(), encoder_hidden_states.float().numpy()])[0]
         out = torch.from_numpy(np.ascontiguousarray(out)).to(sample.dtype)
         if not return_dict:

@@ -29,6 +29,7 @@ import importlib.util
 import numpy as np
 import torch
 
+from pipeline import compile_count
 from pipeline.optimize.openvino import OpenVinoModule, compile_cpu, converted, precision_of, trace
 from pipeline.optimize.quantize import Skip
 
@@ -68,6 +69,7 @@ class OpenVinoDecoder(OpenVinoModule):
     def forward(self, sample: torch.Tensor, latent_embeds: torch.Tensor | None = None) -> torch.Tensor:
         if latent_embeds is not None:
             raise ValueError("the OpenVINO VAE decoder was converted without latent_embeds")
+        compile_count.count_call(compiled=True)
         images = [self.compiled([sample[i:i + 1].float().numpy()])[0] for i in range(sample.shape[0])]
         return torch.from_numpy(np.ascontiguousarray(np.concatenate(images))).to(sample.dtype)
 

@@ -4,8 +4,9 @@ with Inductor (static shapes), SeaweedFS.
 
 The pool declares one size (64²) and the worker batch size 2: buckets 1 and 2, compiled at
 warm-up. A batch submitted while the worker warms waits in the queue and starts after it is
-ready; a group of 3 renders as 2 + 1 without compiling; a size the pool did not declare runs
-eagerly and is counted. ``/v1/workers`` and ``/metrics`` show all of it.
+ready; a group of 3 renders as 2 + 1 without compiling, and each pipeline call is seen running the
+compiled decoder (``compiled_renders``); a size the pool did not declare runs eagerly and is seen
+so (``eager_renders``), the compiled count unchanged. ``/v1/workers`` and ``/metrics`` show all of it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,21 @@ def _me(env, name: str) -> dict:
     return me
 
 
+def _after_images(env, name: str, images: int) -> dict:
+    """The worker's ``/v1/workers`` entry from the first heartbeat that counts ``images`` stored:
+    a heartbeat after the job ended can still carry the one before. An image is counted stored
+    after its pipeline call, so that entry's render counts include every call of those images."""
+    deadline = time.monotonic() + 30
+    while (me := _me(env, name))["images_done"] < images:
+        assert time.monotonic() < deadline, me
+        time.sleep(0.5)
+    return me
+
+
+def _counts(me: dict) -> dict:
+    return {k: me[k] for k in ("images_done", "compiled_renders", "eager_renders", "recompiles")}
+
+
 def test_jobs_wait_for_the_warm_up_and_nothing_recompiles_after_it(worker, env):
     seen_states = {worker.first_state}  # registered before warm-up
     with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
@@ -91,18 +107,19 @@ def test_jobs_wait_for_the_warm_up_and_nothing_recompiles_after_it(worker, env):
         assert me["warmup"]["done"] == me["warmup"]["total"] == 2
         # the consumer starts after warm-up: no job of the batch started before the worker was ready
         assert all(j.started_at.timestamp() >= me["warmup"]["ready_at"] - 0.5 for j in jobs)
-        assert me["recompiles"] == 0 and me["eager_renders"] == 0
+        # 3 images are two pipeline calls (2 + 1), or three if they reached the worker apart
+        me = _after_images(env, worker.worker_name, 3)
+        compiled = me["compiled_renders"]
+        assert 2 <= compiled <= 3 and me["recompiles"] == 0 and me["eager_renders"] == 0, _counts(me)
 
         odd = client.wait(client.submit_batch([_req(9, width=72)]).batch_id, timeout=600)  # not declared
         assert odd[0].state == "succeeded" and (odd[0].result.width, odd[0].result.height) == (72, 64)
-    deadline = time.monotonic() + 30
-    while (me := _me(env, worker.worker_name))["eager_renders"] != 1:  # the next heartbeat carries it
-        assert time.monotonic() < deadline, me
-        time.sleep(0.5)
-    assert me["recompiles"] == 0
+    me = _after_images(env, worker.worker_name, 4)
+    assert _counts(me) == {"images_done": 4, "compiled_renders": compiled, "eager_renders": 1, "recompiles": 0}
     assert seen_states == {"warming", "ready"}  # seen warming right after it registered
     metrics = httpx.get(f"{env['RENDERFARM_API_URL']}/metrics").text
     labels = f'pool="{POOL}",worker="{worker.worker_name}"'
     assert f"renderfarm_recompiles_total{{{labels}}} 0.0" in metrics
     assert f"renderfarm_eager_renders_total{{{labels}}} 1.0" in metrics
+    assert f"renderfarm_compiled_renders_total{{{labels}}} {float(compiled)}" in metrics
     assert f"renderfarm_warmup_seconds{{{labels}}}" in metrics

@@ -100,24 +100,28 @@ def test_families_and_types_exist_without_any_data(r):
         "renderfarm_queue_wait_seconds": "histogram", "renderfarm_render_seconds_per_image": "histogram",
         "renderfarm_batch_size": "histogram", "renderfarm_batch_seconds": "histogram", "renderfarm_images": "counter",
         "renderfarm_outstanding_jobs": "gauge", "renderfarm_live_workers": "gauge",
-        "renderfarm_recompiles": "counter", "renderfarm_eager_renders": "counter",
-        "renderfarm_warmup_seconds": "gauge", "renderfarm_worker_warming": "gauge"}
+        "renderfarm_recompiles": "counter", "renderfarm_compiled_renders": "counter",
+        "renderfarm_eager_renders": "counter", "renderfarm_warmup_seconds": "gauge",
+        "renderfarm_worker_warming": "gauge"}
 
 
 def test_warm_up_and_recompiles_reach_metrics_from_the_heartbeats(r):
     """What each worker's heartbeat says (worker.main's describe) is on /metrics per worker: a
-    warming worker as warming, a ready one with its warm-up seconds and its recompile count."""
+    warming worker as warming, a ready one with its warm-up seconds, its recompile count and its
+    compiled and eager render counts."""
     from infra.state import registry
 
     registry.heartbeat(r, "p1@a", {"pool": "p1", "state": "warming", "warmup": {"done": 1, "total": 4,
                                                                                 "eta_s": 30.0, "report": None}}, 60)
     registry.heartbeat(r, "p1@b", {"pool": "p1", "state": "ready", "recompiles": 2, "eager_renders": 3,
+                                   "compiled_renders": 5,
                                    "warmup": {"done": 4, "total": 4, "eta_s": 0, "report": {"seconds": 81.5}}}, 60)
     m = parse(read_side.exposition(r)[0].decode())
     a, b = (("pool", "p1"), ("worker", "p1@a")), (("pool", "p1"), ("worker", "p1@b"))
     assert m[("renderfarm_worker_warming", a)] == 1 and m[("renderfarm_worker_warming", b)] == 0
     assert m[("renderfarm_warmup_seconds", b)] == 81.5 and ("renderfarm_warmup_seconds", a) not in m
     assert m[("renderfarm_recompiles_total", b)] == 2 and m[("renderfarm_eager_renders_total", b)] == 3
+    assert m[("renderfarm_compiled_renders_total", b)] == 5 and ("renderfarm_compiled_renders_total", a) not in m
     assert ("renderfarm_recompiles_total", a) not in m  # not counted before its warm-up ends
 
 

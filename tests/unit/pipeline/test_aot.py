@@ -114,6 +114,35 @@ def test_after_the_warm_up_a_new_shape_runs_eagerly_and_compiles_nothing(compile
         assert torch.equal(held, type(module).forward(module, odd))
 
 
+def test_every_call_is_counted_by_what_ran_and_fail_on_recompile_refuses_a_new_shape(compiled) -> None:
+    """A package that ran is a compiled call, the module's own forward in its place an eager one;
+    under fail_on_recompile a shape without a loaded package raises (as TorchDynamo does) instead
+    of running eagerly, and is not remembered as failed."""
+    _, sample, expected, _ = compiled
+    module = _module()
+    forward = install(module, "toy")
+    odd = torch.randn(3, 4, 8, 8)
+    with torch.no_grad(), compile_count.observed() as warm:
+        module(sample)  # the warm-up: loaded, then run
+    assert warm == compile_count.CallCounts(compiled=1)
+    try:
+        compile_count.hold_compiled()
+        with torch.no_grad(), compile_count.observed() as held:
+            module(sample)
+            module(odd)
+        with compile_count.fail_on_recompile(), torch.no_grad():
+            served = module(sample)
+            with pytest.raises(RuntimeError, match="no package loaded for toy at 3x4x8x8 float32"):
+                module(odd)
+        with compile_count.eager(), torch.no_grad(), compile_count.observed() as forced:
+            module(sample)
+    finally:
+        compile_count.release_compiled()
+    assert held == compile_count.CallCounts(compiled=1, eager=1)
+    assert forced == compile_count.CallCounts(eager=1)
+    assert torch.allclose(served, expected, atol=1e-5) and forward.report["failed"] == {}
+
+
 def test_a_broken_package_runs_eagerly_with_the_reason(compiled, caplog) -> None:
     root, sample, expected, _ = compiled
     module = _module()

@@ -55,9 +55,9 @@ def test_an_eager_recipe_warms_one_image_of_each_declared_size(tiny_renderer):
     try:
         report = warm_up(tiny_renderer, plan, on_progress=lambda *a: progress.append(a))
         assert tiny_renderer.buckets == (1, 2, 4)
-        assert tiny_renderer.warmed is None  # nothing compiled: no shape runs "eagerly" by exception
+        assert tiny_renderer.graphs_warmed is False  # nothing compiled: no call is eager for missing a graph
     finally:
-        tiny_renderer.buckets = None
+        tiny_renderer.buckets = tiny_renderer.graphs_warmed = None
         del tiny_renderer.render
     assert report["compiled"] is False and report["renders"] == 2 and report["compiles"] == 0
     assert [(s["batch"], s["width"], s["height"]) for s in report["shapes"]] == [(1, 64, 64), (1, 96, 64)]
