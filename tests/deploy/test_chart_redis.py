@@ -50,8 +50,8 @@ class ChartRedis:
     """The running server and what the chart gave it.
 
     ``password``: the chart's Secret's ``redis-password``; ``env``: the container's environment;
-    ``pod_argv``: the argv the pod runs (before the host's adjustments); ``conf``: the rendered
-    ``redis.conf``; ``adjusted``: the config lines changed for the host (rendered, run).
+    ``pod_argv``: the argv the pod runs (before the host's adjustments); ``adjusted``: the
+    ``redis.conf`` lines changed for the host (rendered, run); ``data_dir``: the data volume.
     """
 
     process: ManagedProcess
@@ -59,7 +59,6 @@ class ChartRedis:
     password: str
     env: dict[str, str] = field(repr=False)
     pod_argv: list[str]
-    conf: str
     adjusted: list[tuple[str, str]]
     data_dir: Path
     docs: list[dict] = field(repr=False)
@@ -85,6 +84,8 @@ def _answers(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def chart_redis(render, tmp_path_factory) -> Iterator[ChartRedis]:
+    """The default chart's Redis pod run here (see the module docstring), ready; stopped with
+    SIGTERM at the module's end."""
     docs = render("default")
     sts = next(s for s in by_kind(docs, "StatefulSet") if s["metadata"]["name"].endswith("-redis"))
     spec, meta = sts["spec"]["template"]["spec"], sts["spec"]["template"].get("metadata") or {}
@@ -108,8 +109,7 @@ def chart_redis(render, tmp_path_factory) -> Iterator[ChartRedis]:
         return pattern.sub(lambda m: str(mounts[m.group(0)]), text)
 
     conf_path = mounts["/etc/redis"] / "redis.conf"
-    conf = conf_path.read_text()
-    lines = [(line, on_host(line)) for line in conf.splitlines()]
+    lines = [(line, on_host(line)) for line in conf_path.read_text().splitlines()]
     conf_path.write_text("".join(f"{run}\n" for _, run in lines))
     port = free_port()
     argv = [on_host(a) for a in command + args] + ["--port", str(port), "--bind", "127.0.0.1"]
@@ -119,8 +119,8 @@ def chart_redis(render, tmp_path_factory) -> Iterator[ChartRedis]:
     process = ManagedProcess("chart-redis", argv, ready=lambda: _answers(port), run_dir=root,
                              stop_timeout=float(spec["terminationGracePeriodSeconds"]), ready_timeout=30)
     with process:
-        yield ChartRedis(process, port, password, env, command + args, conf,
-                         [(r, h) for r, h in lines if r != h], mounts["/data"], docs)
+        yield ChartRedis(process, port, password, env, command + args, [(r, h) for r, h in lines if r != h],
+                         mounts["/data"], docs)
 
 
 def test_only_the_mount_paths_were_adjusted(chart_redis):
