@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install Debian's docker.io (dockerd and the docker CLI) and debootstrap with apt-get, when missing.
 #
-# Only the image tests need them (tests/deploy/test_images.py runs this, and skips with its
-# message when it exits non-zero): they start a private dockerd, make a Debian base image with
-# `debootstrap --variant=minbase` from the Debian mirror apt already uses (no container registry
-# is needed) and build deploy/docker's images on it. A rerun with all present does nothing.
+# Only the image tests need them (tests/deploy/test_images.py runs this; when it exits non-zero
+# they skip with its message where no Docker is left here, and fail with it otherwise): they
+# start a private dockerd, make a Debian base image with `debootstrap --variant=minbase` from
+# the Debian mirror apt already uses (no container registry is needed) and build deploy/docker's
+# images on it. A rerun with all present does nothing.
 #
 #   bash deploy/docker-tools.sh     # or: make docker-tools
 #

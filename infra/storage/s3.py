@@ -209,8 +209,9 @@ class Storage:
         self._session = session
         self._client_args = {"service_name": "s3", "endpoint_url": endpoint, "region_name": settings.s3_region}
         self.client = session.client(**self._client_args, config=config)
-        # ping()'s own client: the same settings, one attempt, short timeouts (made at the first ping)
-        self._probe_config = config.merge(Config(retries={"mode": "standard", "max_attempts": 1},
+        # ping()'s own client: the same settings, one attempt, short timeouts (made at the first ping);
+        # botocore's max_attempts counts retries after the first attempt, total_max_attempts all of them
+        self._probe_config = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1},
                                                  connect_timeout=PROBE_TIMEOUT_S, read_timeout=PROBE_TIMEOUT_S))
         self._probe_client: Any = None
         options = {"connect_timeout": f"{connect_timeout_s}s", "timeout": "60s",

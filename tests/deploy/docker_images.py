@@ -42,18 +42,46 @@ BASE_TAG = f"renderfarm/debian-base:{SUITE}-minbase"
 TORCH_VERSION = "2.13.0"
 
 
+#: Where a Docker Engine listens when one runs here (rootful, then rootless).
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock",
+                  f"{os.environ.get('XDG_RUNTIME_DIR', '/run/user/' + str(os.getuid()))}/docker.sock")
+
+
+def no_docker() -> str | None:
+    """Why this machine has no Docker at all (a sentence), or None: no ``dockerd`` on ``PATH`` or in
+    /usr/sbin, and no Docker socket (:data:`DOCKER_SOCKETS`, or ``DOCKER_HOST``'s unix socket)."""
+    host = os.environ.get("DOCKER_HOST", "")
+    sockets = [*DOCKER_SOCKETS, host.removeprefix("unix://")] if host.startswith("unix://") else DOCKER_SOCKETS
+    if shutil.which("dockerd") or os.access("/usr/sbin/dockerd", os.X_OK) or any(map(os.path.exists, sockets)):
+        return None
+    return f"no Docker here: no dockerd on PATH or in /usr/sbin, no socket at {', '.join(sockets)}"
+
+
 def unavailable() -> str | None:
-    """Why the images cannot be built here (a sentence), or None. Installs docker.io and
-    debootstrap with ``deploy/docker-tools.sh`` when they are missing and apt-get can."""
+    """Why the images cannot be built on this machine (a sentence: the reason to skip), or None.
+    Installs docker.io and debootstrap with ``deploy/docker-tools.sh`` when they are missing and
+    apt-get can.
+
+    Skipped only where nothing could run them: not Linux, not root (the private dockerd is
+    rootful), or no Docker at all (:func:`no_docker`) once the script has tried to install it.
+
+    Raises:
+        RuntimeError: Docker is here but ``deploy/docker-tools.sh`` failed (debootstrap could not
+            be installed, apt-get failed): the image tests fail with its output.
+    """
     if sys.platform != "linux":
         return f"dockerd and debootstrap need Linux, not {sys.platform}"
     if os.geteuid() != 0:
         return "dockerd (rootful) and debootstrap need root; run the image tests as root"
     out = subprocess.run(["bash", str(ROOT / "deploy" / "docker-tools.sh")], capture_output=True, text=True,
                          timeout=900)
-    if out.returncode != 0:
-        return (out.stderr or out.stdout).strip()[-400:] or f"deploy/docker-tools.sh exited {out.returncode}"
-    return None
+    if out.returncode == 0:
+        return None
+    said = (out.stderr or out.stdout).strip()[-400:] or f"deploy/docker-tools.sh exited {out.returncode}"
+    absent = no_docker()
+    if absent:
+        return f"{absent} ({said})"
+    raise RuntimeError(f"Docker is here but deploy/docker-tools.sh failed: {said}")
 
 
 def _sbin(name: str) -> str:

@@ -18,6 +18,10 @@ StatefulSet as a host-network container (one, because host-network replicas woul
 * readiness and liveness probes (httpGet, tcpSocket, exec) are polled (:meth:`PodRunner.probe`,
   :meth:`PodRunner.wait_ready`); :meth:`PodRunner.stop` sends SIGTERM and, after the pod's
   ``terminationGracePeriodSeconds`` (default 30 s), SIGKILL, as the kubelet does.
+
+Its base, :class:`Manifests`, resolves a container's environment, argv and ConfigMap / Secret
+volume files from the same documents without Docker (tests/deploy/test_chart_redis.py runs the
+bundled Redis's container command with the host's ``redis-server`` from them).
 """
 
 from __future__ import annotations
@@ -60,28 +64,18 @@ def expand(text: str, env: dict[str, str]) -> str:
                   lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
-class PodRunner:
-    """Start, probe and stop the Deployments and StatefulSets of rendered chart documents.
+class Manifests:
+    """What the kubelet reads from rendered chart documents, without running anything: a
+    container's environment, its argv, and the files of its ConfigMap and Secret volumes.
 
-    ``docs``: the parsed ``helm template`` documents; ``namespace``: the one it was rendered for;
-    ``log``: called with each line of what the runner does (the tests print it).
+    ``docs``: the parsed ``helm template`` documents; ``namespace``: the one it was rendered for.
     """
 
-    def __init__(self, docs: list[dict], dockerd: Dockerd, namespace: str, work_dir: Path,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(self, docs: list[dict], namespace: str) -> None:
         self.docs = docs
-        self.dockerd = dockerd
         self.namespace = namespace
-        self.work_dir = work_dir
-        self.log = log
         self.objects = {(d["kind"], d["metadata"]["name"]): d for d in docs if d}
-        self.pods: dict[str, Pod] = {}
-        self._starts = 0
-        self.services: dict[str, str] = {}  # Service name → loopback address
-        for i, svc in enumerate(d for d in docs if d.get("kind") == "Service"):
-            self.services[svc["metadata"]["name"]] = f"127.0.0.{10 + i}"
 
-    # ------------------------------------------------------------------ manifests → docker run
     def _data(self, kind: str, name: str) -> dict[str, str]:
         obj = self.objects.get((kind, name))
         if obj is None:
@@ -133,6 +127,44 @@ class PodRunner:
                 raise NotImplementedError(f"env {var['name']}: {sorted(ref)} is not supported by the runner")
         return env
 
+    @staticmethod
+    def argv(container: dict, env: dict[str, str]) -> tuple[list[str], list[str]]:
+        """The container's ``command`` and ``args`` with ``$(VAR)`` expanded from ``env``."""
+        return ([expand(a, env) for a in container.get("command", [])],
+                [expand(a, env) for a in container.get("args", [])])
+
+    def volume_files(self, volume: dict, folder: Path) -> Path:
+        """Write a ConfigMap or Secret volume's keys as files into ``folder`` (mode 0644), as the
+        kubelet projects them; returns ``folder``. Raises LookupError for an unrendered object."""
+        kind, name = ("ConfigMap", volume["configMap"]["name"]) if "configMap" in volume \
+            else ("Secret", volume["secret"]["secretName"])
+        folder.mkdir(parents=True, exist_ok=True)
+        for k, value in self._data(kind, name).items():
+            (folder / k).write_text(value)
+            (folder / k).chmod(0o644)
+        return folder
+
+
+class PodRunner(Manifests):
+    """Start, probe and stop the Deployments and StatefulSets of rendered chart documents.
+
+    ``docs``: the parsed ``helm template`` documents; ``namespace``: the one it was rendered for;
+    ``log``: called with each line of what the runner does (the tests print it).
+    """
+
+    def __init__(self, docs: list[dict], dockerd: Dockerd, namespace: str, work_dir: Path,
+                 log: Callable[[str], None] = print) -> None:
+        super().__init__(docs, namespace)
+        self.dockerd = dockerd
+        self.work_dir = work_dir
+        self.log = log
+        self.pods: dict[str, Pod] = {}
+        self._starts = 0
+        self.services: dict[str, str] = {}  # Service name → loopback address
+        for i, svc in enumerate(d for d in docs if d.get("kind") == "Service"):
+            self.services[svc["metadata"]["name"]] = f"127.0.0.{10 + i}"
+
+    # ------------------------------------------------------------------ manifests → docker run
     def _volumes(self, pod_name: str, spec: dict, container: dict) -> list[str]:
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         claims = {c["metadata"]["name"] for c in spec.get("_claims", [])}
@@ -148,13 +180,7 @@ class PodRunner:
                 kind = "tmpfs" if (v["emptyDir"] or {}).get("medium") == "Memory" else "volume"
                 args += ["--mount", f"type={kind},dst={path}"]
             elif "configMap" in v or "secret" in v:
-                kind, name = ("ConfigMap", v["configMap"]["name"]) if "configMap" in v \
-                    else ("Secret", v["secret"]["secretName"])
-                folder = self.work_dir / "volumes" / pod_name / mount["name"]
-                folder.mkdir(parents=True, exist_ok=True)
-                for k, value in self._data(kind, name).items():
-                    (folder / k).write_text(value)
-                    (folder / k).chmod(0o644)
+                folder = self.volume_files(v, self.work_dir / "volumes" / pod_name / mount["name"])
                 src = folder / mount["subPath"] if mount.get("subPath") else folder
                 args += ["--mount", f"type=bind,src={src},dst={path},readonly"]
             else:
@@ -243,8 +269,7 @@ class PodRunner:
         image = container["image"]
         entry = self.dockerd.docker("image", "inspect", "--format", "{{json .Config.Entrypoint}}", image).stdout
         entrypoint = [x for x in re.findall(r'"((?:[^"\\]|\\.)*)"', entry)]
-        command = [expand(a, env) for a in container.get("command", [])]
-        args = [expand(a, env) for a in container.get("args", [])]
+        command, args = self.argv(container, env)
         run = ["run", "--pull", "never", "--network", "host", "--name", f"{pod_name}-{container['name']}",
                "--label", f"renderfarm.test/pod={pod_name}"]
         run += self._service_hosts() + self._security(spec, container)

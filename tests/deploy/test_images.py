@@ -3,8 +3,10 @@
 redis-server and SeaweedFS.
 
 No registry is reachable: the base image comes from debootstrap (tests/deploy/docker_images.py),
-torch from a loopback wheel index, everything else from PyPI. Skipped, with the reason, where a
-private dockerd cannot run (not root, no apt-get to install docker.io and debootstrap).
+torch from a loopback wheel index, everything else from PyPI. Skipped, with the reason, only where
+this machine has no Docker to run (not Linux, not root, or no dockerd and no Docker socket after
+deploy/docker-tools.sh tried to install docker.io); a dockerd that is installed but does not
+start fails them, with its log's tail.
 
 The chart is rendered with its defaults (auth on, KEDA trigger with the chart's
 TriggerAuthentication) except: Redis is this session's redis-server (``redis.url``, database
@@ -55,7 +57,13 @@ def say(line: str) -> None:
 
 @pytest.fixture(scope="module")
 def dockerd() -> Iterator[docker_images.Dockerd]:
-    reason = docker_images.unavailable()
+    """A private dockerd. Skips (the reason in the summary) only where this machine has no Docker
+    to run (:func:`tests.deploy.docker_images.unavailable`); a dockerd that is installed but does
+    not start (e.g. a container without the privileges it needs) fails the tests with its log's tail."""
+    try:
+        reason = docker_images.unavailable()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
     if reason:
         pytest.skip(f"images not built: {reason}")
     run_dir = Path(tempfile.mkdtemp(prefix="rf-dockerd-", dir="/tmp"))  # short: unix socket paths
@@ -63,8 +71,8 @@ def dockerd() -> Iterator[docker_images.Dockerd]:
     try:
         try:
             daemon.__enter__()
-        except RuntimeError as exc:  # e.g. a container without the privileges dockerd needs
-            pytest.skip(f"images not built: {exc}")
+        except RuntimeError as exc:
+            pytest.fail(f"dockerd is installed here, so the image tests need it: {exc}", pytrace=False)
         yield daemon
     finally:
         daemon.stop()

@@ -130,7 +130,11 @@ def test_second_start_loads_and_compiles_nothing(env, api, store, start) -> None
     assert cache["counters"]["fxgraph_cache_miss"] == cache["counters"]["aot_compiled"] == 0, cache  # nothing new
     assert cache["counters"]["aot_loaded"] == 2, cache  # the decoder's packages, one per bucket
     assert cache["saved"] is None, cache  # nothing to save
-    assert cache["compiler_warm_up"] in ("stopped", "finished"), cache  # a hit compiles nothing: not let run
+    # a hit compiles nothing, so the compiler warm-up child is not let run: "stopped" when it still
+    # ran as the hit was found, "finished" when it had exited (its one tiny kernel can come from the
+    # Inductor cache the first start filled, while this process loads the pipeline); which comes
+    # first is a race between two processes, and both mean the child no longer runs
+    assert cache["compiler_warm_up"] in ("stopped", "finished"), cache
     log = _log(proc)
     assert f"compile cache hit: {cache['key']}" in log
     assert "compile cache hit: Inductor FX graph cache" in log and ", 0 miss(es);" in log

@@ -11,28 +11,38 @@ import pytest
 from rich.console import Console
 
 from infra.localstack import LocalStack, ManagedProcess, patched_environ
-from infra.localstack.supervisor import CrashLoop, Supervisor
+from infra.localstack.supervisor import CrashLoop, ServiceEvent, Supervisor
 from infra.storage.s3 import Storage
 
 pytestmark = pytest.mark.integration
 
 
 def test_supervisor_restarts_a_crashing_child_with_backoff(tmp_path):
+    """Four crashes in a row: the delays the supervisor announces double from ``base_s`` and stop
+    at ``max_s`` (the policy has no jitter), and no restart comes before the child's 0.2 s of life
+    and then its delay have passed since the previous start (``Popen`` returns once the child has
+    exec'd, so its sleep starts after the start is recorded; a lower bound that a slow machine
+    only adds to)."""
     crasher = ManagedProcess("crasher", [sys.executable, "-c", "import time; time.sleep(0.2); raise SystemExit(3)"],
                              run_dir=tmp_path)
-    events: list[str] = []
+    events: list[tuple[float, ServiceEvent]] = []
     supervisor = Supervisor([crasher], base_s=0.3, max_s=1.2, healthy_after_s=30, give_up_after=10,
-                            on_event=lambda event: events.append(str(event)))
+                            on_event=lambda event: events.append((time.monotonic(), event)))
+    starts = [time.monotonic()]
     crasher.start()
-    started = time.monotonic()
-    while supervisor.restarts["crasher"] < 3 and time.monotonic() - started < 20:
+    while sum(e.kind == "exited" for _, e in events) < 4 and time.monotonic() - starts[0] < 30:
         supervisor.poll()
         time.sleep(0.05)
     crasher.stop()
-    assert supervisor.restarts["crasher"] == 3, events
-    delays = [float(e.split("restarting in ")[1].split(" s")[0]) for e in events if "restarting in" in e]
-    assert [supervisor.backoff_s(n) for n in (1, 2, 3, 4, 5)] == [0.3, 0.6, 1.2, 1.2, 1.2]
-    assert len(delays) >= 3 and all("exited with code 3" in e for e in events if "restarting" in e), events
+    exits = [e for _, e in events if e.kind == "exited"]
+    assert [e.message.split("; ")[0] for e in exits] == ["crasher exited with code 3"] * 4, exits
+    delays = [float(e.message.split("restarting in ")[1].split(" s")[0]) for e in exits]
+    assert delays == [supervisor.backoff_s(n) for n in (1, 2, 3, 4)] == [0.3, 0.6, 1.2, 1.2], exits
+    assert [e.message.split("(")[-1] for e in exits] == [f"crash {n} in a row)" for n in (1, 2, 3, 4)]
+    starts += [at for at, e in events if e.kind == "restarted"]
+    assert supervisor.restarts["crasher"] == len(starts) - 1 == 3, events
+    assert all(later - earlier >= 0.2 + delay for earlier, later, delay in zip(starts, starts[1:], delays)), \
+        (starts, delays)
 
 
 def test_supervisor_gives_up_on_a_crash_loop_naming_the_child_and_its_log(tmp_path):

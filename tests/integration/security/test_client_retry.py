@@ -63,7 +63,7 @@ def test_an_api_that_comes_back_is_reconnected_to(farm_env, run_dir, requests):
     try:
         with RenderClient(api_url=api.url, sleep=start_api_while_waiting) as client:
             accepted = client.submit_batch(requests(1))
-            assert client.job(accepted.job_ids[0]).state in ("queued", "running")
+            assert client.job(accepted.job_ids[0]).state == "queued"  # no worker serves its model
     finally:
         api.stop()
     assert waits[0] == RetryPolicy().backoff_s

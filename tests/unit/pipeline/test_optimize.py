@@ -15,6 +15,7 @@ from pipeline.optimize import FlashAttnProcessor, apply_recipe
 from pipeline.optimize.aot import AotForward
 from pipeline.recipes import BASELINE, select_recipe
 
+SKIPPED_TAESD = "madebyollin/taesd not available (OSError); pre-download it to enable"
 CPU_AMX = DeviceProfile(kind="cpu", cpu_cores=2, total_memory_bytes=16 * 10**9, avx512=True, amx=True)
 
 
@@ -96,14 +97,19 @@ def test_baseline_changes_nothing_but_reports(tmp_path):
     assert {k: type(v).__name__ for k, v in pipe.unet.attn_processors.items()} == before
 
 
-def test_fast_recipe_runs_and_names_its_approximations(tmp_path):
+def test_fast_recipe_runs_and_names_its_approximations(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    # no hub and an empty hub cache, whatever this machine has cached or can reach
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     fast = dataclasses.replace(select_recipe(CPU_AMX, allow_approximate=True), backend="torch")  # PyTorch's UNet
     pipe = tiny_pipeline(tmp_path)
     report = apply_recipe(pipe, fast)
     assert report["approximations"] == ["dtype", "tiny_vae"]
     assert pipe.unet.dtype == torch.bfloat16
-    # a hand-built pipeline is no offline model: "auto" resolves to madebyollin/taesd, absent offline
-    assert "tiny_vae" in report["applied"] or "madebyollin/taesd not available" in report["skipped"]["tiny_vae"]
+    # a hand-built pipeline is no offline model: "auto" resolves to madebyollin/taesd, skipped with the reason
+    assert "tiny_vae" not in report["applied"] and report["skipped"]["tiny_vae"] == SKIPPED_TAESD
     assert render(pipe).shape == (1, 64, 64, 3)
 
 

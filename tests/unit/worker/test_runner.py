@@ -253,7 +253,7 @@ def test_wrong_s3_credentials_release_the_jobs_unspent_and_name_the_infrastructu
     requeued: list[list[str]] = []
     outcome = runner(store, refused, ScriptedRenderer(), on_requeued=requeued.append).run(messages(ids))
     assert (outcome.succeeded, outcome.failed) == (0, 0) and sorted(outcome.requeued) == sorted(ids)
-    assert "SignatureDoesNotMatch" in outcome.infrastructure or "403" in outcome.infrastructure, outcome
+    assert "403 Forbidden" in outcome.infrastructure and "<Code>SignatureDoesNotMatch</Code>" in outcome.infrastructure
     assert outcome.infrastructure.startswith("PermissionDeniedError"), outcome  # obstore's PUT said 403
     assert requeued == [outcome.requeued]
     for job_id in ids:
