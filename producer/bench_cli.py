@@ -1,7 +1,7 @@
 """``renderfarm bench pipeline|profile|farm|submit|messages …``: the benchmark commands.
 
 Place in the data flow: beside it. ``bench pipeline`` measures the pipeline package alone
-against diffusers (:mod:`pipeline.bench`); ``bench profile`` shows where one hot render's time,
+against diffusers (:mod:`bench.pipeline`); ``bench profile`` shows where one hot render's time,
 kernels and host-device syncs go; ``bench farm`` measures the whole path, producer → Redis →
 worker → S3 → job state (:mod:`producer.bench_farm`); ``bench submit`` one batch submission
 alone (:mod:`producer.bench_submit`); ``bench messages`` the broker's cost per job, one message per
@@ -10,7 +10,7 @@ the CLI root imports it at start, so the heavy modules (torch, diffusers, celery
 inside the handlers.
 
 ``bench ready`` measures a worker's time to ready, cold and with the compile cache
-(:mod:`pipeline.bench.ready`).
+(:mod:`bench.pipeline.time_to_ready`).
 
 ``python -m producer.bench_cli pipeline|profile|ready …`` runs the same commands without the CLI root,
 whose other commands import Celery, Redis and FastAPI: for a GPU machine that carries only what
@@ -56,7 +56,7 @@ def _run_and_report(name: str, run, tables, json_path: str | None) -> int:
     spec, recipe, override, size or allocator setting) prints ``name: message`` and returns 2, no
     traceback; else ``tables(result)`` (one rich table or a list of them) is printed and the
     result is written to ``json_path`` when given. Returns the exit status."""
-    from pipeline.bench import write_json
+    from bench.pipeline import write_json
 
     console = _console()
     try:
@@ -74,7 +74,7 @@ def _run_and_report(name: str, run, tables, json_path: str | None) -> int:
 
 
 def _two_stage(args: argparse.Namespace) -> int:
-    from pipeline.bench.twostage import TwoStageConfig, run_two_stage_bench, two_stage_table
+    from bench.pipeline.twostage import TwoStageConfig, run_two_stage_bench, two_stage_table
 
     config = TwoStageConfig(model=args.model, upscaler=args.upscaler, target=args.target, steps=args.steps,
                             batch=args.two_stage_batch, repeats=args.repeats, device=args.device,
@@ -84,7 +84,7 @@ def _two_stage(args: argparse.Namespace) -> int:
 
 
 def _modes(args: argparse.Namespace) -> int:
-    from pipeline.bench.modes import ModesConfig, modes_table, run_modes_bench
+    from bench.pipeline.image_modes import ModesConfig, modes_table, run_modes_bench
 
     config = ModesConfig(model=args.model, width=args.width, height=args.height, steps=args.steps,
                          strength=args.strength, repeats=args.repeats, device=args.device,
@@ -94,7 +94,7 @@ def _modes(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    from pipeline.bench import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
+    from bench.pipeline import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
 
     if args.two_stage:
         return _two_stage(args)
@@ -116,9 +116,9 @@ def _pipeline(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     """A saved result's table: ``bench pipeline`` (summarized again from its rounds), ``bench ready``
     or ``bench farm``."""
-    from pipeline.bench import result_table
-    from pipeline.bench.ready import ready_table
-    from pipeline.bench.report import resummarize
+    from bench.pipeline import result_table
+    from bench.pipeline.tables import resummarize
+    from bench.pipeline.time_to_ready import ready_table
     from producer.bench_farm_table import result_table as farm_table
 
     def load(_log) -> dict:
@@ -142,7 +142,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from pipeline.bench import ProfileConfig, profile_tables, run_profile
+    from bench.pipeline import ProfileConfig, profile_tables, run_profile
 
     config = ProfileConfig(model=args.model, recipe=args.recipe, width=args.width, height=args.height,
                            steps=args.steps, batch_size=args.batch_size, guidance_scale=args.guidance_scale,
@@ -242,7 +242,7 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def _ready(args: argparse.Namespace) -> int:
-    from pipeline.bench.ready import DEFAULT_OVERRIDES, ReadyConfig, ready_table, run_ready_bench
+    from bench.pipeline.time_to_ready import DEFAULT_OVERRIDES, ReadyConfig, ready_table, run_ready_bench
 
     try:
         config = ReadyConfig(model=args.model, device=args.device, recipe=args.recipe, buckets=args.buckets,

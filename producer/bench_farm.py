@@ -122,7 +122,7 @@ def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[Rende
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages, rounded to 0.01 (runnable processes; compare with
     ``nproc``): what every producer bench command records around its runs. The same figure as
-    :func:`pipeline.bench.measure.load_average`, kept here so that the farm's bench commands do
+    :func:`bench.pipeline.instruments.load_average`, kept here so that the farm's bench commands do
     not import torch."""
     return [round(x, 2) for x in os.getloadavg()]
 

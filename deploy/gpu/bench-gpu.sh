@@ -138,7 +138,7 @@ else
   echo "no .whl/ here: run deploy/gpu/fetch-wheels.sh and send .whl/ with the repository"
 fi
 export PYTHONPATH=/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}
-if ! python3 -c "import pipeline.bench, infra.schemas" 2>/dev/null; then
+if ! python3 -c "import bench.pipeline, infra.schemas" 2>/dev/null; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
 fi
 

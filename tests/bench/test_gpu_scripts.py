@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.ready import served
-from pipeline.bench.specs import parse_specs
+from bench.pipeline.specs import parse_specs
+from bench.pipeline.time_to_ready import served
 from producer.bench_cli import build_parser
 
 pytestmark = pytest.mark.long

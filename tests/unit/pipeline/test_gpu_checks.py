@@ -1,11 +1,11 @@
-"""``python -m pipeline.gpu_checks`` runs on the CPU too (CUDA parts replaced by their CPU
+"""``python -m bench.pipeline.gpu_checks`` runs on the CPU too (CUDA parts replaced by their CPU
 counterparts) and writes its JSON: families, loop synchronizations, batch_invariant cost."""
 
 from __future__ import annotations
 
 import json
 
-from pipeline.gpu_checks import main
+from bench.pipeline.gpu_checks import main
 
 
 def test_gpu_checks_run_on_the_cpu_and_write_their_json(tmp_path, offline_cache, monkeypatch, capsys):

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from pipeline.bench.ready import ReadyConfig
+from bench.pipeline.time_to_ready import ReadyConfig
 from producer.bench_cli import build_parser
 
 

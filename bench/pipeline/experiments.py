@@ -1,7 +1,7 @@
 """Bench-level knobs: what a profile may call for, tried on any row in the same run.
 
-Place in the data flow: :mod:`pipeline.bench.specs` parses them (``sdpa=…``, ``fp8=true``,
-``first_block_cache=0.1``); :mod:`pipeline.bench.subjects` applies them after loading a row and
+Place in the data flow: :mod:`bench.pipeline.specs` parses them (``sdpa=…``, ``fp8=true``,
+``first_block_cache=0.1``); :mod:`bench.pipeline.subjects` applies them after loading a row and
 around its renders. They are experiments beside the farm's recipes, named in the row's report.
 
 * ``sdpa``: pins PyTorch's scaled-dot-product-attention backend for the renders
@@ -25,7 +25,7 @@ import importlib.util
 
 import torch
 
-from pipeline.bench.probes import denoiser_attr, inner_module
+from bench.pipeline.render_probes import denoiser_attr, inner_module
 
 SDPA_MEMBERS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                 "math": "MATH"}

@@ -1,4 +1,4 @@
-"""``python -m pipeline.measure.openvino_unet``: the UNet of an offline model in OpenVINO vs PyTorch, on the CPU.
+"""``python -m bench.pipeline.openvino_unet``: the UNet of an offline model in OpenVINO vs PyTorch, on the CPU.
 
 Place in the data flow: beside the pipeline; decides whether OpenVINO (the engine fastsdcpu uses;
 SD-Turbo 512², 1 step, 1.7 s on an i7-12700) earns a ``backend: openvino`` recipe knob for a CPU
@@ -77,7 +77,7 @@ def measure(model: str, size: int, batches: tuple[int, ...], rounds: int, cache_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.measure.openvino_unet", description=__doc__.split("\n")[0]
+        prog="python -m bench.pipeline.openvino_unet", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--model", default="sd-turbo-arch")
     parser.add_argument("--size", type=int, default=256)

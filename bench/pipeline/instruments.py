@@ -1,8 +1,8 @@
 """Measuring instruments of the bench: device timers, memory windows, the machine's GEMM rate,
 PSNR, the weights' bytes, the load average.
 
-Place in the data flow: :mod:`pipeline.bench.run`, :mod:`pipeline.bench.modelcard` and
-:mod:`pipeline.bench.profile` wrap renders in these; nothing here renders.
+Place in the data flow: :mod:`bench.pipeline.side_by_side`, :mod:`bench.pipeline.modelcard` and
+:mod:`bench.pipeline.profile` wrap renders in these; nothing here renders.
 
 Timing on CUDA uses CUDA events recorded on the current stream around the render, read after
 ``Event.synchronize()`` (device work is asynchronous; a host clock would stop early); elsewhere

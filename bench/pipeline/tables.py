@@ -81,7 +81,7 @@ def _machine_caption(m: dict) -> str:
 
 
 def result_table(result: dict):
-    """A rich Table of a :func:`pipeline.bench.run.run_pipeline_bench` result (either table)."""
+    """A rich Table of a :func:`bench.pipeline.side_by_side.run_pipeline_bench` result (either table)."""
     c = result["config"]
     head = f"{c['model']} {c['width']}x{c['height']}, {c['steps']} steps, guidance {c['guidance_scale']}"
     caption = _machine_caption(result["machine"])
@@ -97,7 +97,7 @@ def result_table(result: dict):
 def _method_note(result: dict) -> str:
     """What the timings are, and what went wrong: rows that failed, a run that did not finish,
     rounds dropped by ``bench show --skip-rounds``, fewer rounds than :data:`MIN_ROUNDS`."""
-    from pipeline.bench.summary import MIN_ROUNDS
+    from bench.pipeline.summary import MIN_ROUNDS
 
     rows, method = result["rows"], result["config"].get("method") or {}
     note = ("; each row: 1 cold + 1 settle call untimed, then timed rounds" if method.get("settle_calls")
@@ -119,7 +119,7 @@ def _method_note(result: dict) -> str:
 
 
 def profile_tables(result: dict) -> list:
-    """Rich tables of a :func:`pipeline.bench.profile.run_profile` result: counts per step, and
+    """Rich tables of a :func:`bench.pipeline.profile.run_profile` result: counts per step, and
     time by category."""
     from rich.table import Table
 
@@ -175,13 +175,13 @@ def write_json(result: dict, path: str | Path) -> None:
 
 def resummarize(result: dict, skip_rounds: int = 0) -> dict:
     """A pipeline bench result read from its JSON, summarized again from its kept rounds (see
-    :func:`pipeline.bench.summary.summarize`), less the first ``skip_rounds`` timed rounds of every
+    :func:`bench.pipeline.summary.summarize`), less the first ``skip_rounds`` timed rounds of every
     row: for files whose first timed round was the warm-up (written before the settle call).
 
     Raises:
         ValueError: ``result`` is not a ``bench pipeline`` result with rows.
     """
-    from pipeline.bench.summary import gemm_medians, summarize
+    from bench.pipeline.summary import gemm_medians, summarize
 
     if result.get("benchmark") != "pipeline" or not isinstance(result.get("rows"), list):
         raise ValueError("not a bench pipeline result (benchmark: pipeline, with rows)")

@@ -1,7 +1,7 @@
 """Public recipes the farm is measured against, applied to a plain diffusers pipeline exactly as
 their authors publish them (not through the farm's recipes).
 
-Place in the data flow: :mod:`pipeline.bench.subjects` loads the reference pipeline, then calls
+Place in the data flow: :mod:`bench.pipeline.subjects` loads the reference pipeline, then calls
 one of these on it for the ``peer`` and ``sdnq-uint4`` rows.
 
 * :func:`apply_fast_diffusion`: diffusers' tutorial "Accelerate inference of text-to-image
@@ -30,8 +30,8 @@ import importlib.util
 
 import torch
 
-from pipeline.bench import adapter
-from pipeline.bench.probes import denoiser_attr
+from bench.pipeline import adapter
+from bench.pipeline.render_probes import denoiser_attr
 
 #: The Inductor settings of the tutorial's torch.compile section.
 TUTORIAL_INDUCTOR_FLAGS = {
@@ -74,7 +74,7 @@ def apply_fast_diffusion(pipe, *, compile: bool = True, mode: str = "max-autotun
     ``torch.compile`` is lazy: the first render compiles, so renders must run inside
     :func:`inductor_flags` (with the same ``tuning``). Returns ``{"applied": {step: value},
     "skipped": {step: reason}}``; ``applied["compile"]["inductor"]`` is what that context sets
-    (what a render saw is in the bench row's ``observed``, :mod:`pipeline.bench.observe`).
+    (what a render saw is in the bench row's ``observed``, :mod:`bench.pipeline.ran_with`).
     """
     from diffusers import AutoencoderKL
 

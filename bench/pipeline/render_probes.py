@@ -1,6 +1,6 @@
 """Probes around one render: count denoiser calls, count their FLOPs, mark steps for the profiler.
 
-Place in the data flow: :mod:`pipeline.bench.run` and :mod:`pipeline.bench.profile` wrap a
+Place in the data flow: :mod:`bench.pipeline.side_by_side` and :mod:`bench.pipeline.profile` wrap a
 subject's render in these context managers; nothing here changes what the pipeline computes.
 
 The denoiser (``pipe.unet`` or ``pipe.transformer``) is wrapped from the outside: for the one

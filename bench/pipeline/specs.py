@@ -1,7 +1,7 @@
 """Bench specs: what one row of ``renderfarm bench pipeline`` / ``bench profile`` renders with.
 
 Place in the data flow: the command line (``--recipes``) → :func:`parse_spec` (here) → a
-:class:`BenchSpec` → :mod:`pipeline.bench.subjects`, which loads the pipeline it names.
+:class:`BenchSpec` → :mod:`bench.pipeline.subjects`, which loads the pipeline it names.
 
 Syntax: ``NAME[+FLAG…][:key=value[+key=value…]]`` (commas separate specs on the command line).
 
@@ -35,7 +35,7 @@ DIFFUSERS_KINDS = ("reference", "peer", "sdnq-uint4")
 ALIASES = {"baseline": "reference"}
 #: Flags allowed after ``+`` in the name part.
 FLAGS = ("batch_invariant",)
-#: Keys the bench itself handles, for every kind of subject (:mod:`pipeline.bench.knobs`).
+#: Keys the bench itself handles, for every kind of subject (:mod:`bench.pipeline.experiments`).
 BENCH_KEYS = ("batch_invariant", "sdpa", "fp8", "first_block_cache")
 #: ``torch.nn.attention.SDPBackend`` members a spec may pin with ``sdpa=…``.
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -52,9 +52,9 @@ class BenchSpec:
     """One parsed spec. ``text`` is the row's name as given; ``kind`` is one of
     :data:`DIFFUSERS_KINDS` or ``"farm"``; ``recipe`` the farm recipe name (None otherwise);
     ``options`` the recipe overrides (farm) or subject options (diffusers kinds);
-    ``batch_invariant`` None means the device's default (see :mod:`pipeline.bench.adapter`);
+    ``batch_invariant`` None means the device's default (see :mod:`bench.pipeline.adapter`);
     ``sdpa`` pins one SDPA backend for the renders (None: PyTorch chooses); ``fp8`` and
-    ``first_block_cache`` (a threshold) are the approximate knobs of :mod:`pipeline.bench.knobs`."""
+    ``first_block_cache`` (a threshold) are the approximate knobs of :mod:`bench.pipeline.experiments`."""
 
     text: str
     kind: str

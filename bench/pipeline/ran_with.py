@@ -1,6 +1,6 @@
 """What a bench row actually ran with, read back from the loaded objects, never from constants.
 
-Place in the data flow: :mod:`pipeline.bench.run` calls :func:`observe` once per row after its
+Place in the data flow: :mod:`bench.pipeline.side_by_side` calls :func:`observe` once per row after its
 settle call (every graph compiled, CUDA graphs recorded) and stores the answer under the row's
 report, ``observed``. A reviewer then reads the scheduler, the attention processors, the SDPA
 backends, each compiled region with the Inductor options its backend carries, the Inductor
@@ -143,7 +143,7 @@ def compiled_regions(pipe) -> list[dict[str, Any]]:
 
 def attention(pipe) -> dict[str, Any]:
     """The denoiser's attention processor classes (count of each) and dispatcher backends."""
-    from pipeline.bench.probes import denoiser_attr, inner_module
+    from bench.pipeline.render_probes import denoiser_attr, inner_module
 
     denoiser = inner_module(getattr(pipe, denoiser_attr(pipe)))
     processors = getattr(denoiser, "attn_processors", None) or {}

@@ -5,7 +5,7 @@ Place in the data flow: beside the pipeline. The command line builds a :class:`P
 
 1. profiles one more hot render with ``torch.profiler`` (CPU, and CUDA where present), with
    ranges around each step, denoiser call and ``scheduler.step``
-   (:class:`~pipeline.bench.probes.StepMarks`), and reads the trace (:mod:`pipeline.bench.trace`):
+   (:class:`~bench.pipeline.render_probes.StepMarks`), and reads the trace (:mod:`bench.pipeline.trace`):
    kernel launches, kernels, host-device synchronizations and device-to-host copies per step,
    per ``scheduler.step`` and per denoiser call; device time by category (attention, GEMM,
    norms, elementwise/other) for the whole render and for the denoiser;
@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from pipeline.bench import adapter, trace
-from pipeline.bench.measure import device_kind, gemm_rates, machine_facts
-from pipeline.bench.probes import StepMarks, count_render
-from pipeline.bench.specs import parse_spec
-from pipeline.bench.subjects import Workload, load_subject, timed_render
+from bench.pipeline import adapter, trace
+from bench.pipeline.instruments import device_kind, gemm_rates, machine_facts
+from bench.pipeline.render_probes import StepMarks, count_render
+from bench.pipeline.specs import parse_spec
+from bench.pipeline.subjects import Workload, load_subject, timed_render
 from pipeline.device import probe
 
 

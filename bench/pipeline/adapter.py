@@ -1,7 +1,7 @@
 """The bench's one coupling to the rest of ``pipeline/``: how a model is loaded, how the farm's
 recipe is resolved and applied, how the farm renders, what batch the pool would pick.
 
-Place in the data flow: :mod:`pipeline.bench.subjects` → **here** → ``pipeline.models``
+Place in the data flow: :mod:`bench.pipeline.subjects` → **here** → ``pipeline.models``
 (``load_pipeline``, ``OFFLINE_MODELS``), ``pipeline.recipes``
 (``recipe_for``, ``apply_overrides``), ``pipeline.optimize`` (``apply_recipe``),
 ``pipeline.render`` (``Renderer``) and ``pipeline.warm`` (``batch_size_from_memory``). Every

@@ -1,4 +1,4 @@
-"""``python -m pipeline.gpu_checks --out DIR``: every CUDA-only check of the model-family work, in one process.
+"""``python -m bench.pipeline.gpu_checks --out DIR``: every CUDA-only check of the model-family work, in one process.
 
 Place in the data flow: beside the pipeline, not in it; run once on a GPU machine (it also runs on
 the CPU, where the CUDA parts are replaced by their CPU counterparts and say so). Writes
@@ -221,7 +221,7 @@ def print_tables(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.gpu_checks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.pipeline.gpu_checks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for gpu_checks.json")
     parser.add_argument("--models", default=",".join(TINY_MODELS), help="comma-separated models for checks 1 and 2")
     parser.add_argument("--invariance-model", default="sd15-arch")

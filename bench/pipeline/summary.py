@@ -1,7 +1,7 @@
 """Summaries of a pipeline bench's rows from their kept rounds: medians, best, spread, ratios and
 the share of the machine's GEMM rate each row reached.
 
-Place in the data flow: :mod:`pipeline.bench.run` calls :func:`summarize` after every round (so a
+Place in the data flow: :mod:`bench.pipeline.side_by_side` calls :func:`summarize` after every round (so a
 checkpointed JSON is always summarized) and at the end; ``renderfarm bench show`` calls it on a
 committed JSON, optionally without each row's first rounds, so that every headline figure in the
 docs is reproduced from its file by one command. Pure functions of the rows: nothing here renders.

@@ -1,7 +1,7 @@
 """``renderfarm bench pipeline --table modelcard``: the ERNIE-Image-Turbo SDNQ uint4 model card's
 tables, redone here for any model and any specs.
 
-Place in the data flow: :func:`pipeline.bench.run.run_pipeline_bench` hands a config with
+Place in the data flow: :func:`bench.pipeline.side_by_side.run_pipeline_bench` hands a config with
 ``table="modelcard"`` to :func:`run_modelcard`.
 
 The card (WaveCut/ERNIE-Image-Turbo-SDNQ-uint4-static) measures each configuration alone in a
@@ -21,9 +21,9 @@ import os
 import time
 from dataclasses import asdict
 
-from pipeline.bench.measure import Summary, load_average, machine_facts, mib, psnr
-from pipeline.bench.specs import parse_specs
-from pipeline.bench.subjects import load_subject, timed_render
+from bench.pipeline.instruments import Summary, load_average, machine_facts, mib, psnr
+from bench.pipeline.specs import parse_specs
+from bench.pipeline.subjects import load_subject, timed_render
 from pipeline.device import probe
 from pipeline.memory import check_allocator_env
 
@@ -34,7 +34,7 @@ def _highest(values) -> int | None:
 
 
 def run_modelcard(config, log=print) -> dict:
-    """Run the model-card table for ``config`` (a :class:`pipeline.bench.run.PipelineBenchConfig`;
+    """Run the model-card table for ``config`` (a :class:`bench.pipeline.side_by_side.PipelineBenchConfig`;
     its batch sizes and ``sequential`` are ignored: batch 1, one subject at a time).
 
     Raises:

@@ -1,13 +1,13 @@
 """Subjects: one row's resident pipeline, how it was loaded, and how it renders seeds.
 
-Place in the data flow: :mod:`pipeline.bench.specs` (a parsed ``--recipes`` entry) →
-:func:`load_subject` (here) → the bench loops in :mod:`pipeline.bench.run`,
-:mod:`pipeline.bench.modelcard` and :mod:`pipeline.bench.profile`, which time ``render``.
+Place in the data flow: :mod:`bench.pipeline.specs` (a parsed ``--recipes`` entry) →
+:func:`load_subject` (here) → the bench loops in :mod:`bench.pipeline.side_by_side`,
+:mod:`bench.pipeline.modelcard` and :mod:`bench.pipeline.profile`, which time ``render``.
 
 Two kinds: :class:`DiffusersSubject` calls the pipeline as a user of diffusers does (the
 ``reference`` row, and the ``peer`` / ``sdnq-uint4`` rows with the public recipes of
-:mod:`pipeline.bench.public` applied), :class:`FarmSubject` renders through the farm's
-``Renderer`` with one of its recipes (:mod:`pipeline.bench.adapter`). Both draw each image's
+:mod:`bench.pipeline.public_recipes` applied), :class:`FarmSubject` renders through the farm's
+``Renderer`` with one of its recipes (:mod:`bench.pipeline.adapter`). Both draw each image's
 initial noise from its own CPU generator seeded with its seed, so equal seeds start from equal
 latents in every row.
 """
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.bench import adapter, knobs, public
-from pipeline.bench.measure import DeviceTimer, MemoryWindow, device_kind, mib, sync, weights_bytes
-from pipeline.bench.specs import BenchSpec
+from bench.pipeline import adapter, experiments, public_recipes
+from bench.pipeline.instruments import DeviceTimer, MemoryWindow, device_kind, mib, sync, weights_bytes
+from bench.pipeline.specs import BenchSpec
 from pipeline.device import DeviceProfile
 
 PROMPTS = (
@@ -92,7 +92,7 @@ class Subject:
         with self.load_memory, DeviceTimer("cpu") as timer:  # host clock: loading is host work
             self._load()
             if self.spec.fp8 or self.spec.first_block_cache is not None:
-                report, approximations = knobs.apply_knobs(self.pipe, self.device, fp8=self.spec.fp8,
+                report, approximations = experiments.apply_knobs(self.pipe, self.device, fp8=self.spec.fp8,
                                                            first_block_cache=self.spec.first_block_cache)
                 self.report.setdefault("applied", {}).update(report["applied"])
                 self.report.setdefault("skipped", {}).update(report["skipped"])
@@ -127,7 +127,7 @@ class Subject:
     def render_context(self):
         """The context every render of this row runs in: its pinned SDPA backend (``sdpa=…``) and
         the subject's own settings (the peer's Inductor flags)."""
-        with knobs.sdpa_context(self.spec.sdpa), self._context():
+        with experiments.sdpa_context(self.spec.sdpa), self._context():
             yield
 
     def render(self, seeds: list[int], on_step: OnStep | None = None) -> list[np.ndarray]:
@@ -163,14 +163,14 @@ class DiffusersSubject(Subject):
         elif kind == "peer":
             compile_ = opts.get("compile", device_kind(self.device) == "cuda")
             mode, fullgraph = opts.get("compile_mode", "max-autotune"), opts.get("fullgraph", True)
-            self.report = public.apply_fast_diffusion(self.pipe, compile=compile_, mode=mode, fullgraph=fullgraph,
-                                                      tuning=opts.get("tuning", True))
+            self.report = public_recipes.apply_fast_diffusion(self.pipe, compile=compile_, mode=mode,
+                                                              fullgraph=fullgraph, tuning=opts.get("tuning", True))
             self.resolved = (f"diffusers {self.dtype}, fused QKV, channels_last"
                              + (f", torch.compile({mode}, fullgraph={fullgraph})" if compile_ else ", eager")
                              + ("" if opts.get("tuning", True) else ", without coordinate-descent tuning"))
         else:
-            self.report = public.apply_sdnq_uint4(self.pipe, adapter.DTYPES[self.dtype],
-                                                  opts.get("quantized_matmul", True))
+            self.report = public_recipes.apply_sdnq_uint4(self.pipe, adapter.DTYPES[self.dtype],
+                                                          opts.get("quantized_matmul", True))
             self.approximations.append("quantization")
             self.resolved = f"diffusers {self.dtype}, SDNQ uint4" + (
                 ", quantized matmul" if opts.get("quantized_matmul", True) else "")
@@ -178,7 +178,7 @@ class DiffusersSubject(Subject):
     def _context(self):
         if self.spec.kind != "peer":
             return contextlib.nullcontext()
-        return public.inductor_flags(self.spec.options.get("tuning", True))
+        return public_recipes.inductor_flags(self.spec.options.get("tuning", True))
 
     def _call(self, prompts, seeds, on_step):
         w = self.workload

@@ -1,14 +1,14 @@
 """``renderfarm bench pipeline --modes``: txt2img against img2img and inpainting, and adapter switches.
 
 Place in the data flow: beside the pipeline. One warm renderer of the model (the worker's:
-:func:`pipeline.bench.adapter.farm_renderer`), its img2img and inpainting pipelines made from the
+:func:`bench.pipeline.adapter.farm_renderer`), its img2img and inpainting pipelines made from the
 same components (:mod:`pipeline.modes`); per row the same prompt, seeds, size and steps:
 
 * ``txt2img``: ``steps`` denoising steps;
 * ``img2img`` and ``inpaint`` at ``strength``: diffusers runs about ``steps × strength`` of them
   (the schedule's last part), so the denoiser is called about ``strength`` times as often.
 
-Columns: denoiser calls per image (counted by wrapping the denoiser: :func:`pipeline.bench.probes.count_render`),
+Columns: denoiser calls per image (counted by wrapping the denoiser: :func:`bench.pipeline.render_probes.count_render`),
 hot seconds per image (median of ``repeats``; wall time on CPUs, device time on CUDA), and both as
 ratios to txt2img. Then the adapter rows (with ``adapters``, offline random-weight LoRAs,
 :mod:`pipeline.lora`): the first use of an adapter (``load_lora_weights`` + ``set_adapters``),
@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
+from bench.pipeline.adapter import farm_renderer
+from bench.pipeline.instruments import DeviceTimer, load_average, machine_caption
+from bench.pipeline.render_probes import count_render
 from infra.schemas import LoraRef, RenderRequest
-from pipeline.bench.adapter import farm_renderer
-from pipeline.bench.measure import DeviceTimer, load_average, machine_caption
-from pipeline.bench.probes import count_render
 from pipeline.device import cpu_summary
 from pipeline.pool_options import PoolOptions
 

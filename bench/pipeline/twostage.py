@@ -1,7 +1,7 @@
 """``renderfarm bench pipeline --two-stage``: render small and upscale, against rendering large.
 
 Place in the data flow: beside the pipeline. One warm renderer of the model (the worker's:
-:func:`pipeline.bench.adapter.farm_renderer`) and the worker's upscaling stage; per row the same
+:func:`bench.pipeline.adapter.farm_renderer`) and the worker's upscaling stage; per row the same
 prompt and seeds, the same steps:
 
 * ``direct``: the model at the target size (default 1024²);
@@ -17,8 +17,8 @@ prompt and seeds, the same steps:
 This is the Rapid Diffusion path (Alibaba PAI with South China University of Technology, ACL 2023:
 render at 256², upscale with a pre-trained ESRGAN instead of a second diffusion pass). Columns:
 seconds per image for the diffusion stage, the upscale stage and both (wall time on CPUs, device
-time on CUDA, from :class:`pipeline.bench.measure.DeviceTimer`), peak memory of the row
-(:class:`pipeline.bench.measure.MemoryWindow`: CUDA's peak allocated; on CPUs the process RSS
+time on CUDA, from :class:`bench.pipeline.instruments.DeviceTimer`), peak memory of the row
+(:class:`bench.pipeline.instruments.MemoryWindow`: CUDA's peak allocated; on CPUs the process RSS
 high-water mark, resident model included), and the speed-up of each row over ``direct``
 (direct s/img ÷ row s/img). Random weights: the pixels mean nothing, the costs are the real ones.
 """
@@ -28,9 +28,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from bench.pipeline.adapter import farm_renderer
+from bench.pipeline.instruments import DeviceTimer, MemoryWindow, load_average, machine_caption, mib
 from infra.schemas import RenderRequest
-from pipeline.bench.adapter import farm_renderer
-from pipeline.bench.measure import DeviceTimer, MemoryWindow, load_average, machine_caption, mib
 from pipeline.device import cpu_summary
 from pipeline.upscale import DiffusionSettings
 

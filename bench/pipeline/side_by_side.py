@@ -3,19 +3,19 @@ side, in one process, one run.
 
 Place in the data flow: beside the pipeline, not in it. The command line builds a
 :class:`PipelineBenchConfig`; :func:`run_pipeline_bench` loads one subject per spec
-(:mod:`pipeline.bench.subjects`), renders the same prompts and seeds through each at every batch
-size, and returns the JSON-able result that :mod:`pipeline.bench.report` prints.
+(:mod:`bench.pipeline.subjects`), renders the same prompts and seeds through each at every batch
+size, and returns the JSON-able result that :mod:`bench.pipeline.tables` prints.
 
 Method, per (spec, batch) cell: one untimed **cold** call (compilation included; its seconds are
 the ``cold_s`` column), one untimed **settle** call (CUDA graphs recorded, allocator and autotune
-caches filled; ``settle_s``), then ``repeats`` timed rounds (default :data:`pipeline.bench.summary.MIN_ROUNDS`).
+caches filled; ``settle_s``), then ``repeats`` timed rounds (default :data:`bench.pipeline.summary.MIN_ROUNDS`).
 By default every pipeline stays resident and the cells run round-robin, the order rotating each
 round, so machine noise hits every cell alike; ``sequential`` loads one subject at a time (for
 models of which several copies do not fit in device memory: FLUX, ERNIE-Image at 1024²). The
 machine's dense GEMM rate is measured once per round, between the renders. Every round is kept
 in the JSON; medians, best, worst and spread, the ratios and the roofline columns come from
-:func:`pipeline.bench.summary.summarize`. After the settle call each row's report gets
-``observed``: what it ran with, read back from the objects (:mod:`pipeline.bench.observe`).
+:func:`bench.pipeline.summary.summarize`. After the settle call each row's report gets
+``observed``: what it ran with, read back from the objects (:mod:`bench.pipeline.ran_with`).
 
 A row that fails (to load, compile or render) is kept with ``status: failed`` and its error; the
 other rows go on. With a ``checkpoint`` callback the result so far (``complete: false``) is handed
@@ -37,13 +37,13 @@ from typing import cast
 
 import numpy as np
 
-from pipeline.bench import adapter
-from pipeline.bench.measure import device_kind, gemm_rates, gemm_sizes, load_average, machine_facts, mib, psnr
-from pipeline.bench.observe import cudagraph_skips, observe
-from pipeline.bench.probes import RenderCount, architecture, count_render, denoiser_class
-from pipeline.bench.specs import BenchSpec, parse_specs
-from pipeline.bench.subjects import FarmSubject, Subject, Workload, load_subject, timed_render
-from pipeline.bench.summary import MIN_ROUNDS, summarize
+from bench.pipeline import adapter
+from bench.pipeline.instruments import device_kind, gemm_rates, gemm_sizes, load_average, machine_facts, mib, psnr
+from bench.pipeline.ran_with import cudagraph_skips, observe
+from bench.pipeline.render_probes import RenderCount, architecture, count_render, denoiser_class
+from bench.pipeline.specs import BenchSpec, parse_specs
+from bench.pipeline.subjects import FarmSubject, Subject, Workload, load_subject, timed_render
+from bench.pipeline.summary import MIN_ROUNDS, summarize
 from pipeline.device import probe
 
 DEFAULT_RECIPES = ("reference", "peer", "exact", "fast", "exact+batch_invariant")
@@ -57,7 +57,7 @@ class PipelineBenchConfig:
     worker of the first farm recipe would pick, measured after the cold renders of the others).
     ``guidance_scale`` None = a render request's default (7.5), for every row alike. ``repeats``:
     timed rounds after the cold and settle calls. ``table`` is ``pipeline`` or ``modelcard``
-    (:mod:`pipeline.bench.modelcard`)."""
+    (:mod:`bench.pipeline.modelcard`)."""
 
     model: str
     width: int = 256
@@ -94,7 +94,7 @@ class PipelineBenchConfig:
 class Row:
     """One (spec, batch size) cell as measured: seconds, MiB, FLOPs and dB as the field names say;
     None where a column does not apply or was not reached. The summary columns (medians, ratios,
-    roofline) are added from ``hot_s_per_img`` by :func:`pipeline.bench.summary.summarize`."""
+    roofline) are added from ``hot_s_per_img`` by :func:`bench.pipeline.summary.summarize`."""
 
     recipe: str
     kind: str
@@ -383,7 +383,7 @@ def run_pipeline_bench(config: PipelineBenchConfig, log=print, checkpoint: Check
     ``reports``, ``complete``, …). ``checkpoint(result)`` gets the result so far after every cold
     call, settle call and round (``complete`` false), and the final one is returned.
 
-    ``config.table == "modelcard"`` runs :func:`pipeline.bench.modelcard.run_modelcard` instead.
+    ``config.table == "modelcard"`` runs :func:`bench.pipeline.modelcard.run_modelcard` instead.
 
     Raises:
         ValueError: a bad config or spec, or (model-card table) the forbidden allocator
@@ -391,7 +391,7 @@ def run_pipeline_bench(config: PipelineBenchConfig, log=print, checkpoint: Check
             ``status: failed`` and its error.
     """
     if config.table == "modelcard":
-        from pipeline.bench.modelcard import run_modelcard
+        from bench.pipeline.modelcard import run_modelcard
 
         return run_modelcard(config, log)
     run = _Run(config, log, checkpoint)

@@ -1,7 +1,7 @@
 """Reading a ``torch.profiler`` Chrome trace of one render: counts per denoising step, time by category.
 
-Place in the data flow: :mod:`pipeline.bench.profile` exports the trace of one hot render whose
-steps, denoiser calls and ``scheduler.step`` calls carry ranges (:class:`~pipeline.bench.probes.StepMarks`);
+Place in the data flow: :mod:`bench.pipeline.profile` exports the trace of one hot render whose
+steps, denoiser calls and ``scheduler.step`` calls carry ranges (:class:`~bench.pipeline.render_probes.StepMarks`);
 :func:`analyze` (here) turns its events into the numbers of the profile table. Pure functions of
 the trace's JSON, so they are checked here on traces of the same format.
 

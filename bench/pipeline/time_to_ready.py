@@ -26,7 +26,7 @@ cache hits and misses and the AOTInductor packages it loaded and compiled
 (:mod:`pipeline.optimize.aot`): the cached phase should compile nothing. The target is cached
 ≤ 25 % of cold.
 
-``python -m pipeline.bench.ready PHASE CONFIG_JSON ARTIFACT OUT`` is one phase (the parent runs it).
+``python -m bench.pipeline.time_to_ready PHASE CONFIG_JSON ARTIFACT OUT`` is one phase (the parent runs it).
 """
 
 from __future__ import annotations
@@ -119,12 +119,12 @@ def _spawn(phase: str, config: ReadyConfig, artifact: Path, out: Path, cache_dir
     # TORCHINDUCTOR_CACHE_DIR says, so a shared /tmp would hand the cold phase's to the cached one.
     scratch = cache_dir.with_name(f"tmp-{phase}")
     scratch.mkdir(parents=True, exist_ok=True)
-    from pipeline.bench.measure import machine_busy_s, wait_until_gone
+    from bench.pipeline.instruments import machine_busy_s, wait_until_gone
 
     spawned, busy = time.time(), machine_busy_s()
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "TMPDIR": str(scratch),
            "RENDERFARM_BENCH_SPAWNED_AT": repr(spawned)}
-    proc = subprocess.run([sys.executable, "-m", "pipeline.bench.ready", phase, json.dumps(asdict(config)),
+    proc = subprocess.run([sys.executable, "-m", "bench.pipeline.time_to_ready", phase, json.dumps(asdict(config)),
                            str(artifact), str(out)], env=env, capture_output=True, text=True,
                           timeout=config.timeout_s)
     if proc.returncode != 0 or not out.exists():
@@ -151,7 +151,7 @@ def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print, kee
         RuntimeError: a phase failed (the message has the tail of its output).
         subprocess.TimeoutExpired: a phase ran past ``config.timeout_s``.
     """
-    from pipeline.bench.measure import load_average
+    from bench.pipeline.instruments import load_average
 
     before = load_average()
     with tempfile.TemporaryDirectory(prefix="renderfarm-bench-ready-") as tmp:
