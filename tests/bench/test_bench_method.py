@@ -61,7 +61,7 @@ def test_roofline_columns_divide_the_achieved_rate_by_each_measured_gemm_rate():
 
 def _show(capsys, folder: Path, path: Path, *args: str) -> dict:
     """``renderfarm bench show PATH ARGS --json …``: the result it printed, as written."""
-    from producer.bench_cli import main
+    from bench.cli import main
 
     target = folder / f"{path.stem}{''.join(args)}.json"
     with pytest.raises(SystemExit) as stop:
@@ -96,7 +96,7 @@ def test_bench_show_reproduces_the_gpu_pages_h200_figures_from_their_files(capsy
 
 
 def test_bench_show_refuses_what_it_cannot_read(tmp_path, capsys):
-    from producer.bench_cli import main
+    from bench.cli import main
 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"benchmark": "profile"}))

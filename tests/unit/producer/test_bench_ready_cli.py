@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
+from bench.cli import build_parser
 from bench.pipeline.time_to_ready import ReadyConfig
-from producer.bench_cli import build_parser
 
 
 def test_flags_of_the_gpu_script_parse() -> None:

@@ -3,16 +3,16 @@
 Place in the data flow: beside it. ``bench pipeline`` measures the pipeline package alone
 against diffusers (:mod:`bench.pipeline`); ``bench profile`` shows where one hot render's time,
 kernels and host-device syncs go; ``bench farm`` measures the whole path, producer → Redis →
-worker → S3 → job state (:mod:`producer.bench_farm`); ``bench submit`` one batch submission
-alone (:mod:`producer.bench_submit`); ``bench messages`` the broker's cost per job, one message per
-job against one per group (:mod:`producer.bench_messages`). This module only registers the arguments:
+worker → S3 → job state (:mod:`bench.farm.farm`); ``bench submit`` one batch submission
+alone (:mod:`bench.farm.submit`); ``bench messages`` the broker's cost per job, one message per
+job against one per group (:mod:`bench.farm.messages`). This module only registers the arguments:
 the CLI root imports it at start, so the heavy modules (torch, diffusers, celery) are imported
 inside the handlers.
 
 ``bench ready`` measures a worker's time to ready, cold and with the compile cache
 (:mod:`bench.pipeline.time_to_ready`).
 
-``python -m producer.bench_cli pipeline|profile|ready …`` runs the same commands without the CLI root,
+``python -m bench.cli pipeline|profile|ready …`` runs the same commands without the CLI root,
 whose other commands import Celery, Redis and FastAPI: for a GPU machine that carries only what
 the pipeline needs (``deploy/gpu/bench-gpu.sh``).
 """
@@ -116,10 +116,10 @@ def _pipeline(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     """A saved result's table: ``bench pipeline`` (summarized again from its rounds), ``bench ready``
     or ``bench farm``."""
+    from bench.farm.farm_table import result_table as farm_table
     from bench.pipeline import result_table
     from bench.pipeline.tables import resummarize
     from bench.pipeline.time_to_ready import ready_table
-    from producer.bench_farm_table import result_table as farm_table
 
     def load(_log) -> dict:
         try:
@@ -172,8 +172,8 @@ SPEC_HELP = ("reference (diffusers at the model's recommended dtype, eager, SDPA
              "(torchao float8 on the denoiser, CUDA cc >= 8.9), first_block_cache=0.1 (diffusers' First Block "
              "Cache, approximate)")
 def _farm(args: argparse.Namespace) -> int:
-    from producer.bench_farm import FarmBenchConfig, run_farm_bench
-    from producer.bench_farm_table import result_table
+    from bench.farm.farm import FarmBenchConfig, run_farm_bench
+    from bench.farm.farm_table import result_table
 
     config = FarmBenchConfig(
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
@@ -185,14 +185,14 @@ def _farm(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from producer.bench_submit import SubmitBenchConfig, run_submit_bench, submit_table
+    from bench.farm.submit import SubmitBenchConfig, run_submit_bench, submit_table
 
     config = SubmitBenchConfig(jobs=args.jobs, repeats=args.repeats)
     return _run_and_report("bench submit", lambda log: run_submit_bench(config, log=log), submit_table, args.json)
 
 
 def _messages(args: argparse.Namespace) -> int:
-    from producer.bench_messages import MessagesBenchConfig, messages_table, run_messages_bench
+    from bench.farm.messages import MessagesBenchConfig, messages_table, run_messages_bench
 
     config = MessagesBenchConfig(jobs=args.jobs, group=args.group, prefetch=args.prefetch, rounds=args.rounds)
     return _run_and_report("bench messages", lambda log: run_messages_bench(config, log=log), messages_table,
@@ -202,8 +202,8 @@ def _messages(args: argparse.Namespace) -> int:
 def _redis(args: argparse.Namespace) -> int:
     import os
 
-    from producer.bench_farm import FarmBenchConfig
-    from producer.bench_redis import run_saturation, saturation_table
+    from bench.farm.farm import FarmBenchConfig
+    from bench.farm.saturation import run_saturation, saturation_table
 
     config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
                              submit_jobs=0, bare=False).resolved()
@@ -212,21 +212,21 @@ def _redis(args: argparse.Namespace) -> int:
 
 
 def _s3(args: argparse.Namespace) -> int:
-    from producer.bench_s3 import S3BenchConfig, run_s3_bench, s3_table
+    from bench.farm.s3_client import S3BenchConfig, run_s3_bench, s3_table
 
     config = S3BenchConfig(sizes=args.sizes, threads=args.threads, ops=args.ops, rounds=args.rounds)
     return _run_and_report("bench s3", lambda log: run_s3_bench(config, log=log), s3_table, args.json)
 
 
 def _encode(args: argparse.Namespace) -> int:
-    from producer.bench_encode import EncodeBenchConfig, encode_tables, run_encode_bench
+    from bench.farm.encoders import EncodeBenchConfig, encode_tables, run_encode_bench
 
     config = EncodeBenchConfig(sizes=args.sizes, repeats=args.repeats, pool_images=args.pool_images)
     return _run_and_report("bench encode", lambda log: run_encode_bench(config, log=log), encode_tables, args.json)
 
 
 def _cores(args: argparse.Namespace) -> int:
-    from producer.bench_cores import CoresConfig, cores_table, run_cores_bench
+    from bench.farm.cores import CoresConfig, cores_table, run_cores_bench
 
     config = CoresConfig(sizes=args.sizes, formats=args.formats, gpu_ms_per_image=args.gpu_ms, jobs=args.jobs,
                          batch_size=args.batch_size, rounds=args.rounds)
@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m producer.bench_cli WHAT …``: the bench commands without the CLI root."""
+    """``python -m bench.cli WHAT …``: the bench commands without the CLI root."""
     args = build_parser().parse_args(argv)
     args.func(args)
 

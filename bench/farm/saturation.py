@@ -1,10 +1,10 @@
 """Redis's share of the farm: commands and bytes per job, bytes per queued job, and where one
 redis-server saturates (``renderfarm bench farm`` rows and ``renderfarm bench redis``).
 
-Place in the data flow: beside it, like :mod:`producer.bench_farm`, whose private stack (its own
+Place in the data flow: beside it, like :mod:`bench.farm.farm`, whose private stack (its own
 redis-server) these figures come from:
 
-* **per job, over its whole life** (:class:`producer.redis_stats.RedisCounter`): ``CONFIG RESETSTAT`` before the
+* **per job, over its whole life** (:class:`bench.farm.redis_stats.RedisCounter`): ``CONFIG RESETSTAT`` before the
   measured rounds, then ``INFO commandstats`` (calls per command) and ``INFO stats``
   (``total_net_input_bytes``, ``total_net_output_bytes``) after, divided by the jobs that ran:
   submit, dispatch, start, progress, succeed, the acks, every periodic loop (dispatcher,
@@ -24,8 +24,8 @@ from dataclasses import replace
 def run_saturation(config, workers: tuple[int, ...], log=print) -> dict:
     """``bench farm`` with the null renderer at 0 ms for each worker count in ``workers``: jobs/s
     end to end, redis-server's CPU share of one core and CPU ms per job, per farm process."""
+    from bench.farm.farm import run_farm_bench
     from pipeline.device import cpu_summary
-    from producer.bench_farm import run_farm_bench
 
     rows = []
     for n in workers:

@@ -1,9 +1,9 @@
 """Per-core figures of ``renderfarm bench farm``: host CPU per job, jobs per second per core, and
 the cores a GPU of a given speed needs.
 
-Place in the data flow: ``bench farm`` (:mod:`producer.bench_farm`) measures the CPU seconds
+Place in the data flow: ``bench farm`` (:mod:`bench.farm.farm`) measures the CPU seconds
 each of the farm's processes spent during its rounds (``/proc/<pid>/stat``); this module turns
-them into the figure a GPU node is sized by; ``bench cores`` (:mod:`producer.bench_cores`) runs
+them into the figure a GPU node is sized by; ``bench cores`` (:mod:`bench.farm.cores`) runs
 ``bench farm`` per size and format. SeaweedFS is reported apart: a production bucket is remote.
 
 - host CPU per job: API + Redis + workers, milliseconds;

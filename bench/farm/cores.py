@@ -1,5 +1,5 @@
 """``renderfarm bench cores``: how many host cores a GPU of a given speed needs, at each image size
-and output format (the figures themselves: :mod:`producer.core_figures`).
+and output format (the figures themselves: :mod:`bench.farm.core_figures`).
 
 Place in the data flow: beside the farm. It runs ``bench farm --model null`` once per size and
 format (:func:`run_cores_bench`) and tabulates the per-core section of each result.
@@ -26,7 +26,7 @@ class CoresConfig:
 def run_cores_bench(config: CoresConfig, log=print) -> dict:
     """Run the farm once per size and format; returns ``{"rows": [{"size", "format", "per_core",
     "cpu_ms_per_job", "images_per_s"}], "machine"}``."""
-    from producer.bench_farm import FarmBenchConfig, run_farm_bench
+    from bench.farm.farm import FarmBenchConfig, run_farm_bench
 
     base = FarmBenchConfig(model="null", jobs=config.jobs, batch_size=config.batch_size, rounds=config.rounds,
                            submit_jobs=0, bare=False, gpu_ms_per_image=config.gpu_ms_per_image)

@@ -170,9 +170,9 @@ def run_encode_bench(config: EncodeBenchConfig, log=print) -> dict:
     docstring). Returns ``{"rows": [{"size", "encoder", "ms", "bytes", "lossless",
     "parameters_kept"} | {"size", "encoder", "missing"}], "pools": [...], "cpu", "cores",
     "load_average"}``."""
+    from bench.farm.farm import load_average
+    from bench.farm.s3_client import _cpu_model
     from pipeline.null import null_image
-    from producer.bench_farm import load_average
-    from producer.bench_s3 import _cpu_model
 
     encoders = _encoders(PARAMETERS)
     rows: list[dict] = []

@@ -110,12 +110,12 @@ def run_messages_bench(config: MessagesBenchConfig, log=print) -> dict:
         ValueError: a config value out of range.
         RuntimeError: a mode lost or repeated a job id.
     """
+    from bench.farm.farm import load_average
     from infra.broker.app import make_celery
     from infra.broker.kombu_redis import install_cheap_acks
     from infra.localstack.services import RedisServer
     from infra.settings import Settings
     from pipeline.device import cpu_summary
-    from producer.bench_farm import load_average
 
     if not (1 <= config.jobs <= 100_000 and 2 <= config.group <= 1000 and config.prefetch >= 1
             and config.rounds >= 1):

@@ -1,7 +1,7 @@
 """Command and byte counts of one redis-server, for the farm benches' Redis rows.
 
-Place in the data flow: beside it. :mod:`producer.bench_farm` reads a :class:`RedisCounter` of its
-private stack's redis-server around the measured rounds; :mod:`producer.bench_redis` reports them.
+Place in the data flow: beside it. :mod:`bench.farm.farm` reads a :class:`RedisCounter` of its
+private stack's redis-server around the measured rounds; :mod:`bench.farm.saturation` reports them.
 """
 
 from __future__ import annotations

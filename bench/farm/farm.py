@@ -45,8 +45,8 @@ from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.farm.redis_stats import RedisCounter
 from infra.schemas import OutputFormat, RenderRequest
-from producer.redis_stats import RedisCounter
 
 PROMPTS = (
     "a photograph of an astronaut riding a horse", "a red fox in the snow, golden hour",
@@ -86,7 +86,7 @@ class FarmBenchConfig:
     timeout_s: float = 3600.0
     #: appendfsync policies to compare in the submission test (redis-server then runs with the AOF)
     submit_appendfsync: tuple[str, ...] = ()
-    #: GPU speeds (ms per image) the per-core rows size a node for (producer/core_figures.py)
+    #: GPU speeds (ms per image) the per-core rows size a node for (bench/farm/core_figures.py)
     gpu_ms_per_image: tuple[float, ...] = (10.0, 30.0, 100.0)
 
     @property
@@ -121,7 +121,7 @@ def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[Rende
 
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages, rounded to 0.01 (runnable processes; compare with
-    ``nproc``): what every producer bench command records around its runs. The same figure as
+    ``nproc``): what every farm bench command records around its runs. The same figure as
     :func:`bench.pipeline.instruments.load_average`, kept here so that the farm's bench commands do
     not import torch."""
     return [round(x, 2) for x in os.getloadavg()]
@@ -280,10 +280,10 @@ def _run_bare(renderer, config: FarmBenchConfig, n: int, offset: int) -> dict:
 
 def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     """Start a private stack, measure, stop it; returns the JSON-able result."""
+    from bench.farm.core_figures import per_core
     from infra.localstack import LocalStack, free_port, patched_environ
     from pipeline.device import cpu_summary
     from producer.client import RenderClient
-    from producer.core_figures import per_core
 
     config = config.resolved()
     assert config.jobs is not None and config.batch_size is not None  # resolved() fills both

@@ -1,4 +1,4 @@
-"""``renderfarm bench farm``'s table: a :func:`producer.bench_farm.run_farm_bench` result (or its
+"""``renderfarm bench farm``'s table: a :func:`bench.farm.farm.run_farm_bench` result (or its
 JSON, read back) as rows of metric, value and target, with the machine in the caption.
 
 Place in the data flow: after the bench; it reads a result dict and touches nothing else.
@@ -6,14 +6,14 @@ Place in the data flow: after the bench; it reads a result dict and touches noth
 
 from __future__ import annotations
 
-from producer.bench_farm import NULL_MODEL
+from bench.farm.farm import NULL_MODEL
 
 
 def result_table(result: dict):
-    """A rich Table of a :func:`producer.bench_farm.run_farm_bench` result: metric, value, target."""
+    """A rich Table of a :func:`bench.farm.farm.run_farm_bench` result: metric, value, target."""
     from rich.table import Table
 
-    from producer.core_figures import per_core_rows
+    from bench.farm.core_figures import per_core_rows
 
     c, m = result["config"], result["machine"]
     what = "jobs" if c["model"] == NULL_MODEL and not c.get("render_ms_per_image") else "img"

@@ -158,10 +158,10 @@ def run_s3_bench(config: S3BenchConfig, log=print) -> dict:
         "checks": {client: {"write_once", "presigned_get"}}, "cpu", "load_average"}``; each
         cell's figures are the median over rounds.
     """
+    from bench.farm.farm import load_average
     from infra.localstack import SeaweedS3, patched_environ
     from infra.settings import Settings
     from infra.storage.s3 import Storage
-    from producer.bench_farm import load_average
 
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp, SeaweedS3(run_dir=tmp) as server:
         s3 = cast(SeaweedS3, server.wait_ready(60))
