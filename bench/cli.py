@@ -5,9 +5,9 @@ against diffusers (:mod:`bench.pipeline`); ``bench profile`` shows where one hot
 kernels and host-device syncs go; ``bench farm`` measures the whole path, producer → Redis →
 worker → S3 → job state (:mod:`bench.farm.farm`); ``bench submit`` one batch submission
 alone (:mod:`bench.farm.submit`); ``bench messages`` the broker's cost per job, one message per
-job against one per group (:mod:`bench.farm.messages`). This module only registers the arguments:
-the CLI root imports it at start, so the heavy modules (torch, diffusers, celery) are imported
-inside the handlers.
+job against one per group (:mod:`bench.farm.messages`). This module only registers the arguments
+(the handlers that run each command are :mod:`bench.handlers`): the CLI root imports it at start,
+so the heavy modules (torch, diffusers, celery) are imported inside the handlers.
 
 ``bench ready`` measures a worker's time to ready, cold and with the compile cache
 (:mod:`bench.pipeline.time_to_ready`).
@@ -20,9 +20,9 @@ the pipeline needs (``deploy/gpu/bench-gpu.sh``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
+
+from bench import handlers
 
 
 def _csv(cast):
@@ -45,111 +45,6 @@ def _batch(text: str):
     return value
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(width=max(Console().width, 200))
-
-
-def _run_and_report(name: str, run, tables, json_path: str | None) -> int:
-    """Run one benchmark and report it: ``run(log)`` returns the result dict; a ValueError (a bad
-    spec, recipe, override, size or allocator setting) prints ``name: message`` and returns 2, no
-    traceback; else ``tables(result)`` (one rich table or a list of them) is printed and the
-    result is written to ``json_path`` when given. Returns the exit status."""
-    from bench.pipeline import write_json
-
-    console = _console()
-    try:
-        result = run(lambda msg: console.print(f"[dim]{msg}[/]", highlight=False))
-    except ValueError as exc:
-        console.print(f"[red]{name}: {exc}[/]", highlight=False)
-        return 2
-    printed = tables(result)
-    for table in printed if isinstance(printed, list) else [printed]:
-        console.print(table)
-    if json_path:
-        write_json(result, json_path)
-        console.print(f"wrote {json_path}")
-    return 0
-
-
-def _two_stage(args: argparse.Namespace) -> int:
-    from bench.pipeline.twostage import TwoStageConfig, run_two_stage_bench, two_stage_table
-
-    config = TwoStageConfig(model=args.model, upscaler=args.upscaler, target=args.target, steps=args.steps,
-                            batch=args.two_stage_batch, repeats=args.repeats, device=args.device,
-                            diffusion_upscaler=args.diffusion_upscaler, upscale_steps=args.upscale_steps)
-    return _run_and_report("bench pipeline --two-stage", lambda log: run_two_stage_bench(config, log=log),
-                           two_stage_table, args.json)
-
-
-def _modes(args: argparse.Namespace) -> int:
-    from bench.pipeline.image_modes import ModesConfig, modes_table, run_modes_bench
-
-    config = ModesConfig(model=args.model, width=args.width, height=args.height, steps=args.steps,
-                         strength=args.strength, repeats=args.repeats, device=args.device,
-                         adapters=args.adapters, overrides=args.modes_overrides or "")
-    return _run_and_report("bench pipeline --modes", lambda log: run_modes_bench(config, log=log), modes_table,
-                           args.json)
-
-
-def _pipeline(args: argparse.Namespace) -> int:
-    from bench.pipeline import PipelineBenchConfig, result_table, run_pipeline_bench, write_json
-
-    if args.two_stage:
-        return _two_stage(args)
-    if args.modes:
-        return _modes(args)
-    config = PipelineBenchConfig(
-        model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
-        recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,
-        cache_dir=args.cache_dir, count_flops=not args.no_flops, measure_gemm=not args.no_gemm,
-        sequential=args.sequential, table=args.table)
-    def checkpoint(result: dict) -> None:  # the JSON so far after every round: a run stopped from outside keeps it
-        if args.json:
-            write_json(result, args.json)
-
-    return _run_and_report("bench pipeline", lambda log: run_pipeline_bench(config, log=log, checkpoint=checkpoint),
-                           result_table, args.json)
-
-
-def _show(args: argparse.Namespace) -> int:
-    """A saved result's table: ``bench pipeline`` (summarized again from its rounds), ``bench ready``
-    or ``bench farm``."""
-    from bench.farm.farm_table import result_table as farm_table
-    from bench.pipeline import result_table
-    from bench.pipeline.tables import resummarize
-    from bench.pipeline.time_to_ready import ready_table
-
-    def load(_log) -> dict:
-        try:
-            with open(args.file, encoding="utf-8") as f:
-                result = json.load(f)
-        except OSError as exc:
-            raise ValueError(f"cannot read {args.file}: {exc.strerror}") from None
-        if result.get("benchmark") == "pipeline":
-            return resummarize(result, args.skip_rounds)
-        if result.get("benchmark") == "farm" or {"cold", "cached"} <= set(result):
-            return result
-        raise ValueError(f"{args.file}: not a bench pipeline, ready or farm result")
-
-    def tables(result: dict):
-        if result.get("benchmark") == "pipeline":
-            return result_table(result)
-        return farm_table(result) if result.get("benchmark") == "farm" else ready_table(result)
-
-    return _run_and_report("bench show", load, tables, args.json)
-
-
-def _profile(args: argparse.Namespace) -> int:
-    from bench.pipeline import ProfileConfig, profile_tables, run_profile
-
-    config = ProfileConfig(model=args.model, recipe=args.recipe, width=args.width, height=args.height,
-                           steps=args.steps, batch_size=args.batch_size, guidance_scale=args.guidance_scale,
-                           device=args.device, cache_dir=args.cache_dir, trace=args.trace)
-    return _run_and_report("bench profile", lambda log: run_profile(config, log=log),
-                           lambda result: list(profile_tables(result)), args.json)
-
 
 def _render_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="offline name (tiny, sd15-arch, sd-turbo-arch, …), hub id or path")
@@ -171,67 +66,6 @@ SPEC_HELP = ("reference (diffusers at the model's recommended dtype, eager, SDPA
              "experiments on any row: sdpa=flash|cudnn|efficient|math (pin PyTorch's attention backend), fp8=true "
              "(torchao float8 on the denoiser, CUDA cc >= 8.9), first_block_cache=0.1 (diffusers' First Block "
              "Cache, approximate)")
-def _farm(args: argparse.Namespace) -> int:
-    from bench.farm.farm import FarmBenchConfig, run_farm_bench
-    from bench.farm.farm_table import result_table
-
-    config = FarmBenchConfig(
-        model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
-        height=args.height, steps=args.steps, guidance_scale=args.guidance_scale, recipe=args.recipe,
-        submit_jobs=args.submit_jobs, submit_repeats=args.submit_repeats, rounds=args.rounds,
-        bare=not args.no_bare, render_ms_per_image=args.render_ms_per_image, output_format=args.output_format,
-        submit_appendfsync=tuple(args.submit_appendfsync), gpu_ms_per_image=args.gpu_ms)
-    return _run_and_report("bench farm", lambda log: run_farm_bench(config, log=log), result_table, args.json)
-
-
-def _submit(args: argparse.Namespace) -> int:
-    from bench.farm.submit import SubmitBenchConfig, run_submit_bench, submit_table
-
-    config = SubmitBenchConfig(jobs=args.jobs, repeats=args.repeats)
-    return _run_and_report("bench submit", lambda log: run_submit_bench(config, log=log), submit_table, args.json)
-
-
-def _messages(args: argparse.Namespace) -> int:
-    from bench.farm.messages import MessagesBenchConfig, messages_table, run_messages_bench
-
-    config = MessagesBenchConfig(jobs=args.jobs, group=args.group, prefetch=args.prefetch, rounds=args.rounds)
-    return _run_and_report("bench messages", lambda log: run_messages_bench(config, log=log), messages_table,
-                           args.json)
-
-
-def _redis(args: argparse.Namespace) -> int:
-    import os
-
-    from bench.farm.farm import FarmBenchConfig
-    from bench.farm.saturation import run_saturation, saturation_table
-
-    config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
-                             submit_jobs=0, bare=False).resolved()
-    return _run_and_report("bench redis", lambda log: run_saturation(config, args.workers, log=log),
-                           lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
-
-
-def _s3(args: argparse.Namespace) -> int:
-    from bench.farm.s3_client import S3BenchConfig, run_s3_bench, s3_table
-
-    config = S3BenchConfig(sizes=args.sizes, threads=args.threads, ops=args.ops, rounds=args.rounds)
-    return _run_and_report("bench s3", lambda log: run_s3_bench(config, log=log), s3_table, args.json)
-
-
-def _encode(args: argparse.Namespace) -> int:
-    from bench.farm.encoders import EncodeBenchConfig, encode_tables, run_encode_bench
-
-    config = EncodeBenchConfig(sizes=args.sizes, repeats=args.repeats, pool_images=args.pool_images)
-    return _run_and_report("bench encode", lambda log: run_encode_bench(config, log=log), encode_tables, args.json)
-
-
-def _cores(args: argparse.Namespace) -> int:
-    from bench.farm.cores import CoresConfig, cores_table, run_cores_bench
-
-    config = CoresConfig(sizes=args.sizes, formats=args.formats, gpu_ms_per_image=args.gpu_ms, jobs=args.jobs,
-                         batch_size=args.batch_size, rounds=args.rounds)
-    return _run_and_report("bench cores", lambda log: run_cores_bench(config, log=log), cores_table, args.json)
-
 
 def _size(text: str) -> tuple[int, int]:
     """``WIDTHxHEIGHT`` in pixels."""
@@ -240,20 +74,6 @@ def _size(text: str) -> tuple[int, int]:
         raise ValueError(f"size must be WIDTHxHEIGHT, got {text!r}")
     return int(width), int(height)
 
-
-def _ready(args: argparse.Namespace) -> int:
-    from bench.pipeline.time_to_ready import DEFAULT_OVERRIDES, ReadyConfig, ready_table, run_ready_bench
-
-    try:
-        config = ReadyConfig(model=args.model, device=args.device, recipe=args.recipe, buckets=args.buckets,
-                             sizes=args.sizes, steps=args.steps, guidance_scale=args.guidance_scale,
-                             overrides=args.overrides or json.dumps(DEFAULT_OVERRIDES), timeout_s=args.timeout)
-    except ValueError as exc:
-        print(f"bench ready: {exc}", file=sys.stderr)
-        return 2
-    keep = Path(args.artifact_dir) if args.artifact_dir else None
-    return _run_and_report("bench ready", lambda log: run_ready_bench(config, log=log, keep_in=keep), ready_table,
-                           args.json)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -313,11 +133,11 @@ def _register_pipeline(sub) -> None:
     p.add_argument("--adapters", type=int, default=2, help="--modes: offline LoRAs to switch between (0: none)")
     p.add_argument("--modes-overrides", default=None,
                    help='--modes: recipe knobs as JSON, e.g. \'{"compile_denoiser": true}\' (adapters then hot-swap)')
-    p.set_defaults(func=lambda args: sys.exit(_pipeline(args)))
+    p.set_defaults(func=lambda args: sys.exit(handlers.pipeline(args)))
 
 
 def _register_show(sub) -> None:
-    p = _command(sub, _show, "show", help="a saved bench JSON as its table (pipeline results summarized again)",
+    p = _command(sub, handlers.show, "show", help="a saved bench JSON as its table (pipeline results summarized again)",
                  description="Read a `bench pipeline|ready|farm --json` file and print its table; for bench "
                              "pipeline, medians, best, spread, ratios and roofline columns are recomputed from "
                              "the rounds the file kept.")
@@ -337,7 +157,7 @@ def _register_profile(sub) -> None:
     p.add_argument("--recipe", default="exact", help="one spec (default exact): " + SPEC_HELP)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--trace", default=None, help="also save the Chrome trace here (gzip if it ends in .gz)")
-    p.set_defaults(func=lambda args: sys.exit(_profile(args)))
+    p.set_defaults(func=lambda args: sys.exit(handlers.profile(args)))
 
 
 def _register_farm(sub) -> None:
@@ -371,7 +191,7 @@ def _register_farm(sub) -> None:
     f.add_argument("--gpu-ms", type=_csv(float), default=(10.0, 30.0, 100.0),
                    help="GPU speeds, ms per image, the per-core rows size a node for (default 10,30,100)")
     f.add_argument("--json", default=None, help="write the result here")
-    f.set_defaults(func=lambda args: sys.exit(_farm(args)))
+    f.set_defaults(func=lambda args: sys.exit(handlers.farm(args)))
 
 
 def _register_submit(sub) -> None:
@@ -383,7 +203,7 @@ def _register_submit(sub) -> None:
     s.add_argument("--jobs", type=int, default=10_000, help="jobs per submission, 1…10,000 (default 10,000)")
     s.add_argument("--repeats", type=int, default=5, help="submissions of each kind timed (default 5; median)")
     s.add_argument("--json", default=None, help="write the result here")
-    s.set_defaults(func=lambda args: sys.exit(_submit(args)))
+    s.set_defaults(func=lambda args: sys.exit(handlers.submit(args)))
 
 
 def _register_messages(sub) -> None:
@@ -397,7 +217,7 @@ def _register_messages(sub) -> None:
     m.add_argument("--prefetch", type=int, default=128, help="messages the consumer may hold (default 128)")
     m.add_argument("--rounds", type=int, default=3, help="rounds, mode order alternating (default 3; medians)")
     m.add_argument("--json", default=None, help="write the result here")
-    m.set_defaults(func=lambda args: sys.exit(_messages(args)))
+    m.set_defaults(func=lambda args: sys.exit(handlers.messages(args)))
 
 
 def _register_redis(sub) -> None:
@@ -411,7 +231,7 @@ def _register_redis(sub) -> None:
     r.add_argument("--batch-size", type=int, default=64)
     r.add_argument("--rounds", type=int, default=1)
     r.add_argument("--json", default=None, help="write the result here")
-    r.set_defaults(func=lambda args: sys.exit(_redis(args)))
+    r.set_defaults(func=lambda args: sys.exit(handlers.redis(args)))
 
 
 def _register_ready(sub) -> None:
@@ -436,7 +256,7 @@ def _register_ready(sub) -> None:
     r.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase (default 3600)")
     r.add_argument("--artifact-dir", default=None, help="keep the compile-cache artifact in this folder")
     r.add_argument("--json", default=None, help="write the result here")
-    r.set_defaults(func=lambda args: sys.exit(_ready(args)))
+    r.set_defaults(func=lambda args: sys.exit(handlers.ready(args)))
 
 
 def _command(sub, handler, name: str, **kw) -> argparse.ArgumentParser:
@@ -448,25 +268,28 @@ def _command(sub, handler, name: str, **kw) -> argparse.ArgumentParser:
 
 
 def _register_io(sub) -> None:
-    s = _command(sub, _s3, "s3", help="the S3 client per operation: boto3 against obstore, on a private SeaweedFS",
-                       description="Start SeaweedFS and time the worker's write-once PUT, the API's presigned GET "
-                                   "URL and HEAD through boto3 (the farm's Storage) and obstore, interleaved: client "
-                                   "CPU ms per operation and operations/s at each size and thread count.")
+    s = _command(sub, handlers.s3, "s3",
+                 help="the S3 client per operation: boto3 against obstore, on a private SeaweedFS",
+                 description="Start SeaweedFS and time the worker's write-once PUT, the API's presigned GET "
+                             "URL and HEAD through boto3 (the farm's Storage) and obstore, interleaved: client "
+                             "CPU ms per operation and operations/s at each size and thread count.")
     s.add_argument("--sizes", type=_csv(int), default=(64, 512), help="PNG sides in pixels (default 64,512)")
     s.add_argument("--threads", type=_csv(int), default=(1, 8), help="callers sharing one client (default 1,8)")
     s.add_argument("--ops", type=int, default=200, help="operations per cell and round (default 200)")
     s.add_argument("--rounds", type=int, default=2, help="interleaved rounds, median shown (default 2)")
-    e = _command(sub, _encode, "encode", help="image encoders: ms per image, bytes, lossless, A1111 parameters kept",
-                       description="Encode the null renderer's render-like image at each size through Pillow PNG "
-                                   "(compress_level 0..9), fpng, WebP lossless and lossy (method 0), JPEG (Pillow, "
-                                   "simplejpeg); then the default PNG encoder on threads against a process pool.")
+    e = _command(sub, handlers.encode, "encode",
+                 help="image encoders: ms per image, bytes, lossless, A1111 parameters kept",
+                 description="Encode the null renderer's render-like image at each size through Pillow PNG "
+                             "(compress_level 0..9), fpng, WebP lossless and lossy (method 0), JPEG (Pillow, "
+                             "simplejpeg); then the default PNG encoder on threads against a process pool.")
     e.add_argument("--sizes", type=_csv(int), default=(512, 1024), help="square sides in pixels (default 512,1024)")
     e.add_argument("--repeats", type=int, default=7, help="encodes per encoder and size, median shown (default 7)")
     e.add_argument("--pool-images", type=int, default=32, help="images per pool run (default 32)")
-    c = _command(sub, _cores, "cores", help="host cores a GPU of a given speed needs, per image size and format",
-                       description="Run bench farm --model null (no render time, one worker) once per size and "
-                                   "format; print host CPU per job (API + Redis + worker, SeaweedFS apart), jobs/s "
-                                   "per core, and the cores a GPU at each --gpu-ms needs.")
+    c = _command(sub, handlers.cores, "cores",
+                 help="host cores a GPU of a given speed needs, per image size and format",
+                 description="Run bench farm --model null (no render time, one worker) once per size and "
+                             "format; print host CPU per job (API + Redis + worker, SeaweedFS apart), jobs/s "
+                             "per core, and the cores a GPU at each --gpu-ms needs.")
     c.add_argument("--sizes", type=_csv(int), default=(64, 512, 1024), help="square sides (default 64,512,1024)")
     c.add_argument("--formats", type=_csv(str), default=("png", "jpeg"), help="output formats (default png,jpeg)")
     c.add_argument("--gpu-ms", type=_csv(float), default=(10.0, 30.0, 100.0), help="GPU ms/img (default 10,30,100)")
