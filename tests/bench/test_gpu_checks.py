@@ -8,8 +8,8 @@ import json
 from bench.pipeline.gpu_checks import main
 
 
-def test_gpu_checks_run_on_the_cpu_and_write_their_json(tmp_path, offline_cache, monkeypatch, capsys):
-    monkeypatch.setenv("RENDERFARM_CACHE_DIR", str(offline_cache))
+def test_gpu_checks_run_on_the_cpu_and_write_their_json(tmp_path, bench_cache, monkeypatch, capsys):
+    monkeypatch.setenv("RENDERFARM_CACHE_DIR", str(bench_cache))
     from infra.settings import get_settings
 
     get_settings.cache_clear()
