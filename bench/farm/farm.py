@@ -43,8 +43,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from bench.farm.readings import cpu_snapshot, farm_timing, overhead, rss_kib, worker_memory
 from bench.farm.redis_stats import RedisCounter
 from infra.schemas import OutputFormat, RenderRequest
 
@@ -55,9 +54,6 @@ PROMPTS = (
     "a lighthouse in a storm, dramatic sky", "a field guide plate of botanical ferns",
 )
 NULL_MODEL = "null"
-#: Sums of the farm's metrics that give the worker's time per batch (see :func:`farm_timing`).
-TIMING_SUMS = {"renderfarm_batch_seconds_sum": "worker_s", "renderfarm_render_seconds_per_image_sum": "render_s",
-               "renderfarm_batch_size_sum": "jobs", "renderfarm_batch_size_count": "batches"}
 
 
 @dataclass(frozen=True)
@@ -160,98 +156,10 @@ def _run_farm(client, config: FarmBenchConfig, n: int, offset: int) -> dict:
             "image_bytes_mean": round(statistics.fmean(r.bytes for r in results)) if results else None}
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a live process has used, from ``/proc/<pid>/stat``."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def _cpu_snapshot(processes) -> dict[str, float]:
-    out = {}
-    for p in processes:
-        try:
-            out[p.name] = cpu_seconds(p.pid)
-        except (OSError, TypeError, ValueError, IndexError):
-            pass
-    return out
-
-
-def rss_kib(pid: int) -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` (peak RSS) of a live process, KiB, from ``/proc/<pid>/status``."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                name, value = line.split(":", 1)
-                out[name] = int(value.split()[0])
-    return out
-
-
-def worker_memory(client, workers, since: float, wait_s: float | None = None) -> dict:
-    """Per worker process of the stack: ``peak_rss_mib`` (``VmHWM``) and ``rss_mib`` now, from
-    ``/proc``; and from its heartbeat in ``GET /v1/workers``: ``batch_size``, ``prefetch_limit``
-    (messages held at once), ``prefetch_peak_jobs`` (the most prefetched jobs it held) and
-    ``rss_mib_at_prefetch_peak`` (its RSS when it first held that many).
-
-    Waits up to ``wait_s`` seconds (default: two heartbeat periods and a second) for a beat of
-    every worker newer than ``since`` (epoch seconds), so the prefetch figures cover the measured
-    rounds; a worker without one keeps None there. ``workers``: live
-    :class:`infra.localstack.WorkerProcess` objects (their ``pid`` and ``worker_name``).
-    """
-    from infra.settings import get_settings
-
-    if wait_s is None:
-        wait_s = 2 * get_settings().heartbeat_interval_s + 1.0
-    names = [w.worker_name for w in workers]
-    deadline = time.monotonic() + wait_s
-    while True:
-        listed = {w["name"]: w for w in client.http.get("/v1/workers").json() if w.get("name") in names}
-        fresh = all((listed.get(n) or {}).get("last_heartbeat", 0) >= since for n in names)
-        if fresh or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
-    rows = []
-    for worker in workers:
-        info = listed.get(worker.worker_name) or {}
-        prefetch = info.get("prefetch") or {}
-        at_peak = prefetch.get("rss_kib_at_peak")
-        row = {"name": worker.worker_name, "batch_size": info.get("batch_size"),
-               "prefetch_limit": prefetch.get("limit"), "prefetch_peak_jobs": prefetch.get("peak_jobs"),
-               "rss_mib_at_prefetch_peak": None if at_peak is None else round(at_peak / 1024, 1),
-               "peak_rss_mib": None, "rss_mib": None}
-        try:
-            rss = rss_kib(worker.pid)
-            row.update(peak_rss_mib=round(rss["VmHWM"] / 1024, 1), rss_mib=round(rss["VmRSS"] / 1024, 1))
-        except (OSError, TypeError, KeyError):  # not running, or no /proc
-            pass
-        rows.append(row)
-    return {"workers": rows}
-
-
 def _epoch(value: datetime | None) -> float:
     if value is None:
         raise RuntimeError("a succeeded job without started_at/finished_at")
     return value.timestamp()
-
-
-def farm_timing(client) -> dict[str, float]:
-    """Worker seconds on pulled batches, render seconds inside them, jobs and batches, summed over
-    every pool and worker so far, from the API's ``GET /metrics`` (Prometheus text)."""
-    text = client.http.get("/metrics").text
-    sums = dict.fromkeys(TIMING_SUMS.values(), 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in TIMING_SUMS:
-                sums[TIMING_SUMS[sample.name]] += sample.value
-    return sums
-
-
-def _overhead(before: dict[str, float], after: dict[str, float]) -> dict:
-    jobs, total, render = (after[k] - before[k] for k in ("jobs", "worker_s", "render_s"))
-    return {"batches": int(after["batches"] - before["batches"]), "jobs": int(jobs), "worker_s": round(total, 4),
-            "render_s": round(render, 4),
-            "overhead_ms_per_job": round(1000 * (total - render) / jobs, 3) if jobs else None}
 
 
 # ---- the bare side -------------------------------------------------------------------------------
@@ -280,7 +188,6 @@ def _run_bare(renderer, config: FarmBenchConfig, n: int, offset: int) -> dict:
 
 def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     """Start a private stack, measure, stop it; returns the JSON-able result."""
-    from bench.farm.core_figures import per_core
     from infra.localstack import LocalStack, free_port, patched_environ
     from pipeline.device import cpu_summary
     from producer.client import RenderClient
@@ -302,72 +209,97 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
                            appendonly=bool(config.submit_appendfsync))
         log(f"starting a private stack in {stack.run_dir} ({config.workers} worker(s) of {config.model}) …")
         with stack, patched_environ(stack.env), RenderClient(api_url=stack.api.url, timeout_s=600) as client:
-            warm = config.workers * config.batch_size
-            log(f"warm-up: {warm} job(s) …")
-            _run_farm(client, config, warm, offset=10_000_000)
-            bare = _bare_renderer(config) if config.bare and not config.null else None
-            if bare is not None:
-                _run_bare(bare, config, config.batch_size, offset=10_000_000)  # same warm-up as the workers
-            timing_before = farm_timing(client)  # after the warm-up's batches
-            counter = RedisCounter(stack.redis_url)
-            counter.reset()
-            farm_runs, bare_runs = [], []
-            cpu: dict[str, float] = {}
-            for r in range(config.rounds):
-                order = ("bare", "farm") if r % 2 == 0 else ("farm", "bare")
-                for what in order:
-                    if what == "farm":
-                        before = _cpu_snapshot(stack.processes)
-                        run = _run_farm(client, config, config.jobs, offset=r * config.jobs)
-                        for name, seconds in _cpu_snapshot(stack.processes).items():
-                            cpu[name] = cpu.get(name, 0.0) + seconds - before.get(name, seconds)
-                        farm_runs.append(run)
-                        log(f"round {r + 1} farm: {run['images_per_s']:.3f} img/s end to end, "
-                            f"{run['worker_images_per_s']:.3f} on the worker(s) (load {load_average()[0]})")
-                    elif bare is not None:
-                        run = _run_bare(bare, config, config.jobs, offset=r * config.jobs)
-                        bare_runs.append(run)
-                        log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {load_average()[0]})")
-            timing_after = farm_timing(client)
-            rounds_end = time.time()
-            result["redis"] = counter.read(config.jobs * config.rounds)
-            result["worker_memory"] = worker_memory(client, stack.workers, since=rounds_end)
-            result["full_path"] = _summary(farm_runs)
-            if bare_runs:
-                result["bare_loop"] = _summary(bare_runs)
-                result["full_path"]["ratio_to_bare"] = round(
-                    result["full_path"]["images_per_s"] / result["bare_loop"]["images_per_s"], 4)
-            result["overhead"] = _overhead(timing_before, timing_after)
-            if config.simulated_rate:
-                rate = config.simulated_rate
-                result["simulated_gpu"] = {
-                    "ms_per_image": config.render_ms_per_image, "sleep_bound_images_per_s": round(rate, 4),
-                    "efficiency": round(result["full_path"]["images_per_s"] / rate, 4),
-                    "worker_span_efficiency": round(result["full_path"]["worker_images_per_s"] / rate, 4)}
-            done = config.jobs * len(farm_runs)
-            result["cpu_ms_per_job"] = {name: round(1000 * s / done, 3) for name, s in sorted(cpu.items())}
-            result["cpu_ms_per_job"]["total"] = round(sum(result["cpu_ms_per_job"].values()), 3)
-            result["per_core"] = per_core(result["cpu_ms_per_job"], config.gpu_ms_per_image)
+            counter = _measure_rounds(client, stack, config, result, log)
             for worker in stack.workers:  # submission alone: nobody consumes
                 worker.stop()
             if config.submit_jobs:
-                api_pid = stack.api.pid
-                assert api_pid is not None, "the local stack's API is not running"
-                rss_before = rss_kib(api_pid)
-                memory_before = counter.used_memory()
-                result["submission"] = _submission(client, config, log, stack.redis_url)
-                queued = config.submit_jobs * config.submit_repeats * max(1, len(config.submit_appendfsync))
-                result["redis"]["bytes_per_queued_job"] = round((counter.used_memory() - memory_before) / queued, 1)
-                result["redis"]["job_hash_memory_usage_bytes"] = counter.job_memory(result["submission"].pop("_key"))
-                rss_after = rss_kib(api_pid)
-                result["submission"]["api_rss_mib"] = {
-                    "before": round(rss_before["VmRSS"] / 1024, 1), "after": round(rss_after["VmRSS"] / 1024, 1),
-                    "peak_after": round(rss_after["VmHWM"] / 1024, 1),
-                    "peak_growth": round((rss_after["VmHWM"] - rss_before["VmRSS"]) / 1024, 1)}
+                _measure_submission(client, stack, config, counter, result, log)
     result["machine"] = {"cpu": cpu_summary(), "load_average_before": load_before,
                          "load_average_after": load_average(), "nproc": os.cpu_count()}
     result["seconds"] = round(time.time() - started, 1)
     return result
+
+
+def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log) -> RedisCounter:
+    """Warm up, then ``config.rounds`` farm and bare runs in alternating order; fills ``result``'s
+    throughput, Redis, memory, overhead and CPU figures. Returns the Redis counter (reset after the
+    warm-up) the submission test goes on reading."""
+    from bench.farm.core_figures import per_core
+
+    assert config.jobs is not None and config.batch_size is not None  # a resolved config
+    warm = config.workers * config.batch_size
+    log(f"warm-up: {warm} job(s) …")
+    _run_farm(client, config, warm, offset=10_000_000)
+    bare = _bare_renderer(config) if config.bare and not config.null else None
+    if bare is not None:
+        _run_bare(bare, config, config.batch_size, offset=10_000_000)  # same warm-up as the workers
+    timing_before = farm_timing(client)  # after the warm-up's batches
+    counter = RedisCounter(stack.redis_url)
+    counter.reset()
+    farm_runs, bare_runs, cpu = _rounds(client, stack, config, bare, log)
+    timing_after = farm_timing(client)
+    rounds_end = time.time()
+    result["redis"] = counter.read(config.jobs * config.rounds)
+    result["worker_memory"] = worker_memory(client, stack.workers, since=rounds_end)
+    result["full_path"] = _summary(farm_runs)
+    if bare_runs:
+        result["bare_loop"] = _summary(bare_runs)
+        result["full_path"]["ratio_to_bare"] = round(
+            result["full_path"]["images_per_s"] / result["bare_loop"]["images_per_s"], 4)
+    result["overhead"] = overhead(timing_before, timing_after)
+    if config.simulated_rate:
+        rate = config.simulated_rate
+        result["simulated_gpu"] = {
+            "ms_per_image": config.render_ms_per_image, "sleep_bound_images_per_s": round(rate, 4),
+            "efficiency": round(result["full_path"]["images_per_s"] / rate, 4),
+            "worker_span_efficiency": round(result["full_path"]["worker_images_per_s"] / rate, 4)}
+    done = config.jobs * len(farm_runs)
+    result["cpu_ms_per_job"] = {name: round(1000 * s / done, 3) for name, s in sorted(cpu.items())}
+    result["cpu_ms_per_job"]["total"] = round(sum(result["cpu_ms_per_job"].values()), 3)
+    result["per_core"] = per_core(result["cpu_ms_per_job"], config.gpu_ms_per_image)
+    return counter
+
+
+def _rounds(client, stack, config: FarmBenchConfig, bare, log) -> tuple[list[dict], list[dict], dict[str, float]]:
+    """The measured rounds: farm runs, bare runs (none without ``bare``) and the CPU seconds each
+    farm process spent in the farm runs, by process name."""
+    assert config.jobs is not None  # a resolved config
+    farm_runs, bare_runs = [], []
+    cpu: dict[str, float] = {}
+    for r in range(config.rounds):
+        order = ("bare", "farm") if r % 2 == 0 else ("farm", "bare")
+        for what in order:
+            if what == "farm":
+                before = cpu_snapshot(stack.processes)
+                run = _run_farm(client, config, config.jobs, offset=r * config.jobs)
+                for name, seconds in cpu_snapshot(stack.processes).items():
+                    cpu[name] = cpu.get(name, 0.0) + seconds - before.get(name, seconds)
+                farm_runs.append(run)
+                log(f"round {r + 1} farm: {run['images_per_s']:.3f} img/s end to end, "
+                    f"{run['worker_images_per_s']:.3f} on the worker(s) (load {load_average()[0]})")
+            elif bare is not None:
+                run = _run_bare(bare, config, config.jobs, offset=r * config.jobs)
+                bare_runs.append(run)
+                log(f"round {r + 1} bare: {run['images_per_s']:.3f} img/s (load {load_average()[0]})")
+    return farm_runs, bare_runs, cpu
+
+
+def _measure_submission(client, stack, config: FarmBenchConfig, counter: RedisCounter, result: dict, log) -> None:
+    """The submission test, workers stopped: ``result["submission"]`` with the API's RSS around it,
+    and Redis's bytes per queued job and one job hash's ``MEMORY USAGE``."""
+    api_pid = stack.api.pid
+    assert api_pid is not None, "the local stack's API is not running"
+    rss_before = rss_kib(api_pid)
+    memory_before = counter.used_memory()
+    result["submission"] = _submission(client, config, log, stack.redis_url)
+    queued = config.submit_jobs * config.submit_repeats * max(1, len(config.submit_appendfsync))
+    result["redis"]["bytes_per_queued_job"] = round((counter.used_memory() - memory_before) / queued, 1)
+    result["redis"]["job_hash_memory_usage_bytes"] = counter.job_memory(result["submission"].pop("_key"))
+    rss_after = rss_kib(api_pid)
+    result["submission"]["api_rss_mib"] = {
+        "before": round(rss_before["VmRSS"] / 1024, 1), "after": round(rss_after["VmRSS"] / 1024, 1),
+        "peak_after": round(rss_after["VmHWM"] / 1024, 1),
+        "peak_growth": round((rss_after["VmHWM"] - rss_before["VmRSS"]) / 1024, 1)}
 
 
 def _summary(runs: list[dict]) -> dict:

@@ -24,7 +24,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from bench.farm.farm import FarmBenchConfig, cpu_seconds, load_average, requests_for
+from bench.farm.farm import FarmBenchConfig, load_average, requests_for
+from bench.farm.readings import cpu_seconds
 
 #: The target this command checks: seconds for 10,000 jobs in one POST.
 TARGET_S = 0.5
