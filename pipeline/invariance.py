@@ -43,7 +43,7 @@ kernels and invariance is not verified.
 shape, so the only guarantee is to give every image the shapes it has alone:
 :func:`make_per_sample` makes a module (text encoders, the denoiser) run one call per sample and
 concatenate, and the VAE decodes with diffusers' slicing (one image at a time). That costs the
-batching itself; it is the pool option ``batch_invariant`` (measured by ``pipeline.gpu_checks``,
+batching itself; it is the pool option ``batch_invariant`` (measured by ``bench.pipeline.gpu_checks``,
 off by default on GPUs unless it costs under 10 %). ERNIE-Image cannot be made invariant: its
 pipeline pads every prompt's text to the batch's longest, so batch-mates change the transformer's
 input (``infra.pools.FAMILIES``: ``batch_invariant=False``).

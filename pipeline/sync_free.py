@@ -24,7 +24,7 @@ and what removes them, all exact (same values, same arithmetic):
 :class:`SyncSpy` is the check that runs without CUDA: the loop runs on the ``meta`` device (a
 stand-in for an accelerator: no data, every cross-device copy visible) and every operation that
 would synchronize on CUDA is recorded. On CUDA, ``torch.cuda.set_sync_debug_mode("error")`` is
-the proof (``tests/unit/pipeline/test_sync_free.py``, ``pipeline.gpu_checks``).
+the proof (``tests/unit/pipeline/test_sync_free.py``, ``bench.pipeline.gpu_checks``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from infra.schemas import BatchStatus, RenderRequest
 from producer.client import NotFoundError, RenderClient, RenderFarmError
-from producer.inputs import is_local
+from producer.local_inputs import is_local
 from producer.prompts import load_prompts
 
 

@@ -37,7 +37,7 @@ from infra.schemas import (
     RenderRequest,
 )
 from infra.settings import get_settings
-from producer.inputs import upload_local_inputs
+from producer.local_inputs import upload_local_inputs
 
 
 class NotFoundError(LookupError):

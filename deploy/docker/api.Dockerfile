@@ -36,6 +36,7 @@ COPY infra ./infra
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY worker ./worker
+COPY bench ./bench
 # The client and the [api] extra, as pyproject.toml declares them.
 RUN pip install "./[api]" \
     && python -c "import infra.api.app; infra.api.app.create_app()" \

@@ -48,6 +48,7 @@ COPY infra ./infra
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY worker ./worker
+COPY bench ./bench
 COPY deploy/constraints.txt ./constraints.txt
 RUN pip install -c constraints.txt "./[worker]" \
     && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}" \

@@ -49,6 +49,7 @@ COPY infra ./infra
 COPY pipeline ./pipeline
 COPY producer ./producer
 COPY worker ./worker
+COPY bench ./bench
 COPY deploy/constraints.txt ./constraints.txt
 # the [gpu] extra: the worker's stack with torchao and sdnq (flash-attn above, built against this torch)
 RUN pip install -c constraints.txt "./[gpu]" && pip install --no-deps "open-clip-torch==${OPEN_CLIP_VERSION}"

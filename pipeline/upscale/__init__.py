@@ -10,10 +10,10 @@ from pipeline.upscale.diffusion import (
     DiffusionUpscaler,
     load_diffusion_upscaler,
 )
-from pipeline.upscale.load import OFFLINE_UPSCALERS, load_upscaler
 from pipeline.upscale.rrdbnet import RRDBConfig, RRDBNet, config_from_state_dict
 from pipeline.upscale.stage import UpscaleStage
 from pipeline.upscale.tiles import upscale_tiled
+from pipeline.upscale.weights import OFFLINE_UPSCALERS, load_upscaler
 
 __all__ = ["OFFLINE_DIFFUSION_UPSCALERS", "OFFLINE_UPSCALERS", "DiffusionSettings", "DiffusionUpscaler", "RRDBConfig",
            "RRDBNet", "UpscaleStage", "config_from_state_dict", "load_diffusion_upscaler", "load_upscaler",

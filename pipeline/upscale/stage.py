@@ -34,8 +34,8 @@ from pipeline.upscale.diffusion import (
     is_diffusion_upscaler,
     load_diffusion_upscaler,
 )
-from pipeline.upscale.load import load_upscaler
 from pipeline.upscale.tiles import upscale_tiled
+from pipeline.upscale.weights import load_upscaler
 
 DEFAULT_TILE = 256
 DEFAULT_PAD = 16

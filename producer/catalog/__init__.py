@@ -29,7 +29,8 @@ An item's fields fill the template's ``{field}`` placeholders; fields named like
 
 Modules: :mod:`~producer.catalog.items` (reading), :mod:`~producer.catalog.templates`,
 :mod:`~producer.catalog.plan` (requests and content keys), :mod:`~producer.catalog.run` (the loop
-and the report), :mod:`~producer.catalog.cli` (``renderfarm catalog``).
+and the report), :mod:`~producer.catalog.chunks` (one chunk's uploads and submission),
+:mod:`~producer.catalog.cli` (``renderfarm catalog``).
 """
 
 from producer.catalog.cli import register, run_catalog

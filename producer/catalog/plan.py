@@ -9,7 +9,7 @@ parameters (size, steps, guidance, scheduler, format), seed and, for an item wit
 the local files; an https URL's image is downloaded first and counts by its bytes, then uploaded
 like a local file) and ``strength``: a re-run after a photo changed
 renders that item again, and only that one. Local paths are relative to the catalog's folder; the
-run uploads them (:mod:`producer.inputs`) before submitting. Its seed is the item's ``seed``
+run uploads them (:mod:`producer.local_inputs`) before submitting. Its seed is the item's ``seed``
 field, or else derived from that same content, so a re-run computes the same keys.
 """
 
@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from infra.schemas import CATALOG_KEY_FIELD, RenderRequest
 from producer.catalog.items import CatalogError, Item, read_catalog
 from producer.catalog.templates import Template, TemplateFieldError
-from producer.inputs import fetch_url_input, local_input_key
+from producer.local_inputs import fetch_url_input, local_input_key
 
 #: Item fields that set request parameters (field name → RenderRequest field).
 PARAM_FIELDS = {"seed": "seed", "width": "width", "height": "height", "steps": "num_inference_steps",
@@ -85,7 +85,7 @@ def _value(v: Any) -> Any:
 
 def _inputs(values: Mapping[str, Any], base_dir: Path) -> tuple[dict[str, str], dict[str, Path]]:
     """The item's image columns as request fields (keys) and the local files behind the keys (an
-    https URL's image downloaded by :func:`producer.inputs.fetch_url_input`).
+    https URL's image downloaded by :func:`producer.local_inputs.fetch_url_input`).
     Raises ValueError naming the column: a missing file, a URL that cannot be fetched, or not a PNG, JPEG or WebP."""
     fields, files = {}, {}
     for column, target in IMAGE_COLUMNS.items():

@@ -1,9 +1,10 @@
 """The catalog run loop: skip what has an image, wait for what is in flight, submit the rest.
 
 Place in the data flow: plans (:mod:`producer.catalog.plan`) → ``POST /v1/catalog/lookup`` →
-``POST /v1/batches`` in chunks → batch polling → outcomes per content key → the report
-(:mod:`producer.catalog.report`). Every API call goes through :class:`RenderClient`, whose retry
-policy rides out 429s and API restarts; chunks carry an idempotency key derived from their keys.
+``POST /v1/batches`` in chunks (:mod:`producer.catalog.chunks`) → batch polling → outcomes per
+content key → the report (:mod:`producer.catalog.report`). Every API call goes through
+:class:`RenderClient`, whose retry policy rides out 429s and API restarts; chunks carry an
+idempotency key derived from their keys.
 
 An item is skipped only on the farm's word that its image exists: the lookup answers
 ``succeeded`` only after a HEAD of the image (:mod:`infra.state.catalog`). That holds for items
@@ -14,7 +15,6 @@ bucket, a deleted object) is rendered again and recorded anew.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -30,6 +30,7 @@ import httpx
 from tqdm import tqdm
 
 from infra.schemas import MAX_LOOKUP_KEYS
+from producer.catalog.chunks import ChunkSubmitter
 from producer.catalog.plan import Plan
 from producer.catalog.report import Outcome, build_report
 from producer.client import NotFoundError, RenderClient, RenderFarmError
@@ -102,11 +103,9 @@ class CatalogRun:
         self.requests = {p.key: p.request for p in self.plans if p.key and p.request is not None}  # both or neither
         self.job_key: dict[str, str] = {}                            # job id → key (jobs we wait for)
         self.waiting: dict[str, set[str]] = defaultdict(set)         # batch id → keys
-        self.prev_job: dict[str, str] = {}                           # key → its failed/canceled job
         self.submitted_ok = 0
-        self.inputs = {p.key: p.inputs for p in self.plans if p.key and p.inputs}  # key → local input files
-        self.uploaded: set[str] = set()                              # input keys uploaded in this run
-        self.refused: dict[str, dict] = {}                           # input key → why the API refused it
+        self.chunks = ChunkSubmitter(self.client, self.requests, priority=self.priority,
+                                     inputs={p.key: p.inputs for p in self.plans if p.key and p.inputs})
 
     # -- steps ---------------------------------------------------------------------------------
     def _lookup(self, keys: list[str], pool: ThreadPoolExecutor) -> list[str]:
@@ -124,7 +123,7 @@ class CatalogRun:
                     self._wait_for(key, entry["job_id"], entry["batch_id"])
                     self.resumed += 1
                 else:
-                    self.prev_job[key] = entry["job_id"]
+                    self.chunks.prev_job[key] = entry["job_id"]
                     to_submit.append(key)
         return to_submit
 
@@ -133,66 +132,6 @@ class CatalogRun:
         self.waiting[batch_id].add(key)
         if batch_id not in self.batches:
             self.batches.append(batch_id)
-
-    def _upload_inputs(self, keys: list[str]) -> dict[str, dict]:
-        """Upload the local input images of the items about to be submitted, each file once per
-        run; returns ``{key: error}`` for the items whose file the API refused (they fail alone)."""
-        failed: dict[str, dict] = {}
-        for key in keys:
-            for input_key, path in self.inputs.get(key, {}).items():
-                if input_key in self.refused:
-                    failed[key] = self.refused[input_key]
-                    continue
-                if input_key in self.uploaded:
-                    continue
-                try:
-                    answered = self.client.upload(path)
-                except RenderFarmError as exc:
-                    self.refused[input_key] = failed[key] = {"type": "InputRefused",
-                                                             "message": f"{path}: HTTP {exc.status_code}: {exc.detail}"}
-                    continue
-                if answered != input_key:
-                    self.refused[input_key] = failed[key] = {
-                        "type": "InputChanged", "message": f"{path}: uploaded as {answered}, planned as {input_key} "
-                                                           "(the file changed during the run)"}
-                    continue
-                self.uploaded.add(input_key)
-        return failed
-
-    def _submit(self, keys: list[str]) -> tuple[list[tuple[str, str, str]], dict[str, dict]]:
-        """POST one chunk; returns ``([(key, job_id, batch_id)…], {key: error})``. A 413 splits
-        the chunk in halves; a 422 fails its items with the API's reason."""
-        ident = hashlib.sha256("\n".join(f"{k}:{self.prev_job.get(k, '')}" for k in keys).encode()).hexdigest()
-        refused = self._upload_inputs(keys) if self.inputs else {}
-        if refused:
-            keys = [k for k in keys if k not in refused]
-            if not keys:
-                return [], refused
-            ok, errors = self._submit(keys)
-            return ok, {**refused, **errors}
-        try:
-            accepted = self.client.submit_batch([self.requests[k] for k in keys], priority=self.priority,
-                                                idempotency_key=f"catalog-{ident}")
-        except RenderFarmError as exc:
-            if exc.status_code == 413 and len(keys) > 1:
-                half = len(keys) // 2
-                (ok1, err1), (ok2, err2) = self._submit(keys[:half]), self._submit(keys[half:])
-                return ok1 + ok2, {**err1, **err2}
-            return [], self._refusal(keys, exc)
-        except httpx.HTTPError as exc:
-            return [], {k: {"type": "SubmitError", "message": f"{type(exc).__name__}: {exc}"} for k in keys}
-        return [(k, j, accepted.batch_id) for k, j in zip(keys, accepted.job_ids)], {}
-
-    @staticmethod
-    def _refusal(keys: list[str], exc: RenderFarmError) -> dict[str, dict]:
-        per_job: dict[int, str] = {}
-        if exc.status_code == 422 and isinstance(exc.detail, list):
-            for err in exc.detail:
-                loc = err.get("loc", []) if isinstance(err, dict) else []
-                if len(loc) > 2 and loc[:2] == ["body", "jobs"] and isinstance(loc[2], int):
-                    per_job[loc[2]] = f"{'.'.join(str(x) for x in loc[3:])}: {err.get('msg')}"
-        general = f"HTTP {exc.status_code}: {exc.detail}"
-        return {k: {"type": "Refused", "message": per_job.get(i, general)[:2000]} for i, k in enumerate(keys)}
 
     def _poll(self, batch_id: str) -> None:
         """Resolve the keys of ``batch_id`` once it is done; a vanished batch's keys are resubmitted."""
@@ -261,7 +200,7 @@ class CatalogRun:
                     self._orphans = []
                 while pending:
                     chunk, pending = pending[:self.chunk_size], pending[self.chunk_size:]
-                    futures.add(pool.submit(self._submit, chunk))
+                    futures.add(pool.submit(self.chunks.submit, chunk))
                 for future in [f for f in futures if f.done()]:
                     futures.discard(future)
                     ok, errors = future.result()

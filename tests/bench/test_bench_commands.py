@@ -219,7 +219,7 @@ def test_bench_messages_moves_every_job_id_once_in_both_modes(tmp_path, capsys):
 def test_bench_farm_table_states_the_target_of_its_image_size(name, target):
     from rich.console import Console
 
-    from producer.bench_farm_table import result_table
+    from bench.farm.farm_table import result_table
 
     root = Path(__file__).resolve().parents[2]
     result = json.loads((root / f"docs/benchmarks/cpu-epyc-f25-avx512-bf16-{name}.json").read_text())

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.bench.observe import compiled_regions, inductor_settings, mode_of
-from pipeline.bench.summary import round_stats, summarize
+from bench.pipeline.ran_with import compiled_regions, inductor_settings, mode_of
+from bench.pipeline.summary import round_stats, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_PAGE = ROOT / "docs/performance/gpu.md"
@@ -61,7 +61,7 @@ def test_roofline_columns_divide_the_achieved_rate_by_each_measured_gemm_rate():
 
 def _show(capsys, folder: Path, path: Path, *args: str) -> dict:
     """``renderfarm bench show PATH ARGS --json …``: the result it printed, as written."""
-    from producer.bench_cli import main
+    from bench.cli import main
 
     target = folder / f"{path.stem}{''.join(args)}.json"
     with pytest.raises(SystemExit) as stop:
@@ -96,7 +96,7 @@ def test_bench_show_reproduces_the_gpu_pages_h200_figures_from_their_files(capsy
 
 
 def test_bench_show_refuses_what_it_cannot_read(tmp_path, capsys):
-    from producer.bench_cli import main
+    from bench.cli import main
 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"benchmark": "profile"}))
@@ -134,7 +134,7 @@ def test_compiled_regions_name_each_compile_with_the_options_its_backend_carries
 
 
 def test_inductor_settings_are_read_inside_the_rows_context_not_from_the_tutorials_constant():
-    from pipeline.bench.public import TUNING_FLAGS, inductor_flags, tutorial_flags
+    from bench.pipeline.public_recipes import TUNING_FLAGS, inductor_flags, tutorial_flags
 
     outside = inductor_settings()
     with inductor_flags(tuning=False):
@@ -149,7 +149,7 @@ def test_inductor_settings_are_read_inside_the_rows_context_not_from_the_tutoria
 
 @pytest.mark.long
 def test_the_json_is_checkpointed_every_round_and_a_failing_row_is_kept_as_failed(bench_cache, tmp_path):
-    from pipeline.bench import PipelineBenchConfig, run_pipeline_bench, write_json
+    from bench.pipeline import PipelineBenchConfig, run_pipeline_bench, write_json
 
     # the CPU has no cuDNN attention: pinning it makes that row's first render fail, for real
     specs = ("reference", "reference:sdpa=cudnn", "reference:dtype=bfloat16")

@@ -53,7 +53,7 @@ def test_modelcard_sdnq_uint4_enables_quantized_matmul(tmp_path, bench_cache):
 
 
 def test_the_allocator_pitfall_is_refused_before_loading(monkeypatch, bench_cache):
-    from pipeline.bench import PipelineBenchConfig, run_pipeline_bench
+    from bench.pipeline import PipelineBenchConfig, run_pipeline_bench
 
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:32")
     with pytest.raises(ValueError, match="expandable_segments"):

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from bench.pipeline.trace import CATEGORIES
 from infra.cli import main
-from pipeline.bench.trace import CATEGORIES
 
 pytestmark = pytest.mark.bench
 STEPS = 3

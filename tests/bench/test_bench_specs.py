@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.bench.specs import parse_spec, parse_specs
+from bench.pipeline.specs import parse_spec, parse_specs
 
 
 def test_plain_names_and_aliases():

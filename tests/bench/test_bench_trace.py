@@ -1,4 +1,4 @@
-"""Reading a profiler trace (pipeline/bench/trace.py) on a trace in Kineto's Chrome format with
+"""Reading a profiler trace (bench/pipeline/trace.py) on a trace in Kineto's Chrome format with
 CUDA activity, as ``torch.profiler`` writes it on a GPU: API calls on the host thread carry
 correlation ids, kernels and copies on the device carry the same ids. (The CPU format is checked
 end to end by ``bench profile`` in test_bench_profile.py.)"""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.bench.probes import StepMarks
-from pipeline.bench.trace import CATEGORIES, analyze, category
+from bench.pipeline.render_probes import StepMarks
+from bench.pipeline.trace import CATEGORIES, analyze, category
 
 RANGES = (StepMarks.STEP, StepMarks.DENOISER, StepMarks.SCHEDULER_STEP)
 HOST, STREAM = 11, 7

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.pipeline import psnr
 from infra.schemas import RenderRequest
-from pipeline.bench import psnr
 from pipeline.device import DeviceProfile
 from pipeline.recipes import RECIPES, recipe_for
 

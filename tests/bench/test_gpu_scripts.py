@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.ready import served
-from pipeline.bench.specs import parse_specs
-from producer.bench_cli import build_parser
+from bench.cli import build_parser
+from bench.pipeline.specs import parse_specs
+from bench.pipeline.time_to_ready import served
 
 pytestmark = pytest.mark.long
 
@@ -71,7 +71,7 @@ def test_every_staged_invocation_is_a_valid_bench_command(compile_mode):
     parser = build_parser()
     for line in lines:
         words = shlex.split(line)
-        assert words[:3] == ["python3", "-m", "producer.bench_cli"]
+        assert words[:3] == ["python3", "-m", "bench.cli"]
         args = parser.parse_args(words[3:])
         assert args.device == "cuda" and args.json.startswith("/tmp/bench-results/")
         specs = parse_specs(args.recipes if args.bench == "pipeline" else [args.recipe])
@@ -86,8 +86,8 @@ def test_custom_invocations_and_unknown_stages():
     env = {**os.environ, "BENCH_CMDS": "pipeline --model tiny --json @/a.json; profile --model tiny"}
     listing = _run(BENCH, "--dry-run", "custom", env=env)
     assert listing.stdout.splitlines() == [
-        "python3 -m producer.bench_cli pipeline --model tiny --json /tmp/bench-results/a.json",
-        "python3 -m producer.bench_cli profile --model tiny"]
+        "python3 -m bench.cli pipeline --model tiny --json /tmp/bench-results/a.json",
+        "python3 -m bench.cli profile --model tiny"]
     assert _run(BENCH, "--dry-run", "warp").returncode == 2
 
 

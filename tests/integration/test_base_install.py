@@ -86,6 +86,6 @@ def test_the_extras_commands_say_what_to_install(base_venv):
     helped = _run([cli, "--help"])
     assert helped.returncode == 0 and "not installed here:" in helped.stdout and "renderfarm[api]" in helped.stdout
     for argv, extra in ((["api"], "api"), (["keys", "list"], "api"), (["worker", "--model", "tiny"], "worker"),
-                        (["up"], "worker")):
+                        (["up"], "worker"), (["bench", "farm", "--model", "null"], "worker")):
         out = _run([cli, *argv], env={**os.environ, "RENDERFARM_ENV_FILE": ""})
         assert out.returncode == 2 and f"needs the [{extra}] extra" in out.stderr, (argv, out.stderr[-1000:])

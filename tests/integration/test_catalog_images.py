@@ -18,7 +18,7 @@ from PIL import Image
 
 from infra.storage.images import parse_parameters, read_parameters
 from producer.catalog import run_catalog
-from producer.inputs import file_sha256
+from producer.local_inputs import file_sha256
 
 pytestmark = pytest.mark.integration
 SMALL = {"width": 64, "height": 64, "num_inference_steps": 4}

@@ -168,7 +168,7 @@ def test_compile_is_guarded_and_lazy(tmp_path, exact_recipe, monkeypatch):
 
 
 def test_gemm_autotuning_off_compiles_with_atens_gemms_alone(tmp_path, exact_recipe):
-    from pipeline.bench.observe import compiled_regions
+    from bench.pipeline.ran_with import compiled_regions
 
     recipe = dataclasses.replace(exact_recipe, compile_denoiser=True, compile_vae=True, compile_freeze=False,
                                  compile_mode="reduce-overhead", compile_gemm_autotune=False)

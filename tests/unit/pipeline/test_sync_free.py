@@ -70,7 +70,7 @@ def test_pinned_noise_draws_the_same_numbers():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: torch.cuda.set_sync_debug_mode")
 @pytest.mark.parametrize("model", ["tiny", "tiny-sdxl", "tiny-sd3", "tiny-flux", "tiny-ernie-image"])
 def test_no_sync_in_the_denoising_loop_on_cuda(offline_cache, model):
-    from pipeline.gpu_checks import syncs_in_loop
+    from bench.pipeline.gpu_checks import syncs_in_loop
 
     for scheduler in (["default", *SCHEDULERS] if model in ("tiny", "tiny-sdxl") else ["default"]):
         assert syncs_in_loop(model, scheduler, offline_cache) == 0, scheduler

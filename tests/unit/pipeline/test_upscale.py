@@ -11,9 +11,9 @@ from infra import pools
 from infra.schemas import RenderRequest
 from pipeline.upscale import OFFLINE_UPSCALERS, RRDBConfig, RRDBNet, UpscaleStage, load_upscaler, upscale_tiled
 from pipeline.upscale.diffusion import OFFLINE_DIFFUSION_UPSCALERS
-from pipeline.upscale.load import random_rrdbnet
 from pipeline.upscale.rrdbnet import config_from_state_dict
 from pipeline.upscale.tiles import tile_windows
+from pipeline.upscale.weights import random_rrdbnet
 
 TINY = OFFLINE_UPSCALERS["tiny-esrgan-x4"]
 
