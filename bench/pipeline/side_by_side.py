@@ -38,9 +38,9 @@ from typing import cast
 import numpy as np
 
 from bench.pipeline import adapter
+from bench.pipeline.flop_counts import FlopCounts
 from bench.pipeline.instruments import device_kind, gemm_rates, gemm_sizes, load_average, machine_facts, mib, psnr
 from bench.pipeline.ran_with import cudagraph_skips, observe
-from bench.pipeline.render_probes import RenderCount, architecture, count_render, denoiser_class
 from bench.pipeline.specs import BenchSpec, parse_specs
 from bench.pipeline.subjects import FarmSubject, Subject, Workload, load_subject, timed_render
 from bench.pipeline.summary import MIN_ROUNDS, summarize
@@ -137,10 +137,7 @@ class _Run:
         self.reserved: dict[tuple[str, int], int] = {}
         self.gemm: dict[str, list[float]] = {"float32": [], "bfloat16": []}
         self.gemm_sizes: dict[str, int] = {}
-        self.counts: dict[tuple, RenderCount] = {}
-        #: denoiser class → FLOPs per call, from an eager count (OpenVINO is invisible to the counter)
-        self.denoiser_call_flops: dict[str, float] = {}
-        self.subject_counts: dict[str, RenderCount] = {}
+        self.flops = FlopCounts(config.count_flops)
         self.reports: dict[str, dict] = {}
         self.failed: set[str] = set()
         self.skips_before: dict[str, int] = {}  # Inductor's cudagraph_skips before each row's first call
@@ -266,18 +263,8 @@ class _Run:
             self.log(f"[yellow]{s.spec.text}: no FLOP/denoiser count ({type(exc).__name__}: {exc})[/]")
 
     def _count(self, s: Subject) -> None:
-        key = architecture(s.pipe)
-        if key not in self.counts:
-            self.log(f"counting {'FLOPs and ' if self.config.count_flops else ''}denoiser calls with {s.spec.text} …")
-            count = count_render(s.pipe, lambda: s.render([self.config.seed]), flops=self.config.count_flops)
-            denoiser = denoiser_class(s.pipe)
-            if count.denoiser_flops > 0 and count.denoiser_calls:
-                self.denoiser_call_flops.setdefault(denoiser, count.denoiser_flops / count.denoiser_calls)
-            elif count.flops and count.denoiser_calls and denoiser in self.denoiser_call_flops:
-                extra = self.denoiser_call_flops[denoiser] * count.denoiser_calls
-                count.denoiser_flops, count.flops = extra, count.flops + extra
-            self.counts[key] = count
-        self.subject_counts[s.spec.text] = self.counts[key]
+        if self.flops.count(s.spec.text, s.pipe, lambda: s.render([self.config.seed])):
+            self.log(f"counted {'FLOPs and ' if self.config.count_flops else ''}denoiser calls with {s.spec.text}")
 
     def rounds(self, subjects: list[Subject]) -> None:
         """The timed rounds of ``subjects``' cells, round-robin, the order rotating each round."""
@@ -304,7 +291,7 @@ class _Run:
                        "pool_batch_size": self.pool, "resolved_batch_sizes": self.batch_sizes,
                        "method": {"cold_calls": 1, "settle_calls": 1, "timed_rounds": self.config.repeats}},
             "machine": machine,
-            "flops_by_module": {t: c.by_module for t, c in self.subject_counts.items() if c.by_module},
+            "flops_by_module": {t: c.by_module for t, c in self.flops.rows.items() if c.by_module},
             "reports": self.reports,
             "rows": rows,
             "seconds": round(time.time() - self.started, 1),
@@ -369,11 +356,13 @@ def _finish(run: _Run) -> list[dict]:
         row.peak_reserved_mib = mib(run.reserved.get((text, b)))
         if refs and (text, b) in run.images:
             row.psnr_db = min(psnr(img, refs[seed]) for img, seed in zip(run.images[text, b], run.seeds(b)))
-        count = run.subject_counts.get(text)
-        if count is not None:
+        count, totals = run.flops.rows.get(text), run.flops.totals(text)
+        if count is not None and totals is not None:
             row.denoiser_calls = count.denoiser_calls or None
-            if run.config.count_flops and count.flops:
-                row.flops_per_image, row.denoiser_flops_per_image = count.flops, count.denoiser_flops
+            if run.config.count_flops and totals[0]:
+                row.flops_per_image, row.denoiser_flops_per_image = totals[0], totals[1]
+                if totals[2]:
+                    run.reports[text]["flops_from_eager"] = totals[2]
     rates = {k: statistics.median(v) for k, v in run.gemm.items() if v}
     return summarize([asdict(r) for r in run.rows.values()], rates)
 
