@@ -153,6 +153,24 @@ class BatchRunner:
         """Jobs this worker holds right now (for heartbeats and lease renewal)."""
         return self.held.snapshot()
 
+    def start(self) -> None:
+        """As a part of the worker: nothing to start (the render and post threads start with the
+        first overlapped batch)."""
+
+    def stop(self) -> None:
+        """As a part of the worker, last at exit: give back the jobs still held (a cold shutdown
+        interrupted a batch), so they run again at once instead of after their lease; a warm
+        shutdown holds none."""
+        held = self.current_jobs()
+        if not held:
+            return
+        try:
+            released = self.store.release(held)
+            self.post.on_requeued([job_id for job_id, _ in released])
+            log.warning("released %d running job(s) on shutdown", len(released))
+        except Exception as exc:  # Redis away: their leases expire and the reaper requeues them
+            log.warning("could not release %d job(s): %s", len(held), exc)
+
     @property
     def images_done(self) -> int:
         """Images stored and recorded by this worker."""
