@@ -9,10 +9,12 @@ out of memory:
 
 * in the VAE decode only: :func:`guard_vae_decode` decodes that batch again one image at a time,
   so its denoising steps are kept;
-* in the denoiser: :func:`split_on_oom` renders the halves *after* leaving the ``except`` block
-  (the exception's traceback holds the failed batch's tensors; inside the block they would stay
-  alive while the halves render), and :class:`BatchLimits` lowers the batch size for that shape
-  only, raising it back after enough successes.
+* in the denoiser: :func:`render_in_parts` (the worker's render stage, :mod:`worker.render_stage`,
+  renders every group through it) lowers the batch size for that shape only
+  (:class:`BatchLimits`, raised back after enough successes) and renders the halves *after*
+  leaving the ``except`` block (the exception's traceback holds the failed batch's tensors;
+  inside the block they would stay alive while the halves render); :func:`split_on_oom` is the
+  same policy for a caller that wants every result at once.
 
 Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA (and its xpu/npu twins), and the
 process's resident-set high-water mark (``VmHWM`` in ``/proc/self/status``, reset through
@@ -26,17 +28,20 @@ its cached blocks and retries before it raises, so none is needed here either.
 
 from __future__ import annotations
 
+import logging
 import re
 import resource
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from pipeline.device import DeviceProfile
+
+log = logging.getLogger("renderfarm.worker")
 
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 T = TypeVar("T")
@@ -166,38 +171,68 @@ def is_oom_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-def split_on_oom(render: Callable[[Sequence[T]], list[R]], items: Sequence[T],
-                 limits: "BatchLimits | None" = None, key: Hashable = None) -> tuple[list[R], int]:
-    """``render(items)``; on OOM, render each half the same way. Returns the results in order
-    and the largest batch size that succeeded. With ``limits``, ``items`` are first cut to the
-    cap for ``key``, an OOM lowers that cap, and successes count towards raising it again.
+def render_in_parts(render: Callable[[list[T]], R], items: Sequence[T], limits: BatchLimits | None = None,
+                    key: Hashable = None, *,
+                    on_error: Callable[[list[T], Exception], bool] | None = None) -> Iterator[tuple[list[T], R]]:
+    """The out-of-memory policy: ``render`` ``items`` in parts that fit, yielding ``(part,
+    render(part))`` for each part that rendered, in the order of ``items``.
 
-    The halves run after the ``except`` block has ended, with the exception dropped: its
-    traceback references the frames, and so the activations, of the batch that failed.
-    A single item that still runs out of memory re-raises.
+    With ``limits``, ``items`` are first cut into chunks of the cap for ``key`` (e.g. the
+    group's compat key), an OOM lowers that cap (:meth:`BatchLimits.lowered`, logged as ``out of
+    memory on a group of N; this shape now renders at most M at once``) and each rendered part
+    counts towards raising it again (:meth:`BatchLimits.succeeded`, before the part is yielded).
+    A part of two or more items that runs out of memory is rendered again as two halves, each
+    the same way, *after* the ``except`` block has ended: the exception's traceback references
+    the frames, and so the activations, of the part that failed.
+
+    Any other error, and an OOM of a single item, goes to ``on_error(part, exc)`` inside the
+    ``except`` block: it returns True to have the part rendered in halves all the same (a
+    caller isolating a failing item by bisection; ignored for a single item) or False when it
+    has dealt with the part's failure (the part yields nothing). Without ``on_error`` the error
+    is raised. The generator renders lazily: each part renders when the caller asks for it.
     """
-    if limits is not None and len(items) > limits.cap(key, len(items)):
-        size = limits.cap(key, len(items))
-        parts = [split_on_oom(render, items[i:i + size], limits, key) for i in range(0, len(items), size)]
-        return [r for part, _ in parts for r in part], max(n for _, n in parts)
+    items = list(items)
+    cap = limits.cap(key, len(items)) if limits is not None else len(items)
+    if len(items) > cap:  # this shape ran out of memory before: render it in chunks it fits in
+        for i in range(0, len(items), cap):
+            yield from render_in_parts(render, items[i:i + cap], limits, key, on_error=on_error)
+        return
     try:
-        results = list(render(items))
-    except Exception as e:
-        if not is_oom_error(e) or len(items) <= 1:
+        result = render(items)
+    except Exception as exc:
+        oom = is_oom_error(exc)
+        if oom and limits is not None:
+            log.warning("out of memory on a group of %d; this shape now renders at most %d at once", len(items),
+                        limits.lowered(key, len(items)))
+        if oom and len(items) > 1:
+            halves = True
+        elif on_error is None:
             raise
-        oom = True
+        else:
+            halves = on_error(items, exc) and len(items) > 1
     else:
-        oom = False
-    if not oom:
         if limits is not None:
             limits.succeeded(key, len(items))
-        return results, len(items)
-    if limits is not None:
-        limits.lowered(key, len(items))
-    mid = len(items) // 2
-    left, n_left = split_on_oom(render, items[:mid], limits, key)
-    right, n_right = split_on_oom(render, items[mid:], limits, key)
-    return left + right, max(n_left, n_right)
+        yield items, result
+        return
+    if halves:  # outside the except block: the failed part's frames and tensors are freed first
+        mid = len(items) // 2
+        yield from render_in_parts(render, items[:mid], limits, key, on_error=on_error)
+        yield from render_in_parts(render, items[mid:], limits, key, on_error=on_error)
+
+
+def split_on_oom(render: Callable[[Sequence[T]], list[R]], items: Sequence[T],
+                 limits: BatchLimits | None = None, key: Hashable = None) -> tuple[list[R], int]:
+    """:func:`render_in_parts` for a caller that wants every result at once: ``render(items)``
+    (a list of results per item), split on OOM. Returns the results in the order of ``items``
+    and the largest part that rendered (0 for no items).
+
+    Raises:
+        Exception: any error but an OOM of two or more items, as ``render`` raised it (a single
+            item that still runs out of memory re-raises, after lowering its cap).
+    """
+    parts = list(render_in_parts(render, items, limits, key))
+    return [r for _, results in parts for r in results], max((len(part) for part, _ in parts), default=0)
 
 
 class BatchLimits:

@@ -1,19 +1,21 @@
 """What a worker holds while one pulled batch is in flight, and what became of its jobs.
 
-Place in the data flow: inside the worker, between :class:`worker.runner.BatchRunner`'s three
-stages (start, in Celery's consumer thread → render, in the render thread → encode, upload and
-record, in the post-processing thread).
+Place in the data flow: inside the worker, from the batch's start (:mod:`worker.runner`, in
+Celery's consumer thread) through the render stage (:mod:`worker.render_stage`) to the post
+stage (:mod:`worker.post_stage`), which records it: the pulled messages' job ids
+(:func:`job_ids_from_messages`), the batch in flight (:class:`BatchWork`), its render groups
+(:func:`render_groups`), the jobs held meanwhile (:class:`HeldJobs`) and what became of them
+(:class:`BatchOutcome`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from PIL import Image
 
 from infra.state.jobs import StartedJob
 from pipeline.compat import compat_key
@@ -42,9 +44,10 @@ class BatchOutcome:
 
 @dataclass
 class BatchWork:
-    """One pulled batch in flight: its jobs, the perf_counter time it started, and two outcomes,
-    one per thread, merged at the batch's end: ``rendering`` (the render stage's failures and
-    drops, its pipeline calls) and ``outcome`` (the post stage's)."""
+    """One pulled batch in flight: its job ids, the jobs this attempt started, the perf_counter
+    time it started, and two outcomes, one per stage (each written by one thread), merged by the
+    post stage at the batch's end: ``rendering`` (the render stage's failures and drops, its
+    pipeline calls) and ``outcome`` (the post stage's)."""
 
     job_ids: list[str]
     jobs: list[StartedJob]
@@ -53,16 +56,29 @@ class BatchWork:
     rendering: BatchOutcome = field(default_factory=BatchOutcome)
 
 
-@dataclass
-class PostItem:
-    """A post-processing item: a rendered group (jobs and their images, in order, and the
-    denoising steps its render ran), or with ``jobs`` None the batch's end (metrics, requeues,
-    release from ``current``)."""
+class HeldJobs:
+    """The jobs this worker holds: each from its start until its batch is recorded (their leases
+    are renewed by the heartbeat meanwhile, and a cold shutdown releases them). Thread-safe."""
 
-    work: BatchWork
-    jobs: list[StartedJob] | None = None
-    images: list[Image.Image] | None = None
-    steps: int | None = None
+    def __init__(self) -> None:
+        self._jobs: dict[str, StartedJob] = {}
+        self._lock = threading.Lock()
+
+    def add(self, jobs: Iterable[StartedJob]) -> None:
+        """Hold ``jobs`` (started by this worker)."""
+        with self._lock:
+            self._jobs.update({j.job_id: j for j in jobs})
+
+    def remove(self, jobs: Iterable[StartedJob]) -> None:
+        """Hold ``jobs`` no more (their batch is recorded)."""
+        with self._lock:
+            for job in jobs:
+                self._jobs.pop(job.job_id, None)
+
+    def snapshot(self) -> list[StartedJob]:
+        """The jobs held now."""
+        with self._lock:
+            return list(self._jobs.values())
 
 
 def render_groups(jobs: list[StartedJob]) -> list[list[StartedJob]]:

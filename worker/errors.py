@@ -1,7 +1,8 @@
 """Whose fault is an error: the request's, a passing outage's, or this worker's infrastructure's.
 
-Place in the data flow: the worker's runner (:mod:`worker.runner`) asks here what to do with
-an exception raised while a job was rendered, encoded, uploaded or recorded:
+Place in the data flow: the worker's render and post stages (:mod:`worker.render_stage`,
+:mod:`worker.post_stage`, through :mod:`worker.attempts`) ask here what to do with an exception
+raised while a job was rendered, encoded, uploaded or recorded:
 
 - **request** (a bad prompt, a poison input, a job that alone still times out): the job fails
   for good, as before; its batch mates are unharmed (bisection).
@@ -59,7 +60,7 @@ def classify(exc: BaseException) -> str:
     infrastructure), :data:`TRANSIENT` (a passing outage, out of memory), or :data:`REQUEST`.
 
     Out-of-memory errors are transient, not device faults, although torch words them ``CUDA
-    out of memory``: the runner splits the group (``pipeline.memory``)."""
+    out of memory``: the render stage splits the group (``pipeline.memory.render_in_parts``)."""
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError, PermissionDeniedError, UnauthenticatedError)):
         return CREDENTIALS  # obstore's two: a 403 or 401 answer to the job's PUT
     if isinstance(exc, ClientError):

@@ -1,4 +1,4 @@
-"""The worker's heartbeat: a daemon thread that re-registers the worker and renews its leases.
+"""The worker's heartbeat part: a daemon thread that re-registers the worker and renews its leases.
 
 Data flow: worker → **registry** (``GET /v1/workers``, the dashboard) and → job-state store
 (leases of the jobs it holds, so that only a dead worker's jobs are ever recovered).
@@ -28,6 +28,12 @@ class Heartbeat(threading.Thread):
         self.interval_s, self.ttl_s = interval_s, ttl_s
         self.on_beat = on_beat or (lambda: None)
         self._stop_event = threading.Event()
+
+    def start(self) -> None:
+        """Register now (raises when Redis is away: a worker that cannot register takes no
+        work), then beat every ``interval_s`` seconds in this thread."""
+        self.beat()
+        super().start()
 
     def beat(self) -> None:
         """One heartbeat now."""

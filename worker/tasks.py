@@ -2,7 +2,7 @@
 
 Data flow: Redis queue of one pool → **this task** (up to ``flush_every`` messages, or what
 arrived within ``flush_interval`` seconds) → the worker's batch handler
-(:class:`worker.runner.BatchRunner` behind the circuit breaker, see ``worker.main``).
+(:class:`worker.runner.BatchRunner` behind the circuit breaker, see :mod:`worker.consumer`).
 
 The task never raises: a job's failure is recorded in the job-state store, and an unexpected
 error of the handler is logged here, so the worker lives on and the batch's messages are

@@ -1,6 +1,6 @@
 """The render watchdog: a worker whose render stops making progress gives its jobs up and exits.
 
-Data flow: the runner (:mod:`worker.runner`) reports progress here — a render starting, each
+Data flow: the render stage (:mod:`worker.render_stage`) reports progress here — a render starting, each
 denoising step, a render ending — and **this thread** checks, every second, how long the
 render in progress has gone without any. The heartbeat (:mod:`worker.heartbeat`) renews the
 leases of every job the worker holds whether or not its render moves, so without this a render

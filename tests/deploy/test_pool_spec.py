@@ -72,10 +72,10 @@ def test_the_schema_refuses_a_bad_optional_field(helm, pool):
 
 def test_worker_probes_follow_the_state_file_the_worker_writes(render, tmp_path):
     """The startup and readiness probes pass exactly when the file the worker writes says ready:
-    they run the probe command against a state file written by worker.main's WarmState."""
+    they run the probe command against a state file written by worker.warmup's WarmState."""
     import subprocess
 
-    from worker.main import WarmState
+    from worker.warmup import WarmState
 
     (deployment,) = [d for d in by_kind(render(), "Deployment") if "-worker-" in d["metadata"]["name"]]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]

@@ -1,4 +1,4 @@
-"""The worker's prefetched jobs (``worker.main.ReservedJobs``): the ids held now, and the most it
+"""The worker's prefetched jobs (``worker.consumer.ReservedJobs``): the ids held now, and the most it
 ever held with the process's RSS at that moment (``renderfarm bench farm``'s worker memory)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from worker.main import ReservedJobs
+from worker.consumer import ReservedJobs
 
 
 def test_the_peak_is_the_most_held_at_once_with_the_rss_then():

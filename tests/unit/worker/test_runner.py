@@ -1,4 +1,5 @@
-"""BatchRunner, one pulled batch at a time: grouping, bisection, OOM splits, timeouts,
+"""BatchRunner, one pulled batch at a time: grouping, bisection, OOM splits (the farm's one
+out-of-memory policy, ``pipeline.memory.render_in_parts``, where the worker uses it), timeouts,
 cancellation, fencing, storage outages, infrastructure errors and suspects of a lost worker.
 
 The runner's collaborators are real: the job-state store on the session's redis-server (its own
@@ -145,6 +146,55 @@ def test_out_of_memory_splits_the_group_and_caps_that_shape_only(store, storage)
     renderer.calls.clear()
     batch.run(messages(submit(store, [f"a cup {i}" for i in range(4)])))
     assert [len(c) for c in renderer.calls] == [2, 2]  # the capped shape renders in chunks that fit
+
+
+def test_a_job_that_alone_runs_out_of_memory_is_requeued_and_its_shape_renders_one_at_a_time(store, storage):
+    """Out of memory is not the request's fault: a job that still runs out alone spends an
+    attempt and goes back to the queue (not failed), and its shape renders one job at a time from
+    then on, while another shape keeps the worker's batch size."""
+    ids = submit(store, ["a vase 1", "a vase 2"])
+    renderer = ScriptedRenderer(raise_exc=MemoryError("out of memory on any group"))
+    batch = runner(store, storage, renderer)
+    outcome = batch.run(messages(ids))
+    assert (outcome.succeeded, outcome.failed, sorted(outcome.requeued)) == (0, 0, sorted(ids))
+    assert [len(c) for c in renderer.calls] == [2, 1, 1]  # halves, then each alone
+    for job_id, status in zip(ids, store.get_jobs(ids)):
+        assert status.state == "queued" and status.attempts == 1 and status.error is None
+        assert '"type":"MemoryError"' in store.r.hget(keys.job(job_id), "last_error")
+    renderer.raise_exc = None  # the memory came back
+    renderer.calls.clear()
+    batch.run(messages(submit(store, [f"a vase {i}" for i in range(3)])))
+    batch.run(messages(submit(store, [f"a wide vase {i}" for i in range(3)], width=128)))
+    assert [len(c) for c in renderer.calls] == [1, 1, 1, 3]
+
+
+def test_a_capped_shape_renders_whole_groups_again_after_eight_renders_that_fit(store, storage):
+    ids = submit(store, [f"a lamp {i}" for i in range(4)])
+    renderer = ScriptedRenderer(oom_above=2)
+    batch = runner(store, storage, renderer)
+    batch.run(messages(ids))  # 4 ran out of memory: this shape is capped at 2 (and its halves fit)
+    renderer.oom_above = 0  # the memory came back
+    for n in range(4):
+        outcome = batch.run(messages(submit(store, [f"a lamp {n}.{i}" for i in range(4)])))
+        assert outcome.succeeded == 4
+    # 2 + 6 renders at the cap of 2 (the worker's BatchLimits: 8 to recover) lift it; then 4 at once
+    assert [len(c) for c in renderer.calls] == [4, 2, 2] + [2, 2] * 3 + [4]
+    assert batch.limits.snapshot() == {}
+
+
+def test_out_of_memory_and_a_poison_request_in_one_group_fail_the_poison_alone(store, storage):
+    """The out-of-memory split and the bisection that isolates a poison request work through one
+    policy: the clean half is split for memory, the poisoned half is cut to the new cap and then
+    bisected until the poison is alone; no other job loses an attempt."""
+    ids = submit(store, [f"a shell {i}" for i in range(7)] + [f"{POISON} in a shell"])
+    renderer = ScriptedRenderer(fail_on=POISON, oom_above=2)
+    outcome = runner(store, storage, renderer).run(messages(ids))
+    assert (outcome.succeeded, outcome.failed, outcome.requeued) == (7, 1, [])
+    # 8: poison → halves; 4 clean: out of memory → 2 + 2; 4 poisoned: cut to the cap 2 + 2, then 1 + 1
+    assert [len(c) for c in renderer.calls] == [8, 4, 2, 2, 2, 2, 1, 1]
+    statuses = store.get_jobs(ids)
+    assert statuses[-1].state == "failed" and statuses[-1].error.type == "RuntimeError"
+    assert all(s.state == "succeeded" and s.attempts == 1 for s in statuses[:-1])
 
 
 def test_a_group_over_the_timeout_splits_and_only_the_slow_job_fails(store, storage):
