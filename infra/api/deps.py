@@ -20,7 +20,7 @@ from infra.api.limits import RateLimiter
 from infra.api.submission import SubmissionInFlight, Submitter
 from infra.api.webhook_policy import WebhookRefused, check_webhook_url
 from infra.broker.app import make_celery
-from infra.pools import NoPoolError
+from infra.routing import NoPoolError
 from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry

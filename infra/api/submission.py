@@ -20,7 +20,8 @@ from celery import Celery
 from infra import keys
 from infra.api import webhooks
 from infra.broker.dispatch import enqueue
-from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec, Router
+from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec
+from infra.routing import Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
 from infra.state.durable import DurableAck
