@@ -12,7 +12,7 @@ used only in :mod:`infra.broker.kombu_redis`.
 =================================  ==========  =========================================================
 key                                type        holds
 =================================  ==========  =========================================================
-rf:job:{s}:{id}                    hash        one job's record (:mod:`infra.state.jobs`)
+rf:job:{s}:{id}                    hash        one job's record (:mod:`infra.state.job_records`)
 rf:batch:{s}:{id}                  hash        a batch's created_at, total, priority, tenant, webhook_url
 rf:batch:{s}:{id}:jobs             list        its job ids in submission order
 rf:batch:{s}:{id}:counts           hash        one counter per state, and ``done`` = Σ progress
@@ -88,7 +88,7 @@ def idempotency_shard(tenant: str, key: str) -> str:
     return f"{zlib.crc32(f'{tenant}:{key}'.encode()) & 0xFF:02x}"
 
 
-# ---- jobs and batches (infra.state.jobs) ---------------------------------------------------
+# ---- jobs and batches (infra.state.job_records) -------------------------------------------------
 #: A counter written just before a durable-ack wait, on the waiting connection (infra.state.durable).
 DURABLE_ACK = f"{PREFIX}ack"
 

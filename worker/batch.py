@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from infra.state.jobs import StartedJob
+from infra.state.job_store import StartedJob
 from pipeline.compat import compat_key
 
 log = logging.getLogger("renderfarm.worker")

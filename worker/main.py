@@ -47,7 +47,7 @@ from infra.heap import freeze_startup_objects
 from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.connect import state_client
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from infra.storage.compile_cache import CompileCacheStore
 from infra.storage.inputs import load_input
 from infra.storage.s3 import Storage

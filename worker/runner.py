@@ -50,7 +50,7 @@ from PIL import Image
 
 from infra.schemas import JobError, RenderRequest
 from infra.state import metrics
-from infra.state.jobs import HELD, JobStore, StartedJob
+from infra.state.job_store import HELD, JobStore, StartedJob
 from infra.storage.results import StoredImage, store_image
 from infra.storage.s3 import Storage
 from pipeline.compat import compat_key

@@ -27,7 +27,7 @@ from infra.state import metrics, registry
 from infra.state.catalog import CatalogIndex
 from infra.state.connect import is_cluster_url, state_client
 from infra.state.durable import DurableAck, NotDurable
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from infra.state.quota import QuotaExceeded, Quotas
 from infra.storage.s3 import Storage, object_key
 

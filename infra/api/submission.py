@@ -25,7 +25,7 @@ from infra.routing import Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog
 from infra.state.durable import DurableAck
-from infra.state.jobs import PUBLIC_TENANT, JobStore, NewJob
+from infra.state.job_store import PUBLIC_TENANT, JobStore, NewJob
 from infra.state.quota import Quotas, job_bytes, job_cost_s
 
 #: Delete an idempotency claim only while it is still this submission's (KEYS[1], ARGV[1] = claim).

@@ -69,7 +69,7 @@ from infra.api.webhook_policy import IPAddress, WebhookRefused, check_webhook_ur
 from infra.api.webhook_secrets import sign_headers, tenant_secret, verify_signature  # noqa: F401 (receivers)
 from infra.background import PeriodicLoop, RedisLock, server_time
 from infra.settings import Settings
-from infra.state.jobs import PUBLIC_TENANT
+from infra.state.job_store import PUBLIC_TENANT
 
 log = logging.getLogger("renderfarm.webhooks")
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from infra import keys
 from infra.schemas import CATALOG_KEY_FIELD, MAX_LOOKUP_KEYS, JobError, JobState
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 
 #: ``(batch_id, job_id, output_format) → the S3 key of the job's image if the image exists, else
 #: None``; the API passes one that asks the bucket (a HEAD), so this module needs no S3 client.

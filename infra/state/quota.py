@@ -145,7 +145,7 @@ class Quotas:
         max_gpu_s: outstanding estimated GPU-seconds per tenant (0: no limit).
         max_bytes: outstanding bytes of job records per tenant (:func:`job_bytes`; 0: no limit).
         sharded: whether jobs give their share back to per-shard hashes (default: whether the
-            client is a RedisCluster, the same choice as :class:`infra.state.jobs.JobStore`'s).
+            client is a RedisCluster, the same choice as :class:`infra.state.job_store.JobStore`'s).
         hold_s: seconds a reservation may wait for its batch to be recorded (at least that
             long: its deadline is the Redis clock's time to the microsecond plus ``hold_s``); after that the
             reaper (:meth:`reclaim_abandoned`) gives back the reservation of a batch that never

@@ -15,7 +15,7 @@ from infra.api.app import create_app
 from infra.api.submission import new_id
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 
 DB = 4
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from infra.api.app import create_app
 from infra.api.auth import KeyStore
 from infra.settings import Settings
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 
 DB = 7
 TIMEOUT_S = 0.6

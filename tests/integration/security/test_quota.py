@@ -11,7 +11,7 @@ import pytest
 from infra import keys
 from infra.api.submission import new_id
 from infra.schemas import JobError, RenderRequest
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 from infra.state.quota import Quotas, Usage, job_bytes
 
 from .conftest import UNSERVED_MODEL, start_api

@@ -16,7 +16,7 @@ from infra.api import webhooks
 from infra.api.webhook_secrets import tenant_secret, verify_signature
 from infra.api.webhooks import WebhookDispatcher
 from infra.schemas import JobError, JobResult, RenderRequest
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 
 from .conftest import UNSERVED_MODEL
 

@@ -10,7 +10,7 @@ from redis.crc import key_slot
 from infra import keys
 from infra.api.submission import new_id
 from infra.state.connect import is_cluster_url, state_client
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 
 
 def slots(names) -> set[int]:

@@ -20,7 +20,7 @@ from infra.broker.depths import queue_depths
 from infra.broker.dispatch import Dispatcher, broker_depth, enqueue
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 
 DB = 4
 POOL = "unit-pool"

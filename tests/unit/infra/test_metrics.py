@@ -20,7 +20,7 @@ from infra.api import metrics as read_side
 from infra.api.submission import new_id
 from infra.schemas import RenderRequest
 from infra.state import metrics as write_side
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 
 DB = 3
 

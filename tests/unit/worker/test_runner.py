@@ -21,7 +21,7 @@ from infra import keys
 from infra.api.submission import new_id
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 from infra.storage.images import read_parameters
 from infra.storage.s3 import Storage
 from pipeline.render import compat_key
