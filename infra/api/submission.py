@@ -19,7 +19,7 @@ from celery import Celery
 
 from infra import keys
 from infra.api import webhooks
-from infra.broker.dispatch import enqueue
+from infra.broker.lanes import enqueue
 from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec
 from infra.routing import Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
