@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 def _store():
     from infra.settings import get_settings
-    from infra.storage.compile_cache import CompileCacheStore
+    from infra.storage.compile_artifacts import CompileCacheStore
     from infra.storage.s3 import Storage
 
     return CompileCacheStore(Storage(get_settings(), max_attempts=3))
@@ -35,7 +35,7 @@ def ls_command(args: argparse.Namespace) -> int:
     """List the artifacts (key, kind, model, device, versions, size, age), oldest first, or JSON lines.
     Kinds: ``inductor`` (compiled graphs and kernels), ``openvino-ir:unet`` and ``openvino-ir:vae.decoder``
     (a converted model)."""
-    from infra.storage.compile_cache import describe
+    from infra.storage.compile_artifacts import describe
 
     artifacts = _store().list()
     if args.json:

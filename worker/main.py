@@ -48,8 +48,8 @@ from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import get_settings
 from infra.state.connect import state_client
 from infra.state.job_store import JobStore
-from infra.storage.compile_cache import CompileCacheStore
-from infra.storage.inputs import load_input
+from infra.storage.compile_artifacts import CompileCacheStore
+from infra.storage.input_images import load_input
 from infra.storage.s3 import Storage
 from pipeline.memory import current_bytes
 from pipeline.null import NULL_MODEL, NullRenderer

@@ -2,7 +2,7 @@
 
 Place in the data flow: an A1111 client (``webuiapi``'s ``img2img``) → ``POST /sdapi/v1/img2img``
 (:mod:`infra.api.routes.a1111`) → **this body**: the base64 ``init_images[0]`` and ``mask`` are
-checked and stored like uploads (:mod:`infra.storage.inputs`), the mask prepared as the webui does
+checked and stored like uploads (:mod:`infra.storage.input_images`), the mask prepared as the webui does
 (``mask_blur``: a Gaussian blur of that radius; ``inpainting_mask_invert``), and the txt2img fields
 map as in :mod:`infra.api.a1111_models` → one render request per image with ``init_image``,
 ``mask_image`` and ``strength`` (``denoising_strength``).

@@ -10,7 +10,7 @@ the job record and the worker never see a URL:
   :data:`MAX_REDIRECTS`; the TLS certificate is verified against the CA bundle, certifi's or the
   one ``SSL_CERT_FILE`` names), at most
   ``RENDERFARM_INPUT_MAX_BYTES`` bytes, then checked and stored by content hash
-  (:func:`infra.storage.inputs.store_input`);
+  (:func:`infra.storage.input_images.store_input`);
 - an object key must name an image in the bucket (a HEAD; its size from the upload's metadata);
 - a mask must have its init image's size.
 
@@ -29,7 +29,7 @@ import httpx
 
 from infra.api.webhook_policy import Resolver, WebhookRefused, check_webhook_url
 from infra.schemas import RenderRequest, is_url
-from infra.storage.inputs import InputRefused, input_size, store_input
+from infra.storage.input_images import InputRefused, input_size, store_input
 from infra.storage.s3 import Storage
 
 MAX_REDIRECTS = 3

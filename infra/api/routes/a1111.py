@@ -46,7 +46,7 @@ from infra.api.a1111_models import (
 from infra.api.deps import FarmDep, Tenant
 from infra.storage import samplers
 from infra.storage.images import parse_parameters, read_parameters
-from infra.storage.inputs import InputRefused, store_input
+from infra.storage.input_images import InputRefused, store_input
 
 router = APIRouter(prefix="/sdapi/v1", tags=["a1111"])
 
