@@ -39,7 +39,7 @@ rf:{metrics}:pools                 set         pools that recorded metrics (:mod
 rf:{metrics}:{pool}                hash        histogram buckets and sums, image counters
 rf:{metrics}:tput:{pool}:{minute}  string      images succeeded in that epoch minute
 rf:{metrics}:wtput:{w}:{minute}    string      the same, per worker
-rf:catalog:{tenant}                hash        catalog key → job (:mod:`infra.state.catalog`)
+rf:catalog:{tenant}                hash        catalog key → job (:mod:`infra.state.catalog_index`)
 rf:{auth}:apikey:{sha256}          hash        one API key's tenant, id, name (:mod:`infra.api.auth`)
 rf:{auth}:apikeys                  hash        key id → sha256
 rf:{auth}:tenant:{tenant}:keys     set         a tenant's key ids
@@ -213,7 +213,7 @@ def worker_throughput(worker_name: str, minute: int) -> str:
     return f"{_METRICS}:wtput:{worker_name}:{minute}"
 
 
-# ---- the catalog index (infra.state.catalog) -----------------------------------------------
+# ---- the catalog index (infra.state.catalog_index) -----------------------------------------------
 def catalog(tenant: str) -> str:
     """A tenant's catalog index: catalog key → job."""
     return f"{PREFIX}catalog:{tenant}"

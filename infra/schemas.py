@@ -42,7 +42,7 @@ def is_farm_id(value: str) -> bool:
     would read another key)."""
     return FARM_ID_RE.fullmatch(value) is not None
 
-#: The metadata field of a RenderRequest that carries its catalog key (:mod:`infra.state.catalog`).
+#: The metadata field of a RenderRequest that carries its catalog key (:mod:`infra.state.catalog_index`).
 CATALOG_KEY_FIELD = "catalog_key"
 #: Most catalog keys one ``POST /v1/catalog/lookup`` may ask about.
 MAX_LOOKUP_KEYS = 10_000

@@ -24,7 +24,7 @@ from infra.routing import NoPoolError
 from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry
-from infra.state.catalog import CatalogIndex
+from infra.state.catalog_index import CatalogIndex
 from infra.state.connect import is_cluster_url, state_client
 from infra.state.durable import DurableAck, NotDurable
 from infra.state.job_store import JobStore

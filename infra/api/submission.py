@@ -23,7 +23,7 @@ from infra.broker.lanes import enqueue
 from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec
 from infra.routing import Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
-from infra.state import catalog
+from infra.state import catalog_index
 from infra.state.durable import DurableAck
 from infra.state.job_store import PUBLIC_TENANT, JobStore, NewJob
 from infra.state.quota import Quotas, job_bytes, job_cost_s
@@ -165,7 +165,7 @@ class Submitter:
         holds raises :class:`SubmissionInFlight` (409 with ``Retry-After``).
 
         Jobs whose metadata carries a ``catalog_key`` are entered in the tenant's catalog index
-        (:mod:`infra.state.catalog`); a batch with a ``webhook_url`` is enrolled with the webhook
+        (:mod:`infra.state.catalog_index`); a batch with a ``webhook_url`` is enrolled with the webhook
         dispatcher (:mod:`infra.api.webhooks`).
 
         ``priority`` is ``high``, ``normal`` or ``low``; the dispatcher ages it and shares each
@@ -201,7 +201,7 @@ class Submitter:
             raise
         try:
             extra = {"webhook_url": webhook_url} if webhook_url else None
-            catalog.record(self.redis, tenant, batch_id, jobs)  # before the records: see infra.state.catalog
+            catalog_index.record(self.redis, tenant, batch_id, jobs)  # before the records: see its module
             self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant,
                                     idempotency=(key, self.idempotency_ttl_s) if key is not None else None)
         except BaseException:
