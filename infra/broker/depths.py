@@ -147,8 +147,8 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
     rows = []
     for pool in sorted(set(queued) | set(unacked) | set(live) | set(pools)):
         reserved = max(0, unacked[pool] - running[pool])
-        since = waiting_since.get(pool)
+        oldest = waiting_since.get(pool)
         rows.append({"pool": pool, "queued": queued[pool], "reserved": reserved, "running": running[pool],
                      "outstanding": queued[pool] + reserved + running[pool], "workers": live[pool],
-                     "oldest_wait_s": round(max(0.0, now - since), 3) if since is not None else 0.0})
+                     "oldest_wait_s": round(max(0.0, now - oldest), 3) if oldest is not None else 0.0})
     return rows
