@@ -43,7 +43,7 @@ rf:catalog:{tenant}                hash        catalog key → job (:mod:`infra.
 rf:{auth}:apikey:{sha256}          hash        one API key's tenant, id, name (:mod:`infra.api.auth`)
 rf:{auth}:apikeys                  hash        key id → sha256
 rf:{auth}:tenant:{tenant}:keys     set         a tenant's key ids
-rf:tenant:{tenant}:webhook_secret  string      its webhook signing secret (:mod:`infra.api.webhook_secrets`)
+rf:tenant:{tenant}:webhook_secret  string      its webhook signing secret (:mod:`infra.api.webhooks.signing`)
 rf:rl:{tenant}:{kind}              hash        a token bucket (:mod:`infra.api.limits`)
 rf:webhooks:pending                zset        batch id → when to look at its webhook next
 rf:webhook:{batch}                 hash        a batch's webhook body and outcome
@@ -77,7 +77,7 @@ _SHARD_SET = frozenset(SHARDS)  # a set lookup: shard() runs several times per j
 
 def shard(entity_id: str) -> str:
     """The shard of a job or batch id: its first two characters when they are lowercase hex (a
-    farm id, :func:`infra.api.submission.new_id`, whose job ids start with their batch's shard),
+    farm id, :func:`infra.submission.submitter.new_id`, whose job ids start with their batch's shard),
     else two hex digits of its CRC-32 (ids written by hand in tests and tools)."""
     head = entity_id[:2]
     return head if head in _SHARD_SET else f"{zlib.crc32(entity_id.encode()) & 0xFF:02x}"
@@ -266,7 +266,7 @@ def rate_bucket(tenant: str, kind: str) -> str:
     return f"{PREFIX}rl:{tenant}:{kind}"
 
 
-# ---- webhooks (infra.api.webhooks) ---------------------------------------------------------
+# ---- webhooks (infra.api.webhooks.delivery) ---------------------------------------------------------
 WEBHOOKS_PENDING = f"{PREFIX}webhooks:pending"
 
 

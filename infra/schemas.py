@@ -32,7 +32,7 @@ SchedulerName = Literal[
 MAX_SEED = 2**32 - 1
 #: diffusers' default strength per mode (StableDiffusionImg2ImgPipeline 0.8, StableDiffusionInpaintPipeline 1.0).
 DEFAULT_STRENGTH: dict[str, float] = {"img2img": 0.8, "inpaint": 1.0}
-#: A job or batch id: 32 lowercase hex digits (a UUID4's hex, :func:`infra.api.submission.new_id`).
+#: A job or batch id: 32 lowercase hex digits (a UUID4's hex, :func:`infra.submission.submitter.new_id`).
 FARM_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 

@@ -2,7 +2,7 @@
 
 Data flow: the catalog runner (:mod:`producer.catalog`) computes one content key per item
 (SHA-256 of model, prompts, parameters and seed) and sends it as ``metadata["catalog_key"]`` →
-submission (:mod:`infra.api.submission`) **records key → job here**, before the job records are
+submission (:mod:`infra.submission.submitter`) **records key → job here**, before the job records are
 written → workers render → the runner's next run asks ``POST /v1/catalog/lookup``, **answered
 here**, which items already have an image (skip), which are still in flight (wait for them, never
 submit again) and which need a render (unknown, failed or canceled).

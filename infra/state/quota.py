@@ -1,6 +1,6 @@
 """Per-tenant quotas on outstanding work: jobs, estimated GPU-seconds, and bytes of job records.
 
-Place in the data flow: submission (:mod:`infra.api.submission`) **reserves** a batch's jobs,
+Place in the data flow: submission (:mod:`infra.submission.submitter`) **reserves** a batch's jobs,
 GPU-seconds and bytes here before recording it (429 with ``Retry-After`` over the quota, 413 for
 one request larger than the quota itself) → the job-state store's Lua transitions give each job's
 share back when it ends and take it again on a dead-letter retry
