@@ -26,7 +26,7 @@ rf:quota:{tenant}:{s}              hash        what its ended jobs of shard s ga
 rf:idem:{s}:{tenant}:{key}         string      an idempotency key → its batch id, or "claim:{batch id}"
                                                while its submission is in flight (short expiry)
 rf:ack                             string      durable-ack marker: INCR then WAITAOF on one connection
-rf:wait:pools                      set         pools with waiting jobs (:mod:`infra.broker.dispatch`)
+rf:wait:pools                      set         pools with waiting jobs (:mod:`infra.broker.lanes`)
 rf:wait:lanes:{pool}               set         "{tenant}:{priority}" of the pool's non-empty lanes
 rf:wait:{pool}:{tenant}:{p}        list        "{enqueued ms}:{job id}:{cost_s}", oldest first
 rf:wait:popped:{pool}              zset        ids popped from the lanes, not yet in rf:pending
@@ -148,7 +148,7 @@ def idempotency(tenant: str, key: str) -> str:
 IDEM_CLAIM = "claim:"
 
 
-# ---- the dispatcher's wait lanes (infra.broker.dispatch) -----------------------------------
+# ---- the wait lanes (infra.broker.lanes) and the dispatcher's (infra.broker.dispatch) --------
 WAIT_POOLS = f"{PREFIX}wait:pools"
 
 
