@@ -3,7 +3,7 @@
 Place in the data flow: beside it. The API process runs three loops on these parts: the
 dispatcher (wait lanes → pool queues, :mod:`infra.broker.dispatch`), the reaper (dead workers'
 jobs and lost messages back to work, :mod:`infra.broker.reaper`) and the webhook deliverer
-(:mod:`infra.api.webhooks`). Each is safe to run in every API replica: a :class:`RedisLock`
+(:mod:`infra.api.webhooks.delivery`). Each is safe to run in every API replica: a :class:`RedisLock`
 makes one replica do a given piece of work at a time, and times are the Redis server's clock
 (:func:`server_time`), never a host's, so clock skew between hosts does not matter.
 """

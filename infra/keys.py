@@ -12,7 +12,7 @@ used only in :mod:`infra.broker.kombu_redis`.
 =================================  ==========  =========================================================
 key                                type        holds
 =================================  ==========  =========================================================
-rf:job:{s}:{id}                    hash        one job's record (:mod:`infra.state.jobs`)
+rf:job:{s}:{id}                    hash        one job's record (:mod:`infra.state.job_records`)
 rf:batch:{s}:{id}                  hash        a batch's created_at, total, priority, tenant, webhook_url
 rf:batch:{s}:{id}:jobs             list        its job ids in submission order
 rf:batch:{s}:{id}:counts           hash        one counter per state, and ``done`` = Σ progress
@@ -26,7 +26,7 @@ rf:quota:{tenant}:{s}              hash        what its ended jobs of shard s ga
 rf:idem:{s}:{tenant}:{key}         string      an idempotency key → its batch id, or "claim:{batch id}"
                                                while its submission is in flight (short expiry)
 rf:ack                             string      durable-ack marker: INCR then WAITAOF on one connection
-rf:wait:pools                      set         pools with waiting jobs (:mod:`infra.broker.dispatch`)
+rf:wait:pools                      set         pools with waiting jobs (:mod:`infra.broker.lanes`)
 rf:wait:lanes:{pool}               set         "{tenant}:{priority}" of the pool's non-empty lanes
 rf:wait:{pool}:{tenant}:{p}        list        "{enqueued ms}:{job id}:{cost_s}", oldest first
 rf:wait:popped:{pool}              zset        ids popped from the lanes, not yet in rf:pending
@@ -39,11 +39,11 @@ rf:{metrics}:pools                 set         pools that recorded metrics (:mod
 rf:{metrics}:{pool}                hash        histogram buckets and sums, image counters
 rf:{metrics}:tput:{pool}:{minute}  string      images succeeded in that epoch minute
 rf:{metrics}:wtput:{w}:{minute}    string      the same, per worker
-rf:catalog:{tenant}                hash        catalog key → job (:mod:`infra.state.catalog`)
+rf:catalog:{tenant}                hash        catalog key → job (:mod:`infra.state.catalog_index`)
 rf:{auth}:apikey:{sha256}          hash        one API key's tenant, id, name (:mod:`infra.api.auth`)
 rf:{auth}:apikeys                  hash        key id → sha256
 rf:{auth}:tenant:{tenant}:keys     set         a tenant's key ids
-rf:tenant:{tenant}:webhook_secret  string      its webhook signing secret (:mod:`infra.api.webhook_secrets`)
+rf:tenant:{tenant}:webhook_secret  string      its webhook signing secret (:mod:`infra.api.webhooks.signing`)
 rf:rl:{tenant}:{kind}              hash        a token bucket (:mod:`infra.api.limits`)
 rf:webhooks:pending                zset        batch id → when to look at its webhook next
 rf:webhook:{batch}                 hash        a batch's webhook body and outcome
@@ -77,7 +77,7 @@ _SHARD_SET = frozenset(SHARDS)  # a set lookup: shard() runs several times per j
 
 def shard(entity_id: str) -> str:
     """The shard of a job or batch id: its first two characters when they are lowercase hex (a
-    farm id, :func:`infra.api.submission.new_id`, whose job ids start with their batch's shard),
+    farm id, :func:`infra.submission.submitter.new_id`, whose job ids start with their batch's shard),
     else two hex digits of its CRC-32 (ids written by hand in tests and tools)."""
     head = entity_id[:2]
     return head if head in _SHARD_SET else f"{zlib.crc32(entity_id.encode()) & 0xFF:02x}"
@@ -88,7 +88,7 @@ def idempotency_shard(tenant: str, key: str) -> str:
     return f"{zlib.crc32(f'{tenant}:{key}'.encode()) & 0xFF:02x}"
 
 
-# ---- jobs and batches (infra.state.jobs) ---------------------------------------------------
+# ---- jobs and batches (infra.state.job_records) -------------------------------------------------
 #: A counter written just before a durable-ack wait, on the waiting connection (infra.state.durable).
 DURABLE_ACK = f"{PREFIX}ack"
 
@@ -148,7 +148,7 @@ def idempotency(tenant: str, key: str) -> str:
 IDEM_CLAIM = "claim:"
 
 
-# ---- the dispatcher's wait lanes (infra.broker.dispatch) -----------------------------------
+# ---- the wait lanes (infra.broker.lanes) and the dispatcher's (infra.broker.dispatch) --------
 WAIT_POOLS = f"{PREFIX}wait:pools"
 
 
@@ -213,7 +213,7 @@ def worker_throughput(worker_name: str, minute: int) -> str:
     return f"{_METRICS}:wtput:{worker_name}:{minute}"
 
 
-# ---- the catalog index (infra.state.catalog) -----------------------------------------------
+# ---- the catalog index (infra.state.catalog_index) -----------------------------------------------
 def catalog(tenant: str) -> str:
     """A tenant's catalog index: catalog key → job."""
     return f"{PREFIX}catalog:{tenant}"
@@ -266,7 +266,7 @@ def rate_bucket(tenant: str, kind: str) -> str:
     return f"{PREFIX}rl:{tenant}:{kind}"
 
 
-# ---- webhooks (infra.api.webhooks) ---------------------------------------------------------
+# ---- webhooks (infra.api.webhooks.delivery) ---------------------------------------------------------
 WEBHOOKS_PENDING = f"{PREFIX}webhooks:pending"
 
 

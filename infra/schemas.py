@@ -32,7 +32,7 @@ SchedulerName = Literal[
 MAX_SEED = 2**32 - 1
 #: diffusers' default strength per mode (StableDiffusionImg2ImgPipeline 0.8, StableDiffusionInpaintPipeline 1.0).
 DEFAULT_STRENGTH: dict[str, float] = {"img2img": 0.8, "inpaint": 1.0}
-#: A job or batch id: 32 lowercase hex digits (a UUID4's hex, :func:`infra.api.submission.new_id`).
+#: A job or batch id: 32 lowercase hex digits (a UUID4's hex, :func:`infra.submission.submitter.new_id`).
 FARM_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 
@@ -42,7 +42,7 @@ def is_farm_id(value: str) -> bool:
     would read another key)."""
     return FARM_ID_RE.fullmatch(value) is not None
 
-#: The metadata field of a RenderRequest that carries its catalog key (:mod:`infra.state.catalog`).
+#: The metadata field of a RenderRequest that carries its catalog key (:mod:`infra.state.catalog_index`).
 CATALOG_KEY_FIELD = "catalog_key"
 #: Most catalog keys one ``POST /v1/catalog/lookup`` may ask about.
 MAX_LOOKUP_KEYS = 10_000

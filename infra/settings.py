@@ -154,7 +154,7 @@ class Settings(BaseSettings):
                                                        "consuming and reports itself unhealthy.")
     breaker_cooldown_s: float = Field(300.0, ge=0, description="Seconds after which a tripped worker tries one "
                                                                "batch again; 0 = stay stopped until restarted.")
-    # security (infra/api/auth.py, infra/api/limits.py, infra/api/webhook_policy.py)
+    # security (infra/api/auth.py, infra/api/limits.py, infra/submission/url_policy.py)
     auth_required: bool = Field(False, description="Require a tenant's X-API-Key on /v1 routes; off: keys optional, "
                                                    "anonymous requests are tenant 'public'.")
     admin_tenants: str = Field("", description="Comma-separated tenants that see farm-wide details "
@@ -197,7 +197,7 @@ class Settings(BaseSettings):
     webhook_allow_private: bool = Field(False, description="Allow webhook hosts on loopback/private/link-local "
                                                            "addresses (SSRF guard off for webhooks; input URLs "
                                                            "have RENDERFARM_INPUT_ALLOW_PRIVATE).")
-    # webhooks on batch completion (infra/api/webhooks.py)
+    # webhooks on batch completion (infra/api/webhooks/delivery.py)
     webhooks_enabled: bool = Field(True, description="Run the webhook dispatcher inside the status API process.")
     webhook_secret: str = Field("", description="Ignored: webhooks are signed with each tenant's own secret "
                                                 "(GET /v1/webhooks/secret), the Standard Webhooks way.")
@@ -206,7 +206,7 @@ class Settings(BaseSettings):
                                                             "attempt, capped at 300 s.")
     webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="Per-attempt HTTP timeout, seconds.")
     webhook_poll_s: float = Field(1.0, gt=0, description="Seconds between two looks for finished batches.")
-    # compatible APIs (infra/api/routes/a1111.py, openai_images.py) and Celery's own tools
+    # compatible APIs (infra/api/compat/a1111.py, openai_images.py) and Celery's own tools
     sync_timeout_s: float = Field(600.0, gt=0, le=24 * 3600, description="Longest a synchronous request of the "
                                   "A1111 or OpenAI Images API waits for its images, seconds; then its jobs are "
                                   "canceled and it answers 504.")

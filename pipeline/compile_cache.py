@@ -2,7 +2,7 @@
 
 Place in the data flow: ``renderfarm worker`` start-up → load the pipeline → **here**: the key
 of what this worker will compile (:func:`cache_key`); the worker fetches the blob stored under it
-(``infra.storage.compile_cache``) and :func:`import_artifacts` hot-loads it into torch's local
+(``infra.storage.compile_artifacts``) and :func:`import_artifacts` hot-loads it into torch's local
 caches before the warm-up compiles anything; after a warm-up that compiled (a miss),
 :func:`export_artifacts` serializes what was compiled for the next worker. Nothing here touches
 S3: blobs go in and out as bytes.

@@ -6,7 +6,7 @@ Place in the data flow: ``renderfarm worker`` (and ``renderfarm bench ready``) â
 :class:`pipeline.warm.WarmPlan`); this module wraps it with the shared compile cache
 (:mod:`pipeline.compile_cache`): restore before the first compile, save after the last one.
 Storage is the caller's: the worker passes functions that get and put blobs in S3
-(``infra.storage.compile_cache``), the bench passes functions over files, so nothing here knows S3.
+(``infra.storage.compile_artifacts``), the bench passes functions over files, so nothing here knows S3.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-#: Pillow format → the extension the API's content-addressed keys use (infra.storage.inputs.INPUT_FORMATS).
+#: Pillow format → the extension the API's content-addressed keys use (infra.storage.input_images.INPUT_FORMATS).
 KEY_EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
 
 

@@ -2,7 +2,7 @@
 good) and a release; each write retried while Redis is away.
 
 Place in the data flow: the render stage (:mod:`worker.render_stage`) and the post stage
-(:mod:`worker.post_stage`) → **here** → job-state store (:class:`infra.state.jobs.JobStore`).
+(:mod:`worker.post_stage`) → **here** → job-state store (:class:`infra.state.job_store.JobStore`).
 Every write carries the attempt number, so a stale attempt changes nothing. What an error means
 for its job is :mod:`worker.errors`' verdict: a request's error fails the job for good, a
 transient one spends an attempt, S3 credentials release the job without spending one, a broken
@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from infra.schemas import JobError
-from infra.state.jobs import JobStore, StartedJob
+from infra.state.job_store import JobStore, StartedJob
 from worker.batch import BatchOutcome
 from worker.errors import CREDENTIALS, DEVICE, REQUEST, classify
 

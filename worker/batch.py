@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.state.jobs import StartedJob
+from infra.state.job_store import StartedJob
 from pipeline.compat import compat_key
 
 log = logging.getLogger("renderfarm.worker")

@@ -1,7 +1,7 @@
 """``renderfarm cache ls|rm``: the operator's commands for the workers' shared compile cache.
 
 Data flow: operator → **this CLI** → ``compile-cache/<key>.bin`` and ``compile-cache/<key>.ir/`` in the farm's bucket
-(``infra.storage.compile_cache``; endpoint, bucket and credentials as the workers read them:
+(``infra.storage.compile_artifacts``; endpoint, bucket and credentials as the workers read them:
 ``RENDERFARM_S3_*``, ``AWS_*``). Workers save an artifact after a warm-up that compiled and load
 it at their next start (``pipeline.ready``); ``rm`` only costs the next worker a compile.
 Only the standard library is imported here; boto3 inside the handlers.
@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 def _store():
     from infra.settings import get_settings
-    from infra.storage.compile_cache import CompileCacheStore
+    from infra.storage.compile_artifacts import CompileCacheStore
     from infra.storage.s3 import Storage
 
     return CompileCacheStore(Storage(get_settings(), max_attempts=3))
@@ -35,7 +35,7 @@ def ls_command(args: argparse.Namespace) -> int:
     """List the artifacts (key, kind, model, device, versions, size, age), oldest first, or JSON lines.
     Kinds: ``inductor`` (compiled graphs and kernels), ``openvino-ir:unet`` and ``openvino-ir:vae.decoder``
     (a converted model)."""
-    from infra.storage.compile_cache import describe
+    from infra.storage.compile_artifacts import describe
 
     artifacts = _store().list()
     if args.json:

@@ -29,7 +29,7 @@ from celery import Celery, signals
 from infra.broker.kombu_redis import flush_acks, install_cheap_acks, install_malformed_message_guard
 from infra.broker.publish import republish
 from infra.settings import Settings
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from pipeline.memory import current_bytes
 from worker.batch import BatchOutcome, job_ids_from_messages
 from worker.breaker import ConsumerBreaker

@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from PIL import Image
 
-from infra.state.jobs import StartedJob
+from infra.state.job_store import StartedJob
 from worker.batch import BatchWork
 
 log = logging.getLogger("renderfarm.worker")

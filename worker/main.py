@@ -55,9 +55,9 @@ from infra.broker.publish import republish
 from infra.pools import PoolConfigError, PoolSpec, pool_for_model, worker_pool
 from infra.settings import Settings, get_settings
 from infra.state.connect import state_client
-from infra.state.jobs import JobStore
-from infra.storage.compile_cache import CompileCacheStore
-from infra.storage.inputs import load_input
+from infra.state.job_store import JobStore
+from infra.storage.compile_artifacts import CompileCacheStore
+from infra.storage.input_images import load_input
 from infra.storage.s3 import Storage
 from worker import faults
 from worker.breaker import ConsumerBreaker

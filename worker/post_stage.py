@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from PIL import Image
 
 from infra.state import metrics
-from infra.state.jobs import HELD, JobStore, StartedJob
+from infra.state.job_store import HELD, JobStore, StartedJob
 from infra.storage.results import StoredImage, store_image
 from infra.storage.s3 import Storage
 from worker.attempts import AttemptRecorder
@@ -98,7 +98,7 @@ class PostStage:
         """Encode and upload each job's image, ``upload_threads`` jobs at a time (Pillow's encoders
         and the S3 PUT release the GIL; the storage client is thread-safe, on one connection pool
         sized to these threads), then record the group's successes in one pipelined round trip
-        (:meth:`infra.state.jobs.JobStore.succeed_many`)."""
+        (:meth:`infra.state.job_store.JobStore.succeed_many`)."""
         def upload(pair: tuple[StartedJob, Image.Image]) -> StoredImage | Exception:
             job, image = pair
             try:

@@ -37,7 +37,7 @@ import redis
 from PIL import Image
 
 from infra.schemas import RenderRequest
-from infra.state.jobs import HELD, JobStore, StartedJob
+from infra.state.job_store import HELD, JobStore, StartedJob
 from pipeline.compat import compat_key
 from pipeline.memory import BatchLimits, render_in_parts
 from worker.attempts import AttemptRecorder

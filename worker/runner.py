@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infra.state.jobs import JobStore, StartedJob
+from infra.state.job_store import JobStore, StartedJob
 from infra.storage.s3 import Storage
 from pipeline.memory import BatchLimits
 from worker.attempts import AttemptRecorder

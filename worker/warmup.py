@@ -20,7 +20,7 @@ from typing import Any
 from infra.heap import freeze_startup_objects
 from infra.pools import PoolSpec
 from infra.settings import Settings
-from infra.storage.compile_cache import CompileCacheStore
+from infra.storage.compile_artifacts import CompileCacheStore
 from pipeline.null import NULL_MODEL, NullRenderer
 
 log = logging.getLogger("renderfarm.worker")

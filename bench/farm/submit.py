@@ -52,7 +52,7 @@ def run_submit_bench(config: SubmitBenchConfig, log=print) -> dict:
         RuntimeError: the API did not answer 202 with one job id per job.
     """
     from infra.localstack import LocalStack
-    from infra.localstack.processes import free_port
+    from infra.localstack.ports import free_port
     from infra.localstack.stack import patched_environ
     from infra.schemas import BatchSubmission
     from producer.client import RenderClient

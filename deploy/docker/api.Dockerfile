@@ -39,7 +39,7 @@ COPY worker ./worker
 COPY bench ./bench
 # The client and the [api] extra, as pyproject.toml declares them.
 RUN pip install "./[api]" \
-    && python -c "import infra.api.app; infra.api.app.create_app()" \
+    && python -c "import infra.api.server; infra.api.server.create_app()" \
     && renderfarm api --help >/dev/null
 
 USER 10001:10001

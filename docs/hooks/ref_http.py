@@ -1,6 +1,6 @@
 """The HTTP API reference, generated from the status API's OpenAPI schema.
 
-``infra.api.app.create_app`` builds the FastAPI app without connecting to anything (Redis and S3
+``infra.api.server.create_app`` builds the FastAPI app without connecting to anything (Redis and S3
 are opened by its lifespan, which never runs here); ``app.openapi()`` is the same schema the API
 serves at ``/openapi.json``. The page lists every route with its summary, parameters, request
 body and responses; the whole schema is published beside it as ``openapi.json``.
@@ -18,7 +18,7 @@ _METHODS = ("get", "post", "put", "patch", "delete")
 
 def openapi_schema() -> dict[str, Any]:
     """The OpenAPI document of the status API with the default settings."""
-    from infra.api.app import create_app
+    from infra.api.server import create_app
     from infra.settings import Settings
 
     return create_app(Settings()).openapi()

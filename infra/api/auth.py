@@ -49,7 +49,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infra import keys
 from infra.api.error_shapes import error_response
-from infra.state.jobs import PUBLIC_TENANT
+from infra.state.job_store import PUBLIC_TENANT
 
 #: The header clients send their key in.
 HEADER = "X-API-Key"

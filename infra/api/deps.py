@@ -1,7 +1,7 @@
 """The API's handles on Redis, S3 and the queue, and the FastAPI dependencies that hand them out.
 
 Place in the data flow: built once per API process in the app's lifespan
-(:func:`infra.api.app.create_app`); every route reaches the job-state store, the bucket, the
+(:func:`infra.api.server.create_app`); every route reaches the job-state store, the bucket, the
 submission path and the limits through :func:`get_farm`, and its tenant through :data:`Tenant`.
 """
 
@@ -15,21 +15,21 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import KeyStore, current_tenant
-from infra.api.inputs import InputError, InputResolver
 from infra.api.limits import RateLimiter
-from infra.api.submission import SubmissionInFlight, Submitter
-from infra.api.webhook_policy import WebhookRefused, check_webhook_url
 from infra.broker.app import make_celery
-from infra.pools import NoPoolError
+from infra.routing import NoPoolError
 from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry
-from infra.state.catalog import CatalogIndex
+from infra.state.catalog_index import CatalogIndex
 from infra.state.connect import is_cluster_url, state_client
 from infra.state.durable import DurableAck, NotDurable
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from infra.state.quota import QuotaExceeded, Quotas
 from infra.storage.s3 import Storage, object_key
+from infra.submission.input_refs import InputError, InputResolver
+from infra.submission.submitter import SubmissionInFlight, Submitter
+from infra.submission.url_policy import WebhookRefused, check_webhook_url
 
 #: A route parameter holding the request's tenant (and documenting ``X-API-Key`` in the schema).
 Tenant = Annotated[str, Depends(current_tenant)]
@@ -83,10 +83,10 @@ class Farm:
                                    drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))),
                                    claim_s=settings.idempotency_claim_s,
                                    durable=DurableAck(self.redis, settings.durable_ack,
-                                                      timeout_ms=settings.durable_ack_timeout_ms))
-        self.inputs = InputResolver(self.storage, max_bytes=settings.input_max_bytes,
-                                    max_pixels=settings.input_max_pixels,
-                                    allow_private=settings.input_allow_private)
+                                                      timeout_ms=settings.durable_ack_timeout_ms),
+                                   inputs=InputResolver(self.storage, max_bytes=settings.input_max_bytes,
+                                                        max_pixels=settings.input_max_pixels,
+                                                        allow_private=settings.input_allow_private))
         self.keys = KeyStore(self.redis)
         self.limiter = RateLimiter.from_settings(self.redis, settings)
         self.catalog = CatalogIndex(self.store, self.locate_image, exists=self.storage.exists)
@@ -129,23 +129,28 @@ class Farm:
                                            "msg": f"Value error, {exc.reason}", "input": url}]) from None
 
     def submit(self, requests: list[RenderRequest], *, batch: bool, **kwargs) -> BatchAccepted:
-        """``Submitter.submit``; requests no declared pool can serve are a 422 whose ``loc`` names
-        the job (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size; over
-        the tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it); a duplicate
+        """:meth:`Submitter.submit <infra.submission.submitter.Submitter.submit>`, its domain errors
+        as HTTP answers: a refused input image (:mod:`infra.submission.input_refs`, resolved
+        first) is a 422 on its field (413 over the byte limit, 415 an unsupported format);
+        requests no declared pool can serve are a 422 whose ``loc`` names the job
+        (``body.jobs.<index>`` in a batch) and whose ``msg`` the model or the size; over the
+        tenant's quota, a 429 with ``Retry-After`` (413 for a request alone over it); a duplicate
         of an idempotent submission still in flight, a 409 with ``Retry-After``; Redis not
-        confirming the batch durable in time (``RENDERFARM_DURABLE_ACK``), a 503. Input images are
-        resolved first (:mod:`infra.api.inputs`): a refused one is a 422 on its field (413 over the
-        byte limit, 415 an unsupported format), and nothing is recorded."""
+        confirming the batch durable in time (``RENDERFARM_DURABLE_ACK``), a 503. Nothing is
+        recorded for a refused submission.
+
+        Raises:
+            RequestValidationError: the 422s (FastAPI's shape, ``loc`` and ``msg`` per error).
+            HTTPException: 409, 413, 415, 429 or 503.
+        """
         try:
-            requests = self.inputs.resolve(requests)
+            return self.submitter.submit(requests, **kwargs)
         except InputError as exc:
             loc = ("body", *(("jobs", exc.index) if batch else ()), exc.field)
             if exc.status == 422:
                 raise RequestValidationError([{"type": "invalid_input_image", "loc": loc,
                                                "msg": exc.reason, "input": None}]) from None
             raise HTTPException(exc.status, f"{'.'.join(map(str, loc[1:]))}: {exc.reason}") from None
-        try:
-            return self.submitter.submit(requests, **kwargs)
         except QuotaExceeded as exc:
             headers = {"Retry-After": str(exc.retry_after_s)} if exc.status == 429 else None
             raise HTTPException(exc.status, exc.message, headers=headers) from None

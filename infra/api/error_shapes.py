@@ -5,7 +5,7 @@ middleware's 401, the rate limits' 429/413, the 422 of a body that is not JSON) 
 body the client of that path expects. The farm's own routes (and the AUTOMATIC1111-compatible
 ones, which share FastAPI's shape) answer ``{"detail": …}``; a compatible API whose clients expect
 another shape registers it here (the OpenAI Images routes: ``{"error": {"message", "type",
-"param", "code"}}``, :mod:`infra.api.routes.openai_images`).
+"param", "code"}}``, :mod:`infra.api.compat.openai_images`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The bucket refills continuously at ``rate`` tokens/s up to ``burst``. Its state 
 refill) lives in ``rf:rl:{tenant}:{kind}`` and the clock is Redis's own (``TIME``), so several
 API replicas share one limit and their clocks do not matter. The key expires once the bucket
 would be full again. The request body size limit is FastAPI's ``max_body_size`` (setting
-``max_body_bytes``), configured in :func:`infra.api.app.create_app`.
+``max_body_bytes``), configured in :func:`infra.api.server.create_app`.
 """
 
 from __future__ import annotations

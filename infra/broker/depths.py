@@ -1,6 +1,6 @@
 """Queue depths per pool: the autoscaling signal and the dashboard's counters.
 
-Data flow: wait lanes (:mod:`infra.broker.dispatch`) + Redis broker lists + kombu's ``unacked``
+Data flow: wait lanes (:mod:`infra.broker.lanes`) + Redis broker lists + kombu's ``unacked``
 hash + worker registry → **here** → ``GET /v1/queues``, ``GET /v1/queues/{pool}`` and ``/metrics``
 (``renderfarm_outstanding_jobs{pool}``).
 
@@ -30,8 +30,8 @@ import redis
 
 from infra import keys
 from infra.background import server_time
-from infra.broker.dispatch import backlog
 from infra.broker.kombu_redis import message_job_id
+from infra.broker.lanes import backlog
 
 
 def _loads(raw: str | bytes) -> Any:
@@ -45,6 +45,67 @@ def idle_row(pool: str) -> dict[str, Any]:
     """The row of a pool with no job and no worker."""
     return {"pool": pool, "queued": 0, "reserved": 0, "running": 0, "outstanding": 0, "workers": 0,
             "oldest_wait_s": 0.0}
+
+
+def _broker_lists(broker: redis.Redis) -> tuple[Counter[str], list[tuple[str, str]]]:
+    """Per pool, the messages in its broker lists (every priority); and ``(pool, job id)`` of the
+    oldest message of each list (kombu pushes left, pops right), whose job may still wait."""
+    names = [k for k in broker.scan_iter(match=f"{keys.QUEUE_PREFIX}*", count=1000) if keys.pool_of_broker_list(k)]
+    pipe = broker.pipeline(transaction=False)
+    for key in names:
+        pipe.type(key)
+    lists = [k for k, kind in zip(names, pipe.execute() if names else []) if kind == "list"]
+    pipe = broker.pipeline(transaction=False)
+    for key in lists:
+        pipe.llen(key)
+        pipe.lindex(key, -1)
+    answers = iter(pipe.execute() if lists else [])
+    counts: Counter[str] = Counter()
+    oldest: list[tuple[str, str]] = []
+    for key in lists:
+        length, last = next(answers), next(answers)
+        pool = cast(str, keys.pool_of_broker_list(key))  # names holds only broker lists
+        counts[pool] += int(length)
+        if (job_id := message_job_id(last)) is not None:
+            oldest.append((pool, job_id))
+    return counts, oldest
+
+
+def _pulled(broker: redis.Redis) -> tuple[Counter[str], list[tuple[str, str]]]:
+    """Per pool, the messages workers pulled (kombu's ``unacked``: prefetched or running); and
+    ``(pool, job id)`` of each, whose job may still wait in a prefetch buffer."""
+    counts: Counter[str] = Counter()
+    pulled: list[tuple[str, str]] = []
+    for raw in broker.hvals(keys.UNACKED):
+        entry = _loads(raw)
+        if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], str):
+            continue
+        pool = keys.pool_of_broker_list(entry[2])
+        if pool is None:
+            continue
+        counts[pool] += 1
+        if (job_id := message_job_id(entry)) is not None:
+            pulled.append((pool, job_id))
+    return counts, pulled
+
+
+def _queued_since(client: redis.Redis, candidates: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    """``(pool, since)`` for each candidate ``(pool, job id)`` whose job is still ``queued``: when
+    it was queued (requeued, else created), epoch seconds. A duplicate message of a job that
+    started or ended does not count."""
+    if not candidates:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for _, job_id in candidates:
+        pipe.hmget(keys.job(job_id), "state", "created_at", "queued_at")
+    out = []
+    for (pool, _), (state, created, requeued) in zip(candidates, pipe.execute()):
+        if state == "queued":
+            try:
+                out.append((pool, float(requeued or created)))
+            except (TypeError, ValueError):
+                pass
+    return out
 
 
 def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
@@ -67,62 +128,17 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
         pools = [p.name for p in get_settings().pools]
     now = server_time(client)
     broker = broker if broker is not None else client
-    waiting_since: dict[str, float] = {}
-
-    def waited(pool: str, since: float | None) -> None:
-        if since is not None and (pool not in waiting_since or since < waiting_since[pool]):
-            waiting_since[pool] = since
-
-    # jobs the dispatcher still holds
-    lanes = backlog(client)
+    lanes = backlog(client)  # jobs the dispatcher still holds
     queued: Counter[str] = Counter({pool: n for pool, (n, _) in lanes.items()})
-    pool: str | None
-    for pool, (_, oldest) in lanes.items():
-        waited(pool, oldest)
-
-    # broker lists: depth, and the oldest message of each (kombu pushes left, pops right)
-    names = [k for k in broker.scan_iter(match=f"{keys.QUEUE_PREFIX}*", count=1000) if keys.pool_of_broker_list(k)]
-    pipe = broker.pipeline(transaction=False)
-    for key in names:
-        pipe.type(key)
-    lists = [k for k, kind in zip(names, pipe.execute() if names else []) if kind == "list"]
-    pipe = broker.pipeline(transaction=False)
-    for key in lists:
-        pipe.llen(key)
-        pipe.lindex(key, -1)
-    answers = iter(pipe.execute() if lists else [])
-    candidates: list[tuple[str, str]] = []  # (pool, job id) of messages whose job may wait
-    for key in lists:
-        length, last = next(answers), next(answers)
-        pool = cast(str, keys.pool_of_broker_list(key))  # names holds only broker lists
-        queued[pool] += int(length)
-        if (job_id := message_job_id(last)) is not None:
-            candidates.append((pool, job_id))
-
-    # pulled by workers: prefetched or running
-    unacked: Counter[str] = Counter()
-    for raw in broker.hvals(keys.UNACKED):
-        entry = _loads(raw)
-        if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], str):
-            continue
-        pool = keys.pool_of_broker_list(entry[2])
-        if pool is None:
-            continue
-        unacked[pool] += 1
-        if (job_id := message_job_id(entry)) is not None:
-            candidates.append((pool, job_id))
-
-    if candidates:
-        pipe = client.pipeline(transaction=False)
-        for _, job_id in candidates:
-            pipe.hmget(keys.job(job_id), "state", "created_at", "queued_at")
-        for (pool, _), (state, created, requeued) in zip(candidates, pipe.execute()):
-            if state == "queued":  # not a duplicate message of a job that started or ended
-                try:
-                    waited(pool, float(requeued or created))
-                except (TypeError, ValueError):
-                    pass
-
+    waits = [(pool, oldest) for pool, (_, oldest) in lanes.items() if oldest is not None]
+    in_lists, listed = _broker_lists(broker)
+    queued.update(in_lists)
+    unacked, pulled = _pulled(broker)
+    waits += _queued_since(client, listed + pulled)
+    waiting_since: dict[str, float] = {}
+    for pool, since in waits:
+        if pool not in waiting_since or since < waiting_since[pool]:
+            waiting_since[pool] = since
     running: Counter[str] = Counter()
     live: Counter[str] = Counter()
     for w in workers:
@@ -131,8 +147,8 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
     rows = []
     for pool in sorted(set(queued) | set(unacked) | set(live) | set(pools)):
         reserved = max(0, unacked[pool] - running[pool])
-        since = waiting_since.get(pool)
+        oldest = waiting_since.get(pool)
         rows.append({"pool": pool, "queued": queued[pool], "reserved": reserved, "running": running[pool],
                      "outstanding": queued[pool] + reserved + running[pool], "workers": live[pool],
-                     "oldest_wait_s": round(max(0.0, now - since), 3) if since is not None else 0.0})
+                     "oldest_wait_s": round(max(0.0, now - oldest), 3) if oldest is not None else 0.0})
     return rows

@@ -1,9 +1,9 @@
 """The dispatcher: priorities with aging and fair share between tenants, in front of Celery.
 
-Data flow: submission (:mod:`infra.api.submission`) records the jobs, then appends their ids to
-**wait lanes here**, one Redis list per (pool, tenant, priority) → the dispatcher, a thread of
-the status API (like the reaper), moves them into the pool's Celery queue in fair order,
-keeping that queue shallow → workers.
+Data flow: submission records the jobs, then appends their ids to the **wait lanes**
+(:mod:`infra.broker.lanes`), one Redis list per (pool, tenant, priority) → **the dispatcher
+here**, a thread of the status API (like the reaper), moves them into the pool's Celery queue
+in fair order, keeping that queue shallow → workers.
 
 Why not Celery's own priorities: kombu's Redis transport serves its priority lists strictly, so
 a steady stream of ``high`` starves ``low`` forever, and one list per pool is first-come,
@@ -27,11 +27,8 @@ Choosing the next job (stride scheduling, a form of weighted fair queuing):
   still gets the third. A tenant that was idle starts at the current virtual
   time (it cannot bank credit while away). Ties go to the older head job.
 
-Keys (named in :mod:`infra.keys`; a pool name holds no ``:``, a tenant neither)::
+Keys (named in :mod:`infra.keys`; the lanes' own in :mod:`infra.broker.lanes`)::
 
-    rf:wait:pools                     set: pools with waiting jobs
-    rf:wait:lanes:{pool}              set: "{tenant}:{priority}" of non-empty lanes
-    rf:wait:{pool}:{tenant}:{prio}    list: "{enqueued ms}:{job id}", oldest first
     rf:wfq:{pool}                     hash: tenant → pass, "_vt" → virtual time
     rf:dispatch:lock:{pool}           one dispatcher per pool at a time (SET NX PX)
 
@@ -54,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -64,6 +61,7 @@ from celery import Celery
 from infra import keys
 from infra.background import PeriodicLoop, RedisLock, server_time
 from infra.broker.app import broker_keys
+from infra.broker.lanes import entry_job
 from infra.broker.publish import publish_jobs
 from infra.settings import Settings
 from infra.state import registry, shards
@@ -71,7 +69,6 @@ from infra.state.lua import CALL_CHUNKED
 
 log = logging.getLogger("renderfarm.dispatch")
 
-PRIORITY_LEVELS = {"high": 0, "normal": 1, "low": 2}
 #: Share of the pool per dispatched job, by effective priority level (high, normal, low).
 PRIORITY_WEIGHTS = (4.0, 2.0, 1.0)
 #: The broker priority of dispatched messages: all equal, so the Celery queue keeps the dispatch
@@ -175,78 +172,6 @@ _DROP_HEAD = """
 if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1]) return 1 end
 return 0
 """
-
-
-def enqueue(client: redis.Redis, jobs: Sequence[tuple[str, str]], *, tenant: str, priority: str,
-            ttl_s: int = 7 * 24 * 3600, costs: Sequence[float | None] | None = None) -> None:
-    """Append recorded jobs (``(job_id, pool)``, in submission order) to their wait lanes (one
-    MULTI/EXEC per pool: its keys share the pool's hash tag), take them out of ``rf:pending``
-    (they have no message yet), then list their pools in ``rf:wait:pools``. ``costs``: each job's
-    estimated GPU-seconds (:mod:`infra.state.quota`), carried in its lane entry for fair share
-    (None: 1).
-
-    Raises:
-        ValueError: an unknown ``priority``, or ``costs`` of another length than ``jobs``.
-    """
-    if priority not in PRIORITY_LEVELS:
-        raise ValueError(f"priority must be one of {', '.join(PRIORITY_LEVELS)}, got {priority!r}")
-    if costs is not None and len(costs) != len(jobs):
-        raise ValueError(f"{len(costs)} costs for {len(jobs)} jobs")
-    if not jobs:
-        return
-    stamp = int(server_time(client) * 1000)
-    by_pool: dict[str, list[str]] = defaultdict(list)
-    for i, (job_id, pool) in enumerate(jobs):
-        cost = costs[i] if costs is not None else None
-        by_pool[pool].append(f"{stamp}:{job_id}" if cost is None else f"{stamp}:{job_id}:{cost!r}")
-    member = f"{tenant}:{priority}"
-    for pool, entries in by_pool.items():
-        pipe = client.pipeline(transaction=True)
-        pipe.rpush(keys.lane(pool, member), *entries)
-        pipe.expire(keys.lane(pool, member), ttl_s)
-        pipe.sadd(keys.lanes(pool), member)
-        pipe.execute()
-    shards.remove(client, keys.pending, [job_id for job_id, _ in jobs])
-    client.sadd(keys.WAIT_POOLS, *by_pool)  # after the lanes: a dispatcher never forgets a non-empty pool
-
-
-def backlog(client: redis.Redis) -> dict[str, tuple[int, float | None]]:
-    """Per pool with waiting jobs: ``(jobs in its lanes, enqueue time of the oldest head)``, the
-    time in epoch seconds (Redis server clock), None when every lane is empty."""
-    pools = sorted(client.smembers(keys.WAIT_POOLS))
-    if not pools:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for pool in pools:
-        pipe.smembers(keys.lanes(pool))
-    lanes = [(pool, sorted(members)) for pool, members in zip(pools, pipe.execute())]
-    pipe = client.pipeline(transaction=False)
-    for pool, members in lanes:
-        for member in members:
-            pipe.llen(keys.lane(pool, member))
-            pipe.lindex(keys.lane(pool, member), 0)
-    answers = iter(pipe.execute())
-    out: dict[str, tuple[int, float | None]] = {}
-    for pool, members in lanes:
-        count, oldest = 0, None
-        for _ in members:
-            length, first = next(answers), next(answers)
-            count += int(length)
-            if first:
-                stamp = _entry_time(first)
-                oldest = stamp if oldest is None else min(oldest, stamp)
-        out[pool] = (count, oldest)
-    return out
-
-
-def _entry_time(entry: str | bytes) -> float:
-    text = entry.decode() if isinstance(entry, bytes) else entry
-    return int(text.split(":", 1)[0]) / 1000
-
-
-def _entry_job(entry: str) -> str:
-    """The job id of a lane entry ``{enqueued ms}:{job id}[:{cost_s}]``."""
-    return entry.split(":", 2)[1]
 
 
 def broker_depth(client: redis.Redis, pool: str) -> int:
@@ -370,7 +295,7 @@ class Dispatcher:
             heads = [(m, e) for m, e in zip(members, pipe.execute()) if e]
             pipe = self.r.pipeline(transaction=False)
             for _, entry in heads:
-                pipe.hget(keys.job(_entry_job(entry)), "state")
+                pipe.hget(keys.job(entry_job(entry)), "state")
             dead = [(m, e) for (m, e), state in zip(heads, pipe.execute() if heads else []) if state != "queued"]
             if not dead:
                 break

@@ -37,7 +37,7 @@ Connection errors still propagate, since Celery's reconnection depends on them (
 ``KeyError``, which kombu lists among them but which here means a JSON value without
 ``properties``). Kombu's Redis transport is used for ``redis://`` and ``rediss://`` alike, so
 one patch covers both. Job ids inside well-formed messages are checked later, in
-:func:`worker.runner.job_ids_from_messages`.
+:func:`worker.batch.job_ids_from_messages`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from kombu import Producer
 from infra import keys
 from infra.broker.app import PRIORITY_VALUES, TASK_NAME
 from infra.broker.kombu_redis import publish_by_template
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 
 
 def _send(app: Celery, producer: Producer, job_id: str, pool: str, priority: int) -> None:

@@ -52,7 +52,7 @@ from infra.broker.publish import republish
 from infra.settings import Settings
 from infra.state import registry
 from infra.state.connect import state_client
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from infra.state.quota import Quotas
 
 log = logging.getLogger("renderfarm.reaper")

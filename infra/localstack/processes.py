@@ -1,5 +1,5 @@
 """The process supervisor of the local stack: child processes in their own process groups, with a
-log file, a readiness check and a clean stop that leaves no orphans; free ports and run dirs.
+log file, a readiness check and a clean stop that leaves no orphans.
 
 Place in the data flow: beside it. :mod:`infra.localstack.services` builds redis-server,
 SeaweedFS, the status API and the workers on :class:`ManagedProcess`; ``renderfarm up``,
@@ -7,7 +7,8 @@ SeaweedFS, the status API and the workers on :class:`ManagedProcess`; ``renderfa
 
 Every child runs in its own process group with its output in ``<run dir>/<name>.log``;
 :meth:`ManagedProcess.stop` signals the whole group (SIGTERM, then SIGKILL after a timeout) and
-waits until no member of the group is left. Ports are TCP ports on 127.0.0.1; times are seconds.
+waits until no member of the group is left. Ports are TCP ports on 127.0.0.1 (free ones from
+:mod:`infra.localstack.ports`); run dirs come from :mod:`infra.localstack.run_dirs`; times are seconds.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import contextlib
 import ctypes
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,112 +27,6 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-
-LOCALHOST = "127.0.0.1"
-
-# --------------------------------------------------------------------------------------------
-# Ports, run directories, environment
-# --------------------------------------------------------------------------------------------
-
-_handed_out: set[int] = set()
-
-
-def free_port(offset_free: int | None = None) -> int:
-    """A TCP port on 127.0.0.1 that is free now and not handed out before by this process.
-
-    With ``offset_free``, the port ``p + offset_free`` is free too (SeaweedFS derives some gRPC
-    ports as HTTP port + 10000). The port is only probed, not held: another program may still
-    take it before the caller binds it, which is rare enough for tests and a local stack.
-    """
-    for _ in range(200):
-        port = _unused_port()
-        if port in _handed_out:
-            continue
-        if offset_free is not None:
-            other = port + offset_free
-            if other > 65535 or other in _handed_out or not port_is_free(other):
-                continue
-            _handed_out.add(other)
-        _handed_out.add(port)
-        return port
-    raise RuntimeError("no free TCP port found on 127.0.0.1")
-
-
-def reserve(*ports: int | None) -> None:
-    """Never hand out ``ports`` from :func:`free_port` in this process: ports a caller chose for
-    servers that bind later (``renderfarm up --api-port``: the API binds after SeaweedFS has
-    picked its nine internal ports). ``None`` entries are ignored."""
-    _handed_out.update(p for p in ports if p)
-
-
-def _unused_port() -> int:
-    """A port the kernel picks as unused on 127.0.0.1 now (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOCALHOST, 0))
-        return sock.getsockname()[1]
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a server could listen on TCP ``port`` of 127.0.0.1 now.
-
-    The probe binds with ``SO_REUSEADDR`` as redis-server, SeaweedFS and uvicorn do, so sockets
-    of earlier connections in ``TIME_WAIT`` (up to a minute after a stack stopped) do not count
-    as "in use"; on Linux a socket that listens there still makes the bind fail (socket(7),
-    ``SO_REUSEADDR``).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOCALHOST, port))
-        except OSError:
-            return False
-    return True
-
-
-_RUN_DIR_RE = re.compile(r"^\d{8}-\d{6}-(\d+)$")
-
-
-def new_run_dir(base: Path | str | None = None, *, keep: int = 5) -> Path:
-    """A fresh directory for one stack's logs and data: ``<base>/<YYYYmmdd-HHMMSS>-<pid>``.
-
-    ``base`` defaults to ``$RENDERFARM_CACHE_DIR/run``; when that cannot be created, a new temp
-    directory is used. Older run dirs under ``base`` beyond the newest ``keep`` are removed,
-    except those whose creating process is still alive.
-    """
-    if base is None:
-        from infra.settings import Settings
-
-        base = Settings().cache_dir / "run"
-    base = Path(base)
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        path = base / f"{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
-        path.mkdir(exist_ok=True)
-    except OSError:
-        return Path(tempfile.mkdtemp(prefix="renderfarm-run-"))
-    _prune_run_dirs(base, keep=keep, current=path)
-    return path
-
-
-def _prune_run_dirs(base: Path, *, keep: int, current: Path) -> None:
-    dirs = sorted((p for p in base.iterdir() if p.is_dir() and _RUN_DIR_RE.match(p.name)), reverse=True)
-    for old in dirs[keep:]:
-        match = _RUN_DIR_RE.match(old.name)
-        assert match is not None  # dirs holds only matching names
-        pid = int(match.group(1))
-        if old != current and not _pid_alive(pid):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 _default_run_dir: Path | None = None
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from infra.localstack.processes import LOCALHOST, ManagedProcess, free_port
+from infra.localstack.ports import LOCALHOST, free_port
+from infra.localstack.processes import ManagedProcess
 
 
 def redis_answers(url: str, timeout: float = 1.0) -> bool:

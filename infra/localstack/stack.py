@@ -21,8 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.localstack import claim
-from infra.localstack.ports import check_free
-from infra.localstack.processes import ManagedProcess, free_port, new_run_dir, reserve
+from infra.localstack.ports import check_free, free_port, reserve
+from infra.localstack.processes import ManagedProcess
+from infra.localstack.run_dirs import new_run_dir
 from infra.localstack.services import ApiServer, RedisServer, SeaweedS3, WorkerProcess, redis_answers, start_workers
 
 

@@ -1,7 +1,7 @@
 """Durable acknowledgement: before the API answers 202, the jobs it recorded are on disk (or on
 a replica), so a ``kill -9`` of redis-server, a node loss or a failover cannot take them back.
 
-Place in the data flow: submission (:mod:`infra.api.submission`) records a batch and its wait-lane
+Place in the data flow: submission (:mod:`infra.submission.submitter`) records a batch and its wait-lane
 entries, then calls :meth:`DurableAck.wait` before it answers. Modes (``RENDERFARM_DURABLE_ACK``):
 
 ``off``       answer at once (Redis's own ``appendfsync`` policy decides what a crash loses).

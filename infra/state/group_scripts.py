@@ -1,7 +1,7 @@
 """A worker's per-group transitions as Redis Lua scripts: one script call starts, touches (lease,
 progress, group size) or succeeds every job of a group that lives in one shard.
 
-Place in the data flow: :class:`infra.state.jobs.JobStore` runs these for the worker's
+Place in the data flow: :class:`infra.state.job_store.JobStore` runs these for the worker's
 ``start_many``, ``progress_many`` / ``renew_leases`` / ``mark_rendering`` and ``succeed_many``.
 Each job in the call is checked and fenced on its own, exactly as the one-job scripts of
 :mod:`infra.state.scripts` do (state, ``attempt:epoch`` token); what is shared is the server's

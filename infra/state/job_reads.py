@@ -1,10 +1,10 @@
 """The read side of the job-state store: job and batch statuses, parsed from their records.
 
-Place in the data flow: :class:`infra.state.jobs.JobStore` writes the records (every transition
+Place in the data flow: :class:`infra.state.job_store.JobStore` writes the records (every transition
 one Lua script) and inherits these reads; the status API, the dashboard and the clients' polling
 reach them through it. Reads never change a state; :meth:`JobReads.recent_batches` only drops
 ids whose records expired from the recent-batches index. The record layout is in
-:mod:`infra.state.jobs`.
+:mod:`infra.state.job_records`.
 """
 
 from __future__ import annotations

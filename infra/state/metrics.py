@@ -1,7 +1,7 @@
 """Farm metrics, the write side: what workers observe per batch, summed in Redis.
 
-Data flow: worker (after each pulled batch, :mod:`worker.runner`) → :func:`record_batch` → Redis
-hashes → the status API's read side (:mod:`infra.api.metrics`) → ``GET /metrics`` (Prometheus
+Data flow: worker (after each pulled batch, :mod:`worker.post_stage`) → :func:`record_batch` → Redis
+hashes → the status API's read side (:mod:`infra.api.prometheus`) → ``GET /metrics`` (Prometheus
 text); and per-minute throughput buckets → ``GET /v1/throughput``, ``GET /v1/workers`` and the
 dashboard.
 

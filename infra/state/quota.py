@@ -1,6 +1,6 @@
 """Per-tenant quotas on outstanding work: jobs, estimated GPU-seconds, and bytes of job records.
 
-Place in the data flow: submission (:mod:`infra.api.submission`) **reserves** a batch's jobs,
+Place in the data flow: submission (:mod:`infra.submission.submitter`) **reserves** a batch's jobs,
 GPU-seconds and bytes here before recording it (429 with ``Retry-After`` over the quota, 413 for
 one request larger than the quota itself) → the job-state store's Lua transitions give each job's
 share back when it ends and take it again on a dead-letter retry
@@ -145,7 +145,7 @@ class Quotas:
         max_gpu_s: outstanding estimated GPU-seconds per tenant (0: no limit).
         max_bytes: outstanding bytes of job records per tenant (:func:`job_bytes`; 0: no limit).
         sharded: whether jobs give their share back to per-shard hashes (default: whether the
-            client is a RedisCluster, the same choice as :class:`infra.state.jobs.JobStore`'s).
+            client is a RedisCluster, the same choice as :class:`infra.state.job_store.JobStore`'s).
         hold_s: seconds a reservation may wait for its batch to be recorded (at least that
             long: its deadline is the Redis clock's time to the microsecond plus ``hold_s``); after that the
             reaper (:meth:`reclaim_abandoned`) gives back the reservation of a batch that never

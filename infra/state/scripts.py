@@ -1,6 +1,6 @@
 """The job-state store's transitions as Redis Lua scripts: one script per transition.
 
-Place in the data flow: :class:`infra.state.jobs.JobStore` runs these for submission's records,
+Place in the data flow: :class:`infra.state.job_store.JobStore` runs these for submission's records,
 the worker's start/progress/finish, the reaper's requeue and the operator's dead-letter retry.
 Each script is atomic over every key it touches and re-checks its condition, so a transition
 happens at most once whatever runs it concurrently (several workers, reapers or API replicas).

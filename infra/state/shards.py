@@ -1,6 +1,6 @@
 """Reading and writing the farm-wide indexes that are split into shards for Redis Cluster.
 
-Place in the data flow: beside the job-state store (:mod:`infra.state.jobs`), the reaper and the
+Place in the data flow: beside the job-state store (:mod:`infra.state.job_store`), the reaper and the
 dead-letter pages. Every farm-wide sorted set (leases, pending, dead letters, a tenant's dead
 letters and recent batches) is kept as :data:`infra.keys.SHARDS` sorted sets, one per hash tag,
 so that a transition script touches one job's keys and that job's shard of each index in one

@@ -1,7 +1,7 @@
 """AUTOMATIC1111's sampler names ↔ the farm's scheduler names: one table for every place that
 speaks A1111.
 
-Place in the data flow: the A1111-compatible endpoint (:mod:`infra.api.routes.a1111`) maps a
+Place in the data flow: the A1111-compatible endpoint (:mod:`infra.api.compat.a1111`) maps a
 request's ``sampler_name`` and ``scheduler`` (A1111's "schedule type") onto a farm scheduler name
 (:data:`infra.schemas.SchedulerName`) → the worker renders with that diffusers scheduler
 (:mod:`pipeline.schedulers`) → the ``parameters`` infotext of each image

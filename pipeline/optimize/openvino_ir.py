@@ -1,7 +1,7 @@
 """The converted OpenVINO UNet as a shared cache entry: its key, its files and their checks.
 
 Place in the data flow: :func:`pipeline.optimize.openvino.to_openvino` → **here** → the caller's
-store (:class:`IRStore`: the worker's is the farm's bucket, ``infra.storage.compile_cache``; the
+store (:class:`IRStore`: the worker's is the farm's bucket, ``infra.storage.compile_artifacts``; the
 time-to-ready bench's and the tests' is a directory, :class:`DirectoryIRStore`). Nothing here
 touches S3.
 

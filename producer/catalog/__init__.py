@@ -9,7 +9,7 @@ Content-addressed keys: an item's key is the SHA-256 of its model, prompt, negat
 parameters (size, steps, guidance, scheduler, format) and seed. Its seed is the item's ``seed``
 field, or else derived from that same content, so a re-run computes the same keys. Each job
 carries its key as ``metadata["catalog_key"]``; the API indexes key → job per tenant
-(:mod:`infra.state.catalog`), and that index, kept by the farm, is what makes runs idempotent
+(:mod:`infra.state.catalog_index`), and that index, kept by the farm, is what makes runs idempotent
 and resumable on a fresh machine (a CronJob pod has no local state):
 
 * a key whose job succeeded, or whose image is in the bucket, is **skipped**;

@@ -7,7 +7,7 @@ content key → the report (:mod:`producer.catalog.report`). Every API call goes
 idempotency key derived from their keys.
 
 An item is skipped only on the farm's word that its image exists: the lookup answers
-``succeeded`` only after a HEAD of the image (:mod:`infra.state.catalog`). That holds for items
+``succeeded`` only after a HEAD of the image (:mod:`infra.state.catalog_index`). That holds for items
 a ``--state-dir`` records as done too: they are looked up with the others (10,000 keys per
 request, :attr:`CatalogRun.concurrency` requests in flight), and one whose image is gone (a wiped
 bucket, a deleted object) is rendered again and recorded anew.

@@ -11,11 +11,11 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from infra.api.app import create_app
-from infra.api.submission import new_id
+from infra.api.server import create_app
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
+from infra.submission.submitter import new_id
 
 DB = 4
 

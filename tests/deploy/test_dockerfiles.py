@@ -118,8 +118,8 @@ def test_api_entrypoint_runs_without_the_ml_stack():
     block = ("import sys\n"
              "for m in ('torch', 'diffusers', 'transformers', 'accelerate', 'safetensors', 'open_clip'):\n"
              "    sys.modules[m] = None\n"
-             "import infra.api.app\n"
-             "infra.api.app.create_app()\n"
+             "import infra.api.server\n"
+             "infra.api.server.create_app()\n"
              "from infra.cli import main\n"
              "main(sys.argv[1:])\n")
     out = subprocess.run([sys.executable, "-c", block, *command, "--help"], capture_output=True, text=True,

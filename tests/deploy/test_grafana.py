@@ -65,7 +65,7 @@ def test_metric_names_match_what_metrics_exposes(redis_server):
     any job ran (infra/state/metrics.py)."""
     from fastapi.testclient import TestClient
 
-    from infra.api.app import create_app
+    from infra.api.server import create_app
     from infra.settings import Settings
 
     settings = Settings(redis_url=redis_server.url, s3_endpoint_url="http://127.0.0.1:9")

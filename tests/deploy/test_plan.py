@@ -1,4 +1,4 @@
-"""The capacity planner (infra.plan): the KEDA + HPA replay against hand-computed cases."""
+"""The capacity planner (infra.capacity): the KEDA + HPA replay against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -7,16 +7,13 @@ import math
 
 import pytest
 
-from infra.plan import (
-    Behavior,
-    Policy,
-    PoolModel,
+from infra.capacity.replay import Behavior, Policy, PoolModel, simulate
+from infra.capacity.sources import (
     images_per_s_from_bench,
     parse_clock,
     pool_from_values,
     pool_model_from_values,
     read_arrivals_csv,
-    simulate,
 )
 from tests.deploy.conftest import CHART, THREE_POOLS
 
@@ -122,7 +119,7 @@ def test_values_files_drive_the_model():
 def test_cli_json(capsys):
     import argparse
 
-    from infra.plan import register
+    from infra.capacity.cli import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
@@ -136,7 +133,7 @@ def test_cli_json(capsys):
 def test_cli_sweep_table(capsys):
     import argparse
 
-    from infra.plan import register
+    from infra.capacity.cli import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
@@ -148,7 +145,7 @@ def test_cli_sweep_table(capsys):
 
 
 def test_thinned_timeline_keeps_the_milestones():
-    from infra.plan import _thin
+    from infra.capacity.cli import _thin
 
     pool = PoolModel(images_per_s=0.5, max_replicas=16, cold_start_s=180)
     rows = simulate([(0, 20_000)], pool).timeline

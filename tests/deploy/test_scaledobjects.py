@@ -107,7 +107,7 @@ def test_metrics_api_value_location_resolves_on_the_route(redis_server):
     from fastapi.testclient import TestClient
 
     from infra import keys
-    from infra.api.app import create_app
+    from infra.api.server import create_app
     from infra.settings import Settings
 
     settings = Settings(redis_url=redis_server.url, s3_endpoint_url="http://127.0.0.1:9")

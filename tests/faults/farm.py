@@ -25,7 +25,7 @@ from infra.localstack import (
     stack_env,
 )
 from infra.schemas import JobStatus, RenderRequest
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from producer import RenderClient
 from tests.fault_table import TERMINAL, account_row, record_row
 from worker.faults import read_counters

@@ -30,7 +30,7 @@ import pytest
 
 from infra import keys
 from infra.api.auth import KeyStore
-from infra.state.jobs import PUBLIC_TENANT
+from infra.state.job_store import PUBLIC_TENANT
 from infra.state.quota import Quotas
 
 from .farm import LEASE_S, request

@@ -20,7 +20,7 @@ from infra.broker.reaper import Reaper, queued_job_ids
 from infra.schemas import JOB_STATES, JobError, JobResult
 from infra.settings import Settings
 from infra.state import shards
-from infra.state.jobs import CANCELED, HELD, STALE, JobStore, NewJob, StartedJob
+from infra.state.job_store import CANCELED, HELD, STALE, JobStore, NewJob, StartedJob
 
 from .farm import request
 

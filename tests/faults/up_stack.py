@@ -22,7 +22,7 @@ import redis
 from infra import keys
 from infra.localstack import ManagedProcess
 from infra.localstack.services import cli_command
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from tests.fault_table import TERMINAL, account_row, record_row
 from worker.faults import read_counters
 

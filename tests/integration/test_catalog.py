@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from infra.schemas import JobResult
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from producer import RenderClient
 from producer.catalog import StateDir, run_catalog
 

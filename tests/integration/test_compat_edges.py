@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from infra.api.app import create_app
 from infra.api.auth import KeyStore
+from infra.api.server import create_app
 from infra.settings import Settings
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 
 DB = 7
 TIMEOUT_S = 0.6

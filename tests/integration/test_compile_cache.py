@@ -28,7 +28,7 @@ import pytest
 
 from infra.localstack import ApiServer, WorkerProcess, free_port, start_workers
 from infra.settings import Settings
-from infra.storage.compile_cache import CompileCacheStore, object_name
+from infra.storage.compile_artifacts import CompileCacheStore, object_name
 from infra.storage.s3 import Storage
 from pipeline.compile_cache import read_header
 from producer.client import RenderClient

@@ -1,4 +1,4 @@
-"""Compile-cache artifacts in SeaweedFS (infra/storage/compile_cache.py) and ``renderfarm cache ls|rm``
+"""Compile-cache artifacts in SeaweedFS (infra/storage/compile_artifacts.py) and ``renderfarm cache ls|rm``
 against them: put, get, overwrite, list with metadata, delete by key, by age, all."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from infra.settings import Settings
-from infra.storage.compile_cache import CompileCacheStore, object_name
+from infra.storage.compile_artifacts import CompileCacheStore, object_name
 from infra.storage.s3 import Storage
 
 pytestmark = pytest.mark.integration

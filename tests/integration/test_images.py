@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from infra.api.inputs import fetch_url
 from infra.localstack import ApiServer, WorkerProcess, free_port
 from infra.storage.images import parse_parameters, read_parameters
-from infra.storage.inputs import InputRefused
+from infra.storage.input_images import InputRefused
+from infra.submission.input_refs import fetch_url
 from producer import RenderClient
 from producer.client import RenderFarmError
 

@@ -18,7 +18,8 @@ import pytest
 from infra import keys
 from infra.api.auth import KeyStore
 from infra.broker.app import make_celery
-from infra.broker.dispatch import backlog, broker_depth
+from infra.broker.dispatch import broker_depth
+from infra.broker.lanes import backlog
 from infra.localstack import ApiServer, WorkerProcess, free_port, start_workers
 from infra.settings import Settings
 

@@ -25,7 +25,7 @@ from infra.api.auth import KeyStore
 from infra.localstack import ApiServer, RedisServer, WorkerProcess, free_port, start_workers
 from infra.state import shards
 from infra.state.connect import state_client
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 from infra.state.quota import Quotas
 
 pytestmark = [pytest.mark.integration,

@@ -103,7 +103,7 @@ def test_a_port_in_time_wait_is_free_and_a_listener_is_not():
     with SO_REUSEADDR and start, so the stack's port check must not call that port in use."""
     import socket
 
-    from infra.localstack.processes import LOCALHOST, port_is_free
+    from infra.localstack.ports import LOCALHOST, port_is_free
 
     listener = socket.create_server((LOCALHOST, 0))
     port = listener.getsockname()[1]

@@ -15,7 +15,7 @@ from infra.api.deps import FarmDep, Tenant, not_found, require_id
 from infra.api.json_body import FastJSONRoute
 from infra.api.models import BatchCanceled
 from infra.schemas import BatchAccepted, BatchStatus, BatchSubmission
-from infra.state.jobs import PUBLIC_TENANT
+from infra.state.job_store import PUBLIC_TENANT
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=FastJSONRoute)  # bodies of 10,000 jobs
 

@@ -2,7 +2,7 @@
 neither.
 
 Place in the data flow: the catalog runner (:mod:`producer.catalog`) → **here** → the tenant's
-catalog index (:mod:`infra.state.catalog`) and, for expired job records, the bucket.
+catalog index (:mod:`infra.state.catalog_index`) and, for expired job records, the bucket.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from infra.api.deps import FarmDep, Tenant
-from infra.state.catalog import CatalogLookup, CatalogLookupResult
+from infra.state.catalog_index import CatalogLookup, CatalogLookupResult
 
 router = APIRouter(prefix="/v1/catalog", tags=["catalog"])
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Query
 from infra.api.deps import FarmDep, Tenant, not_found, require_id
 from infra.api.models import DeadLetterPage, RetryAccepted
 from infra.broker.publish import republish
-from infra.state.jobs import RetryRefused
+from infra.state.job_store import RetryRefused
 
 router = APIRouter(prefix="/v1/dead-letter", tags=["jobs"])
 
@@ -28,7 +28,7 @@ def dead_letter(farm: FarmDep, tenant: Tenant, offset: int = Query(0, ge=0, le=1
 def retry_dead_letter(job_id: str, farm: FarmDep, tenant: Tenant) -> RetryAccepted:
     """Put a failed job back in its queue with a fresh attempt budget. 404 for an unknown id,
     409 when the job is not failed, or when it killed its worker while rendering alone and has
-    had its retries (``infra.state.jobs.MAX_KILL_RETRIES``)."""
+    had its retries (``infra.state.job_recovery.MAX_KILL_RETRIES``)."""
     status = farm.store.get_job(require_id(job_id, "job"), tenant)
     if status is None:
         raise not_found("job")

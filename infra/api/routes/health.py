@@ -15,7 +15,7 @@ check is one ``HeadBucket`` without retries and with 2 s connect and read timeou
 
 Disclosure: a caller gets ``{"status": …}`` and the HTTP code, which is all a probe needs. The
 checks' error texts (hosts, ports) and the names of workers whose circuit breaker is open go only
-to a caller that may read ``/metrics`` (:func:`infra.api.routes.metrics.may_scrape`: the scrape
+to a caller that may read ``/metrics`` (:func:`infra.api.routes.telemetry.may_scrape`: the scrape
 token or an admin tenant's key; anyone while no token is set and auth is off, as on the local stack).
 """
 
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from infra.api.deps import Farm, FarmDep
 from infra.api.models import Health
 from infra.api.probes import Readiness
-from infra.api.routes.metrics import may_scrape
+from infra.api.routes.telemetry import may_scrape
 from infra.state.stack_events import read_down, read_events
 
 router = APIRouter(tags=["farm"])

@@ -1,7 +1,7 @@
 """``POST /v1/uploads``: an input image (img2img init image, inpainting mask) → its content-addressed key.
 
 Place in the data flow: a client (``RenderClient``, ``renderfarm submit --init-image``, a catalog
-run) → **here**: the multipart ``file`` is checked (:func:`infra.storage.inputs.inspect_image`:
+run) → **here**: the multipart ``file`` is checked (:func:`infra.storage.input_images.inspect_image`:
 bytes, format, pixels, full decode) and written once as ``inputs/<sha256>.<ext>`` → the client puts
 the key in ``init_image`` / ``mask_image`` of its requests. The same bytes always answer the same
 key, so a catalog re-run uploads nothing new and its content keys stay equal.
@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from infra.api.deps import FarmDep, Tenant
-from infra.storage.inputs import InputRefused, store_input
+from infra.storage.input_images import InputRefused, store_input
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 

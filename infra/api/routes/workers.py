@@ -2,14 +2,14 @@
 them (an admin tenant, ``RENDERFARM_ADMIN_TENANTS``, sees every job id).
 
 Place in the data flow: worker heartbeats → registry (:mod:`infra.state.registry`) + per-worker
-throughput (:mod:`infra.api.metrics`) → **here** → clients and the dashboard.
+throughput (:mod:`infra.api.prometheus`) → **here** → clients and the dashboard.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from infra.api import metrics
+from infra.api import prometheus
 from infra.api.deps import FarmDep, Tenant
 from infra.schemas import WorkerInfo
 
@@ -20,4 +20,4 @@ router = APIRouter(prefix="/v1/workers", tags=["farm"])
 def workers(farm: FarmDep, tenant: Tenant) -> list[dict]:
     """Live workers: device, recipe, model, pool, batch size, last heartbeat, the caller's own
     current and reserved jobs, and ``images_per_s`` over the last few minutes."""
-    return metrics.with_rates(farm.redis, farm.visible_workers(tenant))
+    return prometheus.with_rates(farm.redis, farm.visible_workers(tenant))

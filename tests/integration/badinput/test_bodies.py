@@ -105,14 +105,14 @@ def test_hostile_paths_and_queries_get_a_4xx_or_an_answer(url, path):
     assert response.status_code < 500, response.text[:300]
 
 
-# -- the safe echo of errors (infra/api/errors.py) ------------------------------------------------
+# -- the safe echo of errors (infra/api/validation_errors.py) ------------------------------------------------
 
 
 def test_safe_json_makes_any_input_strict_utf8_json():
     import json as _json
     import math as _math
 
-    from infra.api.errors import MAX_CHARS, MAX_DEPTH, MAX_ITEMS, safe_json
+    from infra.api.validation_errors import MAX_CHARS, MAX_DEPTH, MAX_ITEMS, safe_json
 
     deep: dict = {}
     node = deep

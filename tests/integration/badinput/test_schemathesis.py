@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from infra.api.app import create_app
 from infra.api.auth import KeyStore
+from infra.api.server import create_app
 from infra.localstack import ApiServer, WorkerProcess, free_port, start_workers
 from infra.settings import Settings
 

@@ -20,7 +20,7 @@ import pytest
 from infra.api.auth import KeyStore
 from infra.localstack import ApiServer, RedisServer, free_port
 from infra.schemas import JobResult
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 
 #: A model no test worker serves: jobs for it stay queued until a test moves them.
 UNSERVED_MODEL = "security-unserved"

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from infra import keys
-from infra.api.submission import new_id
 from infra.schemas import JobError, RenderRequest
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 from infra.state.quota import Quotas, Usage, job_bytes
+from infra.submission.submitter import new_id
 
 from .conftest import UNSERVED_MODEL, start_api
 

@@ -25,7 +25,7 @@ from infra.broker.publish import publish_jobs
 from infra.localstack import LOCALHOST, ApiServer, ProcessExited, RedisServer, free_port, redis_answers
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 
 pytestmark = pytest.mark.integration
 

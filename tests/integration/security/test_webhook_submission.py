@@ -1,5 +1,5 @@
 """The SSRF policy at the edge: a batch whose webhook URL the policy refuses is a 422 naming the
-field, and nothing is recorded; a public URL is accepted (infra/api/webhook_policy.py)."""
+field, and nothing is recorded; a public URL is accepted (infra/submission/url_policy.py)."""
 
 from __future__ import annotations
 

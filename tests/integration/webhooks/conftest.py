@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from infra.localstack import ApiServer, free_port
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
 
 WEBHOOK_DB = 5
 UNSERVED_MODEL = "webhook-unserved"

@@ -1,4 +1,4 @@
-"""Webhook delivery on batch completion (infra/api/webhooks.py) through two API replicas and a local
+"""Webhook delivery on batch completion (infra/api/webhooks/delivery.py) through two API replicas and a local
 receiver: one signed POST per finished batch, retries with backoff, the SSRF policy re-checked
 at delivery time, and giving up after the last attempt."""
 
@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from infra import keys
-from infra.api import webhooks
-from infra.api.webhook_secrets import tenant_secret, verify_signature
-from infra.api.webhooks import WebhookDispatcher
+from infra.api.webhooks.delivery import WebhookDispatcher
+from infra.api.webhooks.signing import tenant_secret, verify_signature
 from infra.schemas import JobError, JobResult, RenderRequest
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
+from infra.submission.submitter import enroll_webhook
 
 from .conftest import UNSERVED_MODEL
 
@@ -114,7 +114,7 @@ def _ended_batch(store: JobStore, url: str) -> str:
     batch_id = uuid.uuid4().hex
     job = NewJob(uuid.uuid4().hex, RenderRequest(**JOB, seed=1), UNSERVED_MODEL)
     store.create_batch(batch_id, [job], extra={"webhook_url": url})
-    webhooks.enroll(store.r, batch_id)
+    enroll_webhook(store.r, batch_id)
     store.cancel(job.job_id)
     return batch_id
 
@@ -161,11 +161,11 @@ def test_one_tenants_unfinished_batches_do_not_block_another_and_each_tenant_sig
         batch_id = uuid.uuid4().hex
         store6.create_batch(batch_id, [NewJob(uuid.uuid4().hex, RenderRequest(**JOB, seed=i), UNSERVED_MODEL)],
                             extra={"webhook_url": receiver.url("/never")}, tenant="flood")
-        webhooks.enroll(store6.r, batch_id)
+        enroll_webhook(store6.r, batch_id)
     calm = "f" * 8 + uuid.uuid4().hex[8:]  # sorts after every flooding batch of the same score
     job = NewJob(uuid.uuid4().hex, RenderRequest(**JOB, seed=1), UNSERVED_MODEL)
     store6.create_batch(calm, [job], extra={"webhook_url": receiver.url(path)}, tenant="calm")
-    webhooks.enroll(store6.r, calm)
+    enroll_webhook(store6.r, calm)
     store6.cancel(job.job_id)
     dispatcher = WebhookDispatcher(store6.r, allow_private=True, poll_s=0.2, recheck_s=60, batch_limit=1000)
     try:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from infra.api.a1111_img2img import Img2ImgRequest, decode_base64_image
-from infra.api.a1111_models import Txt2ImgRequest, split_lora_tags
-from infra.api.routes.openai_edits import openai_mask
+from infra.api.compat.a1111_img2img import Img2ImgRequest, decode_base64_image
+from infra.api.compat.a1111_models import Txt2ImgRequest, split_lora_tags
+from infra.api.compat.openai_edits import openai_mask
 
 
 def test_lora_tags_become_adapters():

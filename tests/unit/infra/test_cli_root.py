@@ -41,8 +41,8 @@ def _root(*argv: str) -> tuple[int, set[str], str]:
 
 
 @pytest.mark.parametrize(("command", "own_module", "others"), [
-    ("worker", "worker.cli", ("fastapi", "infra.api.app", "producer.cli", "infra.localstack.cli")),
-    ("up", "infra.localstack.cli", ("fastapi", "infra.api.app", "worker.cli")),
+    ("worker", "worker.cli", ("fastapi", "infra.api.server", "producer.cli", "infra.localstack.cli")),
+    ("up", "infra.localstack.cli", ("fastapi", "infra.api.server", "worker.cli")),
 ])  # fmt: skip
 def test_a_command_named_like_its_entry_point_imports_that_module_alone(command, own_module, others):
     code, modules, output = _root(command, "--help")

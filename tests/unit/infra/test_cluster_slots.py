@@ -8,9 +8,9 @@ import pytest
 from redis.crc import key_slot
 
 from infra import keys
-from infra.api.submission import new_id
 from infra.state.connect import is_cluster_url, state_client
-from infra.state.jobs import JobStore
+from infra.state.job_store import JobStore
+from infra.submission.submitter import new_id
 
 
 def slots(names) -> set[int]:
@@ -18,7 +18,7 @@ def slots(names) -> set[int]:
 
 
 def farm_batch(idempotency: tuple[str, str] | None = None, n: int = 20) -> tuple[str, list[str]]:
-    """A batch id and its job ids, made as :meth:`infra.api.submission.Submitter.submit` makes them."""
+    """A batch id and its job ids, made as :meth:`infra.submission.submitter.Submitter.submit` makes them."""
     batch_id = new_id(keys.idempotency_shard(*idempotency) if idempotency else None)
     return batch_id, [new_id(keys.shard(batch_id)) for _ in range(n)]
 

@@ -13,14 +13,15 @@ from collections import Counter
 import pytest
 
 from infra import keys
-from infra.api.submission import Submitter, new_id
 from infra.background import server_time
 from infra.broker.app import broker_keys, make_celery
 from infra.broker.depths import queue_depths
-from infra.broker.dispatch import Dispatcher, broker_depth, enqueue
+from infra.broker.dispatch import Dispatcher, broker_depth
+from infra.broker.lanes import enqueue
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
+from infra.submission.submitter import Submitter, new_id
 
 DB = 4
 POOL = "unit-pool"

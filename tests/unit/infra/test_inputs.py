@@ -11,8 +11,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from infra.api.inputs import MAX_REDIRECTS, fetch_url
-from infra.storage.inputs import InputRefused, inspect_image
+from infra.storage.input_images import InputRefused, inspect_image
+from infra.submission.input_refs import MAX_REDIRECTS, fetch_url
 
 
 def _png(size=(64, 48), mode="RGB") -> bytes:

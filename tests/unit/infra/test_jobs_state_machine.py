@@ -27,7 +27,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multip
 
 from infra import keys
 from infra.schemas import JOB_STATES, TERMINAL_STATES, JobError, JobResult, RenderRequest
-from infra.state.jobs import CANCELED, HELD, MAX_KILL_RETRIES, MAX_LOSSES, STALE, JobStore, NewJob, RetryRefused
+from infra.state.job_store import CANCELED, HELD, MAX_KILL_RETRIES, MAX_LOSSES, STALE, JobStore, NewJob, RetryRefused
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Farm metrics (infra/state/metrics.py, infra/api/metrics.py): what a worker records per batch reaches the API's
+"""Farm metrics (infra/state/metrics.py, infra/api/prometheus.py): what a worker records per batch reaches the API's
 /metrics as Prometheus histograms, counters and gauges, and the dashboard's throughput and
 images/s read back what was recorded.
 
@@ -16,11 +16,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra import keys
-from infra.api import metrics as read_side
-from infra.api.submission import new_id
+from infra.api import prometheus as read_side
 from infra.schemas import RenderRequest
 from infra.state import metrics as write_side
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
+from infra.submission.submitter import new_id
 
 DB = 3
 

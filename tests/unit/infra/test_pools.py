@@ -16,13 +16,12 @@ from pydantic import ValidationError
 from infra import keys
 from infra.pools import (
     OFFLINE_UPSCALERS,
-    NoPoolError,
     PoolConfigError,
     PoolSpec,
-    Router,
     pool_for_model,
     worker_pool,
 )
+from infra.routing import NoPoolError, Router
 from infra.schemas import RenderRequest
 from infra.settings import Settings
 

@@ -5,16 +5,16 @@ API's port in a fault scenario)."""
 
 from __future__ import annotations
 
-from infra.localstack import processes
+from infra.localstack import ports
 
 
 def test_seaweedfs_never_takes_a_port_the_caller_chose(monkeypatch, tmp_path):
     from infra.localstack import LocalStack
 
-    api, s3, redis = (processes._unused_port() for _ in range(3))
+    api, s3, redis = (ports._unused_port() for _ in range(3))
     offered = iter([api, redis, s3, api, redis] * 3 + list(range(40000, 40100)))
-    monkeypatch.setattr(processes, "_unused_port", lambda: next(offered))  # the kernel's worst luck
-    monkeypatch.setattr(processes, "port_is_free", lambda port: True)
+    monkeypatch.setattr(ports, "_unused_port", lambda: next(offered))  # the kernel's worst luck
+    monkeypatch.setattr(ports, "port_is_free", lambda port: True)
     stack = LocalStack(workers=0, run_dir=tmp_path, api_port=api, s3_port=s3,
                        redis_url=f"redis://127.0.0.1:{redis}/0")  # builds nothing, starts nothing
     internal = {name: port for name, port in stack.s3.ports.items() if name != "s3.port"}

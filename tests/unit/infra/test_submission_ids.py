@@ -1,5 +1,5 @@
-"""Job ids made for a whole batch at once (:func:`infra.api.submission.new_ids`) have the shape
-of :func:`infra.api.submission.new_id`'s, and large bodies parse to what ``json.loads`` gives
+"""Job ids made for a whole batch at once (:func:`infra.submission.submitter.new_ids`) have the shape
+of :func:`infra.submission.submitter.new_id`'s, and large bodies parse to what ``json.loads`` gives
 (:mod:`infra.api.json_body`), with its errors where it has one."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from infra import keys
 from infra.api.json_body import parse_json
-from infra.api.submission import new_id, new_ids
 from infra.schemas import is_farm_id
+from infra.submission.submitter import new_id, new_ids
 
 
 def test_batch_ids_are_uuid4_shaped_farm_ids_in_the_batch_shard():

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from infra.api.webhook_policy import WebhookRefused, address_problem, check_webhook_url
+from infra.submission.url_policy import WebhookRefused, address_problem, check_webhook_url
 
 REFUSED_ADDRESSES = {
     "127.0.0.1": "loopback", "127.5.5.5": "loopback", "::1": "loopback",

@@ -1,4 +1,4 @@
-"""Webhook signatures (infra/api/webhook_secrets.py): Standard Webhooks headers made with the
+"""Webhook signatures (infra/api/webhooks/signing.py): Standard Webhooks headers made with the
 ``standardwebhooks`` library, verified as a receiver would, and per-tenant secrets."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from infra.api.webhook_secrets import sign_headers, verify_signature
-from infra.api.webhooks import build_body
+from infra.api.webhooks.delivery import build_body
+from infra.api.webhooks.signing import sign_headers, verify_signature
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 BODY = build_body("b" * 32, {"total": "2", "created_at": "1700000000.5"}, {"succeeded": "1", "failed": "1"},

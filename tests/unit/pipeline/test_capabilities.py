@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infra.pools import FAMILIES, NoPoolError, PoolSpec, Router, capability_errors
+from infra.pools import FAMILIES, PoolSpec, capability_errors
+from infra.routing import NoPoolError, Router
 from infra.schemas import RenderRequest
 from pipeline.capabilities import call_arguments, call_parameters, check_pool_family, derive_capabilities
 

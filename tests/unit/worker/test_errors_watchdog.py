@@ -10,7 +10,7 @@ import redis
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
 from infra.schemas import RenderRequest
-from infra.state.jobs import StartedJob
+from infra.state.job_store import StartedJob
 from worker.batch import render_groups
 from worker.breaker import CircuitBreaker
 from worker.errors import CREDENTIALS, DEVICE, REQUEST, TRANSIENT, classify, is_infrastructure, is_retryable

@@ -19,12 +19,12 @@ import pytest
 from PIL import Image
 
 from infra import keys
-from infra.api.submission import new_id
 from infra.schemas import RenderRequest
 from infra.settings import Settings
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 from infra.storage.images import read_parameters
 from infra.storage.s3 import Storage
+from infra.submission.submitter import new_id
 from pipeline.render import compat_key
 from worker.errors import credentials_problem
 from worker.runner import BatchRunner

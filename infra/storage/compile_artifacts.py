@@ -1,6 +1,6 @@
-"""Compile-cache artifacts in the farm's own bucket: ``compile-cache/<key>.bin`` (Inductor's) and
-``compile-cache/<key>.ir/<file>`` (converted OpenVINO UNets and VAE decoders: ``model.xml``,
-``model.bin``, ``manifest.json``).
+"""The compile-cache artifact store, in the farm's own bucket: ``compile-cache/<key>.bin``
+(Inductor's) and ``compile-cache/<key>.ir/<file>`` (converted OpenVINO UNets and VAE decoders:
+``model.xml``, ``model.bin``, ``manifest.json``).
 
 Data flow: a worker's start-up (``pipeline.ready``: restore before the warm-up, save after a
 warm-up that compiled; ``pipeline.optimize.openvino_ir``: fetch a converted model at load,

@@ -1,7 +1,7 @@
 """``GET /metrics`` (Prometheus text) and ``GET /v1/throughput`` (images per minute).
 
 Place in the data flow: workers' per-batch sums in Redis → the read side
-(:mod:`infra.api.metrics`) → **here** → Prometheus, Grafana and the dashboard.
+(:mod:`infra.api.prometheus`) → **here** → Prometheus, Grafana and the dashboard.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import hmac
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
-from infra.api import metrics
+from infra.api import prometheus as read_side
 from infra.api.auth import current_tenant, presented_keys
 from infra.api.deps import Farm, FarmDep
 from infra.api.models import Throughput
@@ -40,7 +40,7 @@ def _exposition(request: Request, farm: Farm) -> Cached:
     cached = getattr(request.app.state, "metrics_exposition", None)
     if cached is None:
         cached = request.app.state.metrics_exposition = Cached(
-            lambda: metrics.exposition(farm.redis, farm.settings.heartbeat_ttl_s, farm.broker_redis),
+            lambda: read_side.exposition(farm.redis, farm.settings.heartbeat_ttl_s, farm.broker_redis),
             farm.settings.metrics_cache_s)
     return cached
 
@@ -64,4 +64,4 @@ def prometheus(request: Request, farm: FarmDep) -> Response:
 def throughput(farm: FarmDep, minutes: int = Query(60, ge=1, le=120)) -> dict:
     """Images succeeded per minute and pool over the last ``minutes`` (farm-wide; the current,
     partial minute last): ``{start, minute_s, now, pools: {pool: [count, …]}}``."""
-    return metrics.throughput(farm.redis, minutes)
+    return read_side.throughput(farm.redis, minutes)

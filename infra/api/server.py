@@ -2,9 +2,10 @@
 
 Data flow: producer clients → **POST here** → submission (store + wait lanes); workers → store
 → **GET here** → polling clients and the dashboard. An unknown id is always a 404. The routes
-are in :mod:`infra.api.routes`, one router per resource.
+are in :mod:`infra.api.routes` (one router per resource), :mod:`infra.api.webhooks` and
+:mod:`infra.api.compat` (the A1111 and OpenAI front doors), all listed in :data:`ROUTERS`.
 
-Security (see :mod:`infra.api.auth`, :mod:`infra.api.limits`, :mod:`infra.api.webhook_policy`):
+Security (see :mod:`infra.api.auth`, :mod:`infra.api.limits`, :mod:`infra.submission.url_policy`):
 every ``/v1`` route runs as one tenant, named by the ``X-API-Key`` header (``public`` without one
 when auth is not required). Jobs and batches belong to the tenant that submitted them; another
 tenant's id answers 404 exactly like an unknown one. ``/v1/workers`` and ``/v1/queues`` are
@@ -14,7 +15,7 @@ farm-wide (any authenticated tenant sees every pool). ``/healthz``, ``/metrics``
 
 Background loops in every API process (each safe to run in several replicas): the dispatcher
 (:mod:`infra.broker.dispatch`), the reaper (:mod:`infra.broker.reaper`) and the webhook
-deliverer (:mod:`infra.api.webhooks`).
+deliverer (:mod:`infra.api.webhooks.delivery`).
 """
 
 from __future__ import annotations
@@ -23,19 +24,41 @@ import argparse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import TenantMiddleware, redacting_log_config
+from infra.api.compat import a1111, openai_edits, openai_images
 from infra.api.deps import Farm
-from infra.api.errors import validation_error_handler
 from infra.api.limits import RateLimited, RateLimitMiddleware
-from infra.api.routes import ROUTERS
-from infra.api.webhooks import WebhookDispatcher
+from infra.api.routes import (
+    batches,
+    catalog,
+    dashboard,
+    deadletter,
+    gallery,
+    health,
+    jobs,
+    queues,
+    telemetry,
+    uploads,
+    workers,
+)
+from infra.api.validation_errors import validation_error_handler
+from infra.api.webhooks import routes as webhook_routes
+from infra.api.webhooks.delivery import WebhookDispatcher
 from infra.broker import dispatch
 from infra.broker.reaper import Reaper
 from infra.heap import freeze_startup_objects
 from infra.settings import Settings, get_settings
+
+#: Every router, in the order their routes appear in ``/openapi.json``: the farm's own resources
+#: (:mod:`infra.api.routes`), the webhook secret (:mod:`infra.api.webhooks`), then the compatible
+#: APIs (:mod:`infra.api.compat`).
+ROUTERS: tuple[APIRouter, ...] = (jobs.router, batches.router, catalog.router, deadletter.router, workers.router,
+                                  queues.router, health.router, telemetry.router, gallery.router, dashboard.router,
+                                  webhook_routes.router, uploads.router, a1111.router, openai_images.router,
+                                  openai_edits.router)
 
 DESCRIPTION = ("Submit text-to-image render jobs and follow them to their images.\n\n"
                "Every `/v1` route acts for the tenant of the `X-API-Key` header (required when the farm requires "

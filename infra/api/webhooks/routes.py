@@ -1,7 +1,7 @@
 """``/v1/webhooks/secret``: the caller's own webhook signing secret (read, rotate).
 
 Place in the data flow: a tenant → **here** → its secret in Redis
-(:mod:`infra.api.webhook_secrets`), which the webhook dispatcher signs its batches' deliveries
+(:mod:`infra.api.webhooks.signing`), which the webhook dispatcher signs its batches' deliveries
 with (Standard Webhooks headers ``webhook-id``, ``webhook-timestamp``, ``webhook-signature``).
 """
 
@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from infra.api.deps import FarmDep, Tenant
-from infra.api.webhook_secrets import rotate_secret, tenant_secret
+from infra.api.webhooks.signing import rotate_secret, tenant_secret
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 

@@ -1,10 +1,10 @@
 """The AUTOMATIC1111 img2img body, mapped onto render requests with input images.
 
 Place in the data flow: an A1111 client (``webuiapi``'s ``img2img``) → ``POST /sdapi/v1/img2img``
-(:mod:`infra.api.routes.a1111`) → **this body**: the base64 ``init_images[0]`` and ``mask`` are
-checked and stored like uploads (:mod:`infra.storage.inputs`), the mask prepared as the webui does
+(:mod:`infra.api.compat.a1111`) → **this body**: the base64 ``init_images[0]`` and ``mask`` are
+checked and stored like uploads (:mod:`infra.storage.input_images`), the mask prepared as the webui does
 (``mask_blur``: a Gaussian blur of that radius; ``inpainting_mask_invert``), and the txt2img fields
-map as in :mod:`infra.api.a1111_models` → one render request per image with ``init_image``,
+map as in :mod:`infra.api.compat.a1111_models` → one render request per image with ``init_image``,
 ``mask_image`` and ``strength`` (``denoising_strength``).
 
 Fields the farm renders differently are refused with a 422 naming them, never ignored:
@@ -15,7 +15,7 @@ masked area starts from the noised original, which is what diffusers' inpainting
 ``initial_noise_multiplier`` other than 1.
 
 ``<lora:name:weight>`` tags are taken out of the prompt into ``loras`` as for txt2img
-(:func:`infra.api.a1111_models.split_lora_tags`).
+(:func:`infra.api.compat.a1111_models.split_lora_tags`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import io
 from PIL import Image, ImageFilter, ImageOps
 from pydantic import Field
 
-from infra.api.a1111_models import Txt2ImgRequest
+from infra.api.compat.a1111_models import Txt2ImgRequest
 from infra.schemas import RenderRequest
 
 

@@ -1,4 +1,5 @@
-"""Which webhook URLs the farm may call: the server-side request forgery (SSRF) policy.
+"""Which URLs the farm may call on a client's behalf: the server-side request forgery (SSRF)
+policy, for webhook URLs and input images fetched by URL.
 
 Data flow: producer → ``POST /v1/batches`` with ``webhook_url`` → **checked here at submission**
 (a refused URL is a 422 naming ``webhook_url`` and the reason) → stored on the batch → the
@@ -11,7 +12,7 @@ host resolves to is public: not loopback, link-local, private, shared (CGNAT), m
 reserved or unspecified, including IPv4 addresses embedded in IPv6 ones (``::ffff:10.0.0.1``,
 6to4, Teredo, NAT64). ``allow_private=True`` (``RENDERFARM_WEBHOOK_ALLOW_PRIVATE``) lifts the
 address rule, for farms whose receivers live on a private network; the scheme rule stays. Input
-images fetched by URL (:mod:`infra.api.inputs`) pass the same check with their own switch,
+images fetched by URL (:mod:`infra.submission.input_refs`) pass the same check with their own switch,
 ``RENDERFARM_INPUT_ALLOW_PRIVATE``, named in the refusal.
 """
 

@@ -2,7 +2,7 @@
 
 Data flow: the catalog runner (:mod:`producer.catalog`) computes one content key per item
 (SHA-256 of model, prompts, parameters and seed) and sends it as ``metadata["catalog_key"]`` →
-submission (:mod:`infra.api.submission`) **records key → job here**, before the job records are
+submission (:mod:`infra.submission.submitter`) **records key → job here**, before the job records are
 written → workers render → the runner's next run asks ``POST /v1/catalog/lookup``, **answered
 here**, which items already have an image (skip), which are still in flight (wait for them, never
 submit again) and which need a render (unknown, failed or canceled).
@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from infra import keys
 from infra.schemas import CATALOG_KEY_FIELD, MAX_LOOKUP_KEYS, JobError, JobState
-from infra.state.jobs import JobStore, NewJob
+from infra.state.job_store import JobStore, NewJob
 
 #: ``(batch_id, job_id, output_format) → the S3 key of the job's image if the image exists, else
 #: None``; the API passes one that asks the bucket (a HEAD), so this module needs no S3 client.

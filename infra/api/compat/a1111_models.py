@@ -2,7 +2,7 @@
 :class:`~infra.schemas.RenderRequest`.
 
 Place in the data flow: an A1111 client (``webuiapi``, the many tools built on the
-stable-diffusion-webui API) → ``POST /sdapi/v1/txt2img`` (:mod:`infra.api.routes.a1111`) →
+stable-diffusion-webui API) → ``POST /sdapi/v1/txt2img`` (:mod:`infra.api.compat.a1111`) →
 **these models** validate the body with A1111's field names and turn it into one render request
 per image → the farm's submission path.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.api.sync import requested_field
+from infra.api.compat.sync import requested_field
 from infra.schemas import MAX_SEED, RenderRequest
 from infra.storage import samplers
 

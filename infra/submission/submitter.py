@@ -1,10 +1,18 @@
 """Batch submission: validated requests → a pool each → job records (``queued``) → wait lanes.
 
-Data flow: producer (HTTP ``POST /v1/jobs`` / ``POST /v1/batches``) → **here** → job-state store
-and the pools' wait lanes → dispatcher (:mod:`infra.broker.dispatch`) → the pool queues. Routing comes
-first, so a request no pool can serve refuses the submission before anything is written.
-Records are written before jobs enter a lane, so a worker never receives a job the store does
-not know. Every step is pipelined: the whole batch costs a few round trips, never one per job.
+Data flow: producer (HTTP ``POST /v1/jobs`` / ``POST /v1/batches``, through the status API's
+:class:`infra.api.deps.Farm`; or a caller in Python) → **here** → job-state store and the pools'
+wait lanes (:mod:`infra.broker.lanes`) → dispatcher (:mod:`infra.broker.dispatch`) → the pool
+queues. Input images are resolved first (:mod:`infra.submission.input_refs`), then routing
+(:mod:`infra.routing`), so a refused input or a request no pool can serve refuses the
+submission before anything is written. Records are written before jobs enter a lane, so a
+worker never receives a job the store does not know. Every step is pipelined: the whole batch
+costs a few round trips, never one per job.
+
+No HTTP here: every refusal is a domain error (:class:`~infra.submission.input_refs.InputError`,
+:class:`~infra.routing.NoPoolError`, :class:`~infra.state.quota.QuotaExceeded`,
+:class:`SubmissionInFlight`, :class:`~infra.state.durable.NotDurable`) that the API maps to its
+status code (:meth:`infra.api.deps.Farm.submit`).
 """
 
 from __future__ import annotations
@@ -18,14 +26,15 @@ import redis
 from celery import Celery
 
 from infra import keys
-from infra.api import webhooks
-from infra.broker.dispatch import enqueue
-from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec, Router
+from infra.broker.lanes import enqueue
+from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec
+from infra.routing import Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
-from infra.state import catalog
+from infra.state import catalog_index
 from infra.state.durable import DurableAck
-from infra.state.jobs import PUBLIC_TENANT, JobStore, NewJob
+from infra.state.job_store import PUBLIC_TENANT, JobStore, NewJob
 from infra.state.quota import Quotas, job_bytes, job_cost_s
+from infra.submission.input_refs import InputResolver
 
 #: Delete an idempotency claim only while it is still this submission's (KEYS[1], ARGV[1] = claim).
 _UNCLAIM = """
@@ -63,6 +72,13 @@ def new_ids(n: int, shard: str | None) -> list[str]:
     return [shard + text[i + 2:i + 32] for i in range(0, 32 * n, 32)]
 
 
+def enroll_webhook(client: redis.Redis, batch_id: str) -> None:
+    """Have the webhook dispatcher (:mod:`infra.api.webhooks.delivery`) watch ``batch_id``, whose
+    batch record holds ``webhook_url``, until it ends: ``ZADD NX`` into ``rf:webhooks:pending``
+    with score 0 (due at once). Call after the batch record is written."""
+    client.zadd(keys.WEBHOOKS_PENDING, {batch_id: 0}, nx=True)
+
+
 def resolve(request: RenderRequest, default_model: str) -> RenderRequest:
     """Fill what the farm assigns: the default model and a random seed (0…2³²−1) when absent."""
     updates: dict[str, Any] = {}
@@ -92,6 +108,10 @@ class Submitter:
                 ``Retry-After`` over a quota.
         claim_s: seconds an idempotency key stays claimed by a submission in flight; a claim
             left by a crashed API frees itself after this (``RENDERFARM_IDEMPOTENCY_CLAIM_S``).
+        durable: waits until Redis confirms the writes durable (``RENDERFARM_DURABLE_ACK``);
+            None: no wait.
+        inputs: resolves the requests' input images (URLs fetched, keys checked) before
+            anything else; None: the requests' image references are taken as they are.
     """
 
     def __init__(self, store: JobStore, celery_app: Celery, default_model: str, client: redis.Redis,
@@ -99,7 +119,8 @@ class Submitter:
                  on_enqueued: Callable[[set[str]], None] | None = None, quotas: Quotas | None = None,
                  s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None,
                  claim_s: int = 30, durable: DurableAck | None = None,
-                 upscalers: Sequence[str] = OFFLINE_UPSCALERS, loras: Sequence[LoraSpec] = ()):
+                 upscalers: Sequence[str] = OFFLINE_UPSCALERS, loras: Sequence[LoraSpec] = (),
+                 inputs: InputResolver | None = None):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
@@ -112,6 +133,7 @@ class Submitter:
         self.drain_gpu_s_per_s = drain_gpu_s_per_s
         self.claim_s = claim_s
         self.durable = durable
+        self.inputs = inputs
 
     def _existing(self, key: str, value: str | None) -> BatchAccepted:
         """The batch an idempotency key names; :class:`SubmissionInFlight` while only claimed."""
@@ -164,13 +186,15 @@ class Submitter:
         holds raises :class:`SubmissionInFlight` (409 with ``Retry-After``).
 
         Jobs whose metadata carries a ``catalog_key`` are entered in the tenant's catalog index
-        (:mod:`infra.state.catalog`); a batch with a ``webhook_url`` is enrolled with the webhook
-        dispatcher (:mod:`infra.api.webhooks`).
+        (:mod:`infra.state.catalog_index`); a batch with a ``webhook_url`` is enrolled with the webhook
+        dispatcher (:func:`enroll_webhook`).
 
         ``priority`` is ``high``, ``normal`` or ``low``; the dispatcher ages it and shares each
         pool fairly between tenants.
 
         Raises:
+            InputError: an input image refused (413, 415 or 422 in the API), naming its job and
+                field; nothing is recorded or enqueued.
             NoPoolError: some request no declared pool can serve (its model, or its size over
                 the pool's ``max_pixels``); nothing is recorded or enqueued.
             NotDurable: Redis did not confirm the batch durable in time (the batch exists: a
@@ -180,6 +204,8 @@ class Submitter:
                 would exceed its quota (429), or this request alone does (413); nothing is recorded
                 or enqueued.
         """
+        if self.inputs is not None:
+            requests = self.inputs.resolve(requests)
         resolved = [resolve(request, self.default_model) for request in requests]
         pools = self.router.route_all(resolved)
         key = keys.idempotency(tenant, idempotency_key) if idempotency_key is not None else None
@@ -200,7 +226,7 @@ class Submitter:
             raise
         try:
             extra = {"webhook_url": webhook_url} if webhook_url else None
-            catalog.record(self.redis, tenant, batch_id, jobs)  # before the records: see infra.state.catalog
+            catalog_index.record(self.redis, tenant, batch_id, jobs)  # before the records: see its module
             self.store.create_batch(batch_id, jobs, priority=priority, extra=extra, tenant=tenant,
                                     idempotency=(key, self.idempotency_ttl_s) if key is not None else None)
         except BaseException:
@@ -210,7 +236,7 @@ class Submitter:
             raise
         self.quotas.recorded(tenant, len(jobs), gpu_s, nbytes, batch_id=batch_id)
         if webhook_url:
-            webhooks.enroll(self.redis, batch_id)
+            enroll_webhook(self.redis, batch_id)
         enqueue(self.redis, [(j.job_id, j.pool) for j in jobs], tenant=tenant, priority=priority,
                 ttl_s=self.store.job_ttl_s, costs=[j.cost_s for j in jobs])
         if self.durable is not None:

@@ -1,10 +1,10 @@
 """``/sdapi/v1``: the AUTOMATIC1111 web UI's API, so that its many clients (``webuiapi`` on PyPI,
 the tools built on the stable-diffusion-webui API) render on the farm unchanged: txt2img, and
-img2img with inpainting (:mod:`infra.api.a1111_img2img`).
+img2img with inpainting (:mod:`infra.api.compat.a1111_img2img`).
 
 Place in the data flow: an A1111 client → **``POST /sdapi/v1/txt2img`` here** → the body's
-mapping onto render requests (:mod:`infra.api.a1111_models`) → the farm's submission path, then
-waiting for the batch (:mod:`infra.api.sync`: synchronous over the queue, as the webui is, with
+mapping onto render requests (:mod:`infra.api.compat.a1111_models`) → the farm's submission path, then
+waiting for the batch (:mod:`infra.api.compat.sync`: synchronous over the queue, as the webui is, with
 ``RENDERFARM_SYNC_TIMEOUT_S``) → the stored PNGs, base64, with their infotext. The GETs answer
 from the farm's own state: models (:meth:`infra.api.deps.Farm.known_models`), samplers and
 schedule types (:mod:`infra.storage.samplers`), and the tenant's progress.
@@ -30,9 +30,9 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from infra.api import sync
-from infra.api.a1111_img2img import Img2ImgRequest
-from infra.api.a1111_models import (
+from infra.api.compat import sync
+from infra.api.compat.a1111_img2img import Img2ImgRequest
+from infra.api.compat.a1111_models import (
     LoraItem,
     Progress,
     ProgressState,
@@ -46,7 +46,7 @@ from infra.api.a1111_models import (
 from infra.api.deps import FarmDep, Tenant
 from infra.storage import samplers
 from infra.storage.images import parse_parameters, read_parameters
-from infra.storage.inputs import InputRefused, store_input
+from infra.storage.input_images import InputRefused, store_input
 
 router = APIRouter(prefix="/sdapi/v1", tags=["a1111"])
 
@@ -144,7 +144,7 @@ async def img2img(body: Img2ImgRequest, request: Request, farm: FarmDep, tenant:
     inpainting) at ``denoising_strength``, answered as txt2img is. The images are checked and
     stored like uploads (413 over ``RENDERFARM_INPUT_MAX_BYTES``, 415 a format other than PNG,
     JPEG or WebP, 422 not an image or too many pixels, naming ``init_images`` or ``mask``); a
-    field the farm renders differently is a 422 naming it (:mod:`infra.api.a1111_img2img`)."""
+    field the farm renders differently is a 422 naming it (:mod:`infra.api.compat.a1111_img2img`)."""
     model = await _checked_model(body, farm)
     keys: dict[str, str | None] = {"init_images": None, "mask": None}
     for field in keys:

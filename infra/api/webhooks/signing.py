@@ -1,8 +1,8 @@
 """Per-tenant webhook signing secrets and the Standard Webhooks signature.
 
 Place in the data flow: a tenant reads (or rotates) its secret through ``/v1/webhooks/secret``
-(:mod:`infra.api.routes.webhooks`) → **stored here** in Redis → the webhook dispatcher
-(:mod:`infra.api.webhooks`) signs each delivery of that tenant's batches with it → the receiver
+(:mod:`infra.api.webhooks.routes`) → **stored here** in Redis → the webhook dispatcher
+(:mod:`infra.api.webhooks.delivery`) signs each delivery of that tenant's batches with it → the receiver
 verifies with any Standard Webhooks library (https://www.standardwebhooks.com/), in Python
 ``standardwebhooks.webhooks.Webhook(secret).verify(body, headers)``.
 

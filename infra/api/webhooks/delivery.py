@@ -2,13 +2,14 @@
 backoff, sent once per batch however many API replicas run.
 
 Data flow: producer → ``POST /v1/batches`` with ``webhook_url`` → submission stores the URL on
-the batch and **enrolls** the batch in ``rf:webhooks:pending`` (:func:`enroll`) → workers, the
-reaper and cancels move its jobs, and the store's per-state counters with them → the
-**dispatcher here** (a background thread of every API process, like the reaper) sees
-``queued = running = 0`` → checks the URL against the SSRF policy again
-(:mod:`infra.api.webhook_policy`; the name may resolve elsewhere by now) → POSTs to the address that
-check returned, signed with the batch's tenant's own secret the Standard Webhooks way
-(:mod:`infra.api.webhook_secrets`) → the receiver checks it with any Standard Webhooks library.
+the batch and **enrolls** the batch in ``rf:webhooks:pending``
+(:func:`infra.submission.submitter.enroll_webhook`) → workers, the reaper and cancels move its
+jobs, and the store's per-state counters with them → the **dispatcher here** (a background
+thread of every API process, like the reaper) sees ``queued = running = 0`` → checks the URL
+against the SSRF policy again (:mod:`infra.submission.url_policy`; the name may resolve
+elsewhere by now) → POSTs to the address that check returned, signed with the batch's tenant's
+own secret the Standard Webhooks way (:mod:`infra.api.webhooks.signing`) → the receiver checks
+it with any Standard Webhooks library.
 
 Why a pending set rather than an event pushed by the store's Lua: every way a job ends (worker,
 reaper, cancel, dead-letter retry) already moves the batch's counters, so reading them covers all
@@ -65,11 +66,11 @@ import httpx
 import redis
 
 from infra import keys
-from infra.api.webhook_policy import IPAddress, WebhookRefused, check_webhook_url
-from infra.api.webhook_secrets import sign_headers, tenant_secret, verify_signature  # noqa: F401 (receivers)
+from infra.api.webhooks.signing import sign_headers, tenant_secret, verify_signature  # noqa: F401 (receivers)
 from infra.background import PeriodicLoop, RedisLock, server_time
 from infra.settings import Settings
-from infra.state.jobs import PUBLIC_TENANT
+from infra.state.job_store import PUBLIC_TENANT
+from infra.submission.url_policy import IPAddress, WebhookRefused, check_webhook_url
 
 log = logging.getLogger("renderfarm.webhooks")
 
@@ -89,12 +90,6 @@ def _round_robin(groups: Mapping[str, list[str]]) -> list[tuple[str, str]]:
             if not queues[group]:
                 del queues[group]
     return out
-
-
-def enroll(client: redis.Redis, batch_id: str) -> None:
-    """Have the dispatcher watch ``batch_id`` (whose batch record holds ``webhook_url``) until it
-    ends. Call after the batch record is written."""
-    client.zadd(keys.WEBHOOKS_PENDING, {batch_id: 0}, nx=True)
 
 
 def _iso(epoch: float | str | None) -> str | None:
@@ -136,7 +131,7 @@ def post_once(url: str, body: bytes, headers: Mapping[str, str], *, allow_privat
               http: httpx.Client, resolver: Callable[..., list] | None = None) -> int:
     """Check ``url`` against the SSRF policy and POST ``body`` to the first address it allows.
 
-    Returns the HTTP status. Raises :class:`~infra.api.webhook_policy.WebhookRefused` (permanent)
+    Returns the HTTP status. Raises :class:`~infra.submission.url_policy.WebhookRefused` (permanent)
     or ``httpx.HTTPError`` (connection, timeout: worth retrying).
     """
     kwargs: dict[str, Any] = {} if resolver is None else {"resolver": resolver}

@@ -2,8 +2,8 @@
 
 Place in the data flow: an OpenAI client → **here**: the multipart body's ``image`` (one file; the
 SDK's ``image[]`` with one file too) and optional ``mask`` are checked and stored like uploads
-(:mod:`infra.storage.inputs`), the other fields validated as for generations
-(:class:`infra.api.routes.openai_images.ImagesRequest`: ``prompt``, ``model``, ``n``, ``size``,
+(:mod:`infra.storage.input_images`), the other fields validated as for generations
+(:class:`infra.api.compat.openai_images.ImagesRequest`: ``prompt``, ``model``, ``n``, ``size``,
 ``response_format``, ``output_format``, ``user``, and the farm's knobs) → ``n`` img2img or
 inpainting render requests → the generations route's wait and answer.
 
@@ -29,8 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from infra.api import error_shapes
-from infra.api.deps import FarmDep, Tenant
-from infra.api.routes.openai_images import (
+from infra.api.compat.openai_images import (
     PREFIX,
     ImagesRequest,
     ImagesResponse,
@@ -38,7 +37,8 @@ from infra.api.routes.openai_images import (
     model_not_found,
     render_and_answer,
 )
-from infra.storage.inputs import InputRefused, inspect_image, store_input
+from infra.api.deps import FarmDep, Tenant
+from infra.storage.input_images import InputRefused, inspect_image, store_input
 
 router = APIRouter(prefix=PREFIX, tags=["openai"])
 FILE_FIELDS = ("image", "image[]", "mask")

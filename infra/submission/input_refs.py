@@ -1,16 +1,18 @@
 """Input images at submission: URLs fetched once (SSRF policy), keys checked, mask sizes compared.
 
-Place in the data flow: producer → route → **here** (before routing and recording) → submission.
+Place in the data flow: producer → route → submission (:class:`infra.submission.submitter.Submitter`)
+→ **here**, its first step (before routing and recording).
 A request's ``init_image`` / ``mask_image`` leaves here as an object key in the farm's bucket, so
 the job record and the worker never see a URL:
 
-- an ``https`` URL is fetched by the API, once per submission, under the webhook SSRF policy
-  (:mod:`infra.api.webhook_policy`: every address the host resolves to must be public, unless
+- an ``https`` URL is fetched by the submitting process (the API), once per submission, under
+  the SSRF policy of webhooks
+  (:mod:`infra.submission.url_policy`: every address the host resolves to must be public, unless
   ``RENDERFARM_INPUT_ALLOW_PRIVATE``; each redirect's target is checked again, at most
   :data:`MAX_REDIRECTS`; the TLS certificate is verified against the CA bundle, certifi's or the
   one ``SSL_CERT_FILE`` names), at most
   ``RENDERFARM_INPUT_MAX_BYTES`` bytes, then checked and stored by content hash
-  (:func:`infra.storage.inputs.store_input`);
+  (:func:`infra.storage.input_images.store_input`);
 - an object key must name an image in the bucket (a HEAD; its size from the upload's metadata);
 - a mask must have its init image's size.
 
@@ -27,10 +29,10 @@ from typing import Any
 
 import httpx
 
-from infra.api.webhook_policy import Resolver, WebhookRefused, check_webhook_url
 from infra.schemas import RenderRequest, is_url
-from infra.storage.inputs import InputRefused, input_size, store_input
+from infra.storage.input_images import InputRefused, input_size, store_input
 from infra.storage.s3 import Storage
+from infra.submission.url_policy import Resolver, WebhookRefused, check_webhook_url
 
 MAX_REDIRECTS = 3
 FETCH_TIMEOUT_S = 20.0
@@ -38,7 +40,8 @@ IMAGE_FIELDS = ("init_image", "mask_image")
 
 
 class InputError(ValueError):
-    """A request's input image was refused: HTTP ``status``, the request's ``index`` in its
+    """A request's input image was refused: the ``status`` an HTTP answer carries (413 too many
+    bytes, 415 an unsupported format, 422 anything else), the request's ``index`` in its
     submission, the ``field`` and the ``reason``."""
 
     def __init__(self, status: int, index: int, field: str, reason: str):

@@ -3,7 +3,7 @@
 
 Place in the data flow: an OpenAI client → **here**: the body is validated with OpenAI's field
 names, mapped onto ``n`` render requests → the farm's submission path, then waiting for the batch
-(:mod:`infra.api.sync`, ``RENDERFARM_SYNC_TIMEOUT_S``) → each image as ``b64_json`` (read from the
+(:mod:`infra.api.compat.sync`, ``RENDERFARM_SYNC_TIMEOUT_S``) → each image as ``b64_json`` (read from the
 bucket) or ``url`` (a presigned GET, valid ``RENDERFARM_PRESIGN_EXPIRES_S`` seconds).
 
 The request: ``prompt``, ``model`` (a model the farm serves; default: its default model), ``n``
@@ -34,7 +34,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
-from infra.api import error_shapes, sync
+from infra.api import error_shapes
+from infra.api.compat import sync
 from infra.api.deps import FarmDep, Tenant
 from infra.schemas import MAX_SEED, RenderRequest, SchedulerName
 

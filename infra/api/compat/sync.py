@@ -2,8 +2,8 @@
 one request until the images come back (AUTOMATIC1111's ``txt2img``, OpenAI's
 ``images/generations``).
 
-Place in the data flow: a compatible route (:mod:`infra.api.routes.a1111`,
-:mod:`infra.api.routes.openai_images`) → **here**: the requests go through the farm's one
+Place in the data flow: a compatible route (:mod:`infra.api.compat.a1111`,
+:mod:`infra.api.compat.openai_images`) → **here**: the requests go through the farm's one
 submission path (:meth:`infra.api.deps.Farm.submit`: pools, job records, wait lanes, the
 tenant's job rate limit) as one batch → dispatcher → workers → this coroutine polls the
 job-state store until every job has ended → reads the images from the bucket → the route
