@@ -4,7 +4,8 @@
 #                 The Python: $(PYTHON) when given, else the newest python3.13 … 3.10 on PATH
 #                 with venv, preferring one with a local torch wheel (deploy/find-python.sh).
 #   make demo   - the local stack, one batch of prompts, a summary (see `renderfarm demo -h`).
-#   make lint   - ruff, mypy and the import contracts (lint-imports); configured in pyproject.toml.
+#   make lint   - ruff, mypy, the import contracts (lint-imports; configured in pyproject.toml) and the
+#                 size limits (tests/size_limits.py: module 400 lines, class 250, function 80).
 #   make docs   - the documentation site into site/ (mkdocs build --strict: a broken link or a missing
 #                 page fails); the reference pages are generated from the code (docs/hooks/).
 #   make test   - lint, docs, then the whole test suite on $(TEST_WORKERS) pytest-xdist workers (default 3;
@@ -83,6 +84,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python -m tests.size_limits producer worker pipeline infra bench
 
 # Offline: the theme loads no web fonts (theme.font: false) and no plugin fetches anything.
 docs: setup

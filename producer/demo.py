@@ -22,6 +22,7 @@ from rich.table import Table
 
 from infra.localstack import LocalStack, ProcessExited, patched_environ
 from infra.localstack.cli import add_stack_arguments, foreground, stack_from_args
+from infra.pools import OFFLINE_FAMILIES
 from producer.prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
 
 __all__ = ["demo_command", "register", "select_prompts"]
@@ -143,7 +144,24 @@ def _submit_and_report(console: Console, client: Any, stack: LocalStack, request
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+    if args.model in OFFLINE_FAMILIES:
+        console.print(random_weights_note(args.model, out.resolve()))
     return 0 if len(succeeded) == len(requests) else 1
+
+
+#: A real model for the demo, from the Hugging Face Hub (the Stable Diffusion 1.5 weights).
+REAL_MODEL = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+
+
+def random_weights_note(model: str, out: Path) -> str:
+    """What a demo of an offline build rendered (noise: its weights are random) and the commands
+    that render a real model instead, on a machine that reaches the model hub."""
+    real = f"renderfarm demo --model {REAL_MODEL} --width 512 --height 512 --steps 20 --count 8"
+    return (f"[yellow]{model} is an offline build with random weights:[/] the images in {out} are coloured "
+            "noise. They show the farm at work (queue, batches, workers, S3), not a model's pictures.\n"
+            f"A real model, on a machine that reaches the Hugging Face Hub (the weights, about 4 GB, are "
+            f"downloaded once):\n  {real}                 # a CPU: minutes an image on 2 cores\n"
+            f"  {real} --device cuda   # a CUDA GPU: under a second an image")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

@@ -143,6 +143,10 @@ def test_demo_renders_a_small_batch_end_to_end(private_env, tmp_path):
     images = sorted(out.glob("*.png"))
     assert len(images) == 4
     assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in images)
+    # a newcomer learns where the images are that tiny renders noise, and how to render a real model
+    flat = " ".join(output.split())
+    assert "tiny is an offline build with random weights" in flat and "coloured noise" in flat, output
+    assert "--model stable-diffusion-v1-5/stable-diffusion-v1-5" in flat and "--device cuda" in flat, output
 
 
 @pytest.mark.integration
