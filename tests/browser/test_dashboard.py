@@ -7,6 +7,7 @@ Screenshots: ``test-artifacts/browser/*.png``.
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -56,6 +57,9 @@ def test_page_loads_with_its_tables(page, api_server, workers, farm_env, artifac
         row.wait_for(timeout=15_000)
         cells = row.locator("td").all_text_contents()
         assert cells[1] == "tiny" and cells[2].startswith("cpu") and cells[3] not in ("", "–"), cells
+        headers = page.locator("table#workers thead th").all_text_contents()
+        renders = cells[headers.index("compiled / eager renders")]  # beside recompiles, from the heartbeat
+        assert re.fullmatch(r"(\d+|–) / (\d+|–)|–?", renders), cells
     page.locator('#pools tr[data-key="tiny"]').wait_for(timeout=15_000)
     assert page.locator("#tput").count() == 1
     page.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)

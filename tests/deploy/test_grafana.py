@@ -16,6 +16,9 @@ FAMILIES = {  # name → Prometheus type, as the metrics page documents them
     "renderfarm_images_total": "counter",
     "renderfarm_outstanding_jobs": "gauge",
     "renderfarm_live_workers": "gauge",
+    "renderfarm_compiled_renders_total": "counter",
+    "renderfarm_eager_renders_total": "counter",
+    "renderfarm_recompiles_total": "counter",
 }
 
 

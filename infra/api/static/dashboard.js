@@ -144,6 +144,8 @@
       { cell: (w) => (w.buckets || []).join(" ") },
       { cell: stateText },
       { cell: (w) => (w.recompiles == null ? null : styled(String(w.recompiles), w.recompiles > 0 ? "num warn" : "num")) },
+      { cell: (w) => (w.compiled_renders == null && w.eager_renders == null ? null
+        : styled(`${w.compiled_renders ?? "–"} / ${w.eager_renders ?? "–"}`, w.eager_renders > 0 ? "num warn" : "num")) },
       { cell: (w) => styled(`${fixed(w.heartbeat_age_s, 1) ?? "?"} s`, w.heartbeat_age_s > 10 ? "num warn" : "num") },
       { cell: (w) => fixed(w.images_per_s, 2), cls: "num" },
       { cell: (w) => w.images_done ?? 0, cls: "num" },
