@@ -121,7 +121,7 @@ def _regions(name: str, module: torch.nn.Module) -> list[tuple[str, str, dict | 
             elif type(fn).__name__ == "AotForward":
                 found.append((f"{where}.{attr}", "AOTInductor package", None))
         runtime = getattr(m, "runtime", None)
-        if runtime and not path:
+        if runtime:  # a component (the OpenVINO UNet) or a part of one (its VAE decoder)
             found.append((where, f"runtime {runtime}", None))
     return found
 

@@ -64,7 +64,9 @@ def test_bench_pipeline_on_tiny_writes_its_json(tmp_path, bench_cache, capsys):
     # convolution, counted apart in the reference, runs inside OpenVINO's decoder: 2 kFLOP here)
     hidden = result["reports"]["exact"].get("flops_from_eager", [])
     assert rows["exact", 1]["flops_per_image"] == pytest.approx(reference["flops_per_image"], rel=1e-4), hidden
-    assert set(hidden) <= {"UNet2DConditionModel", "Decoder"}
+    compiled = result["reports"]["exact"]["observed"]["compiled"]
+    runtimes = {r["where"] for r in compiled if r["how"].startswith("runtime")}
+    assert runtimes == {"unet", "vae.decoder"} and set(hidden) == {"UNet2DConditionModel", "Decoder"}, runtimes
     fast = recipe_for(probe("cpu"), "fast")  # what fast approximates depends on the CPU (bf16 with AMX)
     assert set(rows["fast", 2]["approximations"]) == set(fast.approximations()) and not rows["fast", 2]["exact"]
     assert math.isfinite(rows["fast", 2]["psnr_db"])
