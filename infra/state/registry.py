@@ -27,10 +27,13 @@ from infra.background import server_time
 
 # KEYS[1] rf:{workers}:{name}, KEYS[2] rf:{workers} (one slot); ARGV[1] name, ARGV[2] ttl (s),
 # ARGV[3…] field, JSON value.
-# The heartbeat's time is the server's, taken inside the script.
+# The heartbeat's time is the server's, taken inside the script. Each beat replaces the whole
+# description: a worker restarted under the same name (the local stack's supervisor) must not show
+# the fields its previous process had and this one has not yet (a batch size while it loads).
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
+redis.call('DEL', KEYS[1])
 for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[1], 'last_heartbeat', now)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -40,8 +43,9 @@ return now
 
 
 def heartbeat(client: redis.Redis, name: str, info: dict[str, Any], ttl_s: float) -> float:
-    """Record ``info`` (JSON-able values) for worker ``name`` and mark it alive for ``ttl_s`` seconds,
-    stamped with the Redis server's clock (one script, one round trip); returns that time (epoch s)."""
+    """Record ``info`` (JSON-able values) for worker ``name``, replacing what its last heartbeat said,
+    and mark it alive for ``ttl_s`` seconds, stamped with the Redis server's clock (one script, one
+    round trip); returns that time (epoch s)."""
     fields = [x for k, v in {**info, "name": name}.items() if k != "last_heartbeat" for x in (k, json.dumps(v))]
     return float(client.eval(_HEARTBEAT, 2, keys.worker(name), keys.WORKERS, name, max(1, int(ttl_s)), *fields))
 

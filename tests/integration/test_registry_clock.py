@@ -51,3 +51,14 @@ def test_reading_the_registry_writes_nothing_and_prune_drops_gone_names(redis_db
     assert registry.prune(r, ttl_s=20) == 1
     assert r.zrange(keys.WORKERS, 0, -1) == ["w-now"]
     assert registry.prune(r, ttl_s=20) == 0
+
+
+def test_a_heartbeat_replaces_the_last_description(redis_db):
+    """A worker restarted under the same name (the local stack's supervisor restarts it so) is
+    described by its own heartbeat alone: its previous process's batch size and counts are gone
+    while it loads, not shown as its own."""
+    r = redis_db(DB)
+    registry.heartbeat(r, "w-restarted", {"pool": "tiny", "state": "ready", "batch_size": 4, "images_done": 9}, 20)
+    registry.heartbeat(r, "w-restarted", {"pool": "tiny", "state": "loading"}, 20)
+    (worker,) = [w for w in registry.live_workers(r, ttl_s=20) if w["name"] == "w-restarted"]
+    assert worker["state"] == "loading" and "batch_size" not in worker and "images_done" not in worker, worker
