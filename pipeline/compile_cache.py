@@ -173,21 +173,25 @@ def cache_key(model: str, recipe: dict, profile: dict, plan) -> CacheKey:
         plan: the warm-up plan (``pipeline.warm.WarmPlan``): ``buckets`` (batch sizes), ``sizes``
             ((width, height) pixels) and ``guidance_scale`` (above 1 the denoiser's batch doubles).
     """
+    knobs = {k: v for k, v in sorted(recipe.items()) if k not in _NOT_COMPILED and not isinstance(v, dict)}
+    return key_of({**base_fields(model, profile), "recipe": knobs,
+                   "buckets": [int(b) for b in plan.buckets],
+                   "sizes": [[int(w), int(h)] for w, h in plan.sizes],
+                   "guidance": float(plan.guidance_scale) > 1.0})
+
+
+def base_fields(model: str, profile: dict) -> dict:
+    """The fields every key built here shares: the format, the model and its revision, the device
+    (:func:`device_fields`) and the torch, triton and diffusers versions."""
     import torch
 
-    knobs = {k: v for k, v in sorted(recipe.items()) if k not in _NOT_COMPILED and not isinstance(v, dict)}
-    fields = {
-        "format": FORMAT,
-        "model": model,
-        "revision": model_revision(model),
-        "recipe": knobs,
-        "device": device_fields(profile),
-        "versions": {"torch": torch.__version__, "triton": package_version("triton"),
-                     "diffusers": package_version("diffusers")},
-        "buckets": [int(b) for b in plan.buckets],
-        "sizes": [[int(w), int(h)] for w, h in plan.sizes],
-        "guidance": float(plan.guidance_scale) > 1.0,
-    }
+    return {"format": FORMAT, "model": model, "revision": model_revision(model), "device": device_fields(profile),
+            "versions": {"torch": torch.__version__, "triton": package_version("triton"),
+                         "diffusers": package_version("diffusers")}}
+
+
+def key_of(fields: dict) -> CacheKey:
+    """A :class:`CacheKey` of ``fields`` made plain JSON (tuples become lists)."""
     return CacheKey(json.loads(json.dumps(fields)))
 
 

@@ -1,8 +1,8 @@
 """Memory: peak bytes per image, the batch size they allow, OOM recovery, allocator settings.
 
-Place in the data flow: at warm-up the worker renders batches of 1 and 2 images at its pool's
-largest size and steps through :func:`measure_per_image` (again with each upscaler its pool
-declares, the upscaling stage after the decode), turns the results into a batch size with
+Place in the data flow: at start-up the worker (:mod:`pipeline.sizing`) renders batches of 1 and
+2 images at the largest size its pool serves, one step, through :func:`measure_per_image` (again
+with each upscaler its pool declares, the upscaling stage after the decode), turns the results into a batch size with
 :func:`batch_size_for_stages` (the smallest that every path fits, capped by
 ``Recipe.max_batch_size``), and keeps it. When a batch still runs
 out of memory:
@@ -110,13 +110,18 @@ class PeakMeasurement:
     per_image_bytes: int
 
 
-def measure_per_image(render: Callable[[int], object], device: str = "cpu",
-                      sizes: tuple[int, int] = (1, 2)) -> PeakMeasurement:
+def measure_per_image(render: Callable[[int], object], device: str = "cpu", sizes: tuple[int, int] = (1, 2),
+                      enough: Callable[[PeakMeasurement], bool] | None = None) -> PeakMeasurement:
     """Render ``sizes`` images and fit ``peak = base + per_image * n`` through the two peaks.
 
     ``render(n)`` renders a batch of ``n`` images. The slope excludes activations that do not
     grow with the batch; when the second peak is no higher (a CPU allocator reusing pages), the
     first render's growth over the resident bytes is charged to its images instead.
+    ``enough(bound)``: called after the first render with an upper bound of the fit, the resident
+    bytes before it as the base and the whole growth of its peak over them charged to its images
+    (a render's fixed extra memory, ≥ 0, then counts once per image: ``held + fixed + n·per ≤
+    held + n·(fixed + per)`` for every n ≥ 1); when it returns True the second render is skipped
+    and that bound is the result.
     """
     held = current_bytes(device)
     peaks = []
@@ -124,6 +129,10 @@ def measure_per_image(render: Callable[[int], object], device: str = "cpu",
         reset_peak(device)
         render(n)
         peaks.append(peak_bytes(device))
+        if len(peaks) == 1 and enough is not None:
+            bound = PeakMeasurement(held, max(1, -(-(peaks[0] - held) // n)))
+            if enough(bound):
+                return bound
     (n1, n2), (p1, p2) = sizes, peaks
     slope = (p2 - p1) // (n2 - n1)
     per_image = slope if slope > 0 else max(1, (p1 - held) // n1)  # RSS may not grow on reuse

@@ -1,6 +1,7 @@
 """The warm-pipeline lifecycle: probe the device, pick the recipe for the device and the model's
-family, load the pipeline once in its dtype, optimize it, size the batch from measured memory at
-the pool's largest size, and keep it resident for the worker's life.
+family, load the pipeline once in its dtype, optimize it, warm up the shapes its pool serves, and
+keep it resident for the worker's life (the batch size between load and warm-up is
+:mod:`pipeline.sizing`'s).
 
 Data flow: ``renderfarm worker`` → **here** (once, at start-up) → a :class:`pipeline.Renderer`
 that every batch reuses. Nothing here frees memory between batches: no ``empty_cache()`` (the
@@ -8,7 +9,7 @@ ERNIE-Image-Turbo SDNQ uint4 model card measured it slowing hot generations).
 
 Pool settings reach the pipeline as :class:`PoolOptions` (the worker builds it from its declared
 pool, ``infra.pools.PoolSpec``): the declared ``family`` (checked against the loaded pipeline),
-the largest ``max_pixels`` and the ``steps`` to size the batch at, ERNIE-Image's ``use_pe``, and
+the ``sizes`` and ``max_pixels`` it serves and its ``steps``, ERNIE-Image's ``use_pe``, and
 ``batch_invariant`` (None: the recipe's default, off on every device class; a pool turns it on).
 """
 
@@ -28,7 +29,7 @@ from pipeline import compile_count
 from pipeline.buckets import bucket_sizes
 from pipeline.capabilities import check_pool_family
 from pipeline.device import probe
-from pipeline.memory import BatchLimits, PeakMeasurement, batch_size_for_stages, check_allocator_env, measure_per_image
+from pipeline.memory import BatchLimits, check_allocator_env
 from pipeline.models.families import FAMILY_SPECS, family_of_name
 from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
@@ -121,56 +122,22 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     return renderer, profile.to_dict()
 
 
-def sizing_shape(renderer: Renderer, pool: PoolOptions | None = None) -> tuple[int, int, int]:
-    """(width, height, steps) to measure memory at: the square of the pool's ``max_pixels`` (else the
-    family's native size), rounded down to the size multiple, and the pool's steps (else 2)."""
+def served_sizes(renderer: Renderer, pool: PoolOptions | None = None) -> tuple[tuple[int, int], ...]:
+    """The (width, height) pixel sizes a pool's jobs render: its declared ``sizes``, else the size a
+    request gets when it names none (``RenderRequest``'s default, 512×512), capped by the pool's
+    ``max_pixels`` and rounded down to the pipeline's size multiple. Not the family's native size:
+    an SD 2.x or SDXL pool without declared sizes still renders 512² unless its requests say
+    otherwise, so warming or sizing at 768² or 1024² would prepare a shape no job asks for."""
     pool = pool or getattr(renderer, "pool", None) or PoolOptions()
-    spec = FAMILY_SPECS.get(renderer.family or "")
+    if pool.sizes:
+        return tuple(dict.fromkeys((int(w), int(h)) for w, h in pool.sizes))
     multiple = renderer.capabilities.size_multiple
-    side = int(math.isqrt(pool.max_pixels)) if pool.max_pixels else (spec.native if spec else 512)
-    side = max(multiple, min(2048, side) // multiple * multiple)
-    return side, side, pool.steps or 2
-
-
-def sizing_requests(renderer: Renderer, n: int, *, width: int, height: int, steps: int,
-                    upscaler: str | None = None) -> list[RenderRequest]:
-    """The ``n`` requests a warm-up measurement renders: guidance on where the pipeline takes it
-    (classifier-free guidance doubles the denoiser's batch), and with ``upscaler`` an ×4 upscale
-    (the larger factor; a ×2 network is then followed by a resize), so that the upscaling stage's
-    peak is measured with the diffusion's."""
-    guidance = 7.5 if renderer.capabilities.guidance_scale else 0.0
-    up = {"upscale": 4, "upscaler": upscaler} if upscaler else {}
-    return [RenderRequest(prompt="warm-up", model=renderer.model, seed=i, width=width, height=height,
-                          num_inference_steps=steps, guidance_scale=guidance, **up) for i in range(n)]
-
-
-def batch_size_from_memory(renderer: Renderer, profile: dict, *, width: int | None = None, height: int | None = None,
-                           steps: int | None = None, pool: PoolOptions | None = None) -> int:
-    """Measure peak bytes per image at the pool's largest size (:func:`sizing_shape`, or the given
-    ``width``×``height`` and ``steps``) with guidance on, and return the largest batch whose peak
-    stays under the recipe's ``memory_fraction`` of the device memory, capped by its ``max_batch_size``.
-
-    A pool that declares ``upscalers`` is measured once more per upscaler, the renders followed by
-    its ×4 upscale (:func:`sizing_requests`), and the smallest batch size wins
-    (:func:`pipeline.memory.batch_size_for_stages`): a group's upscale runs on the same device after
-    its decode, on the whole group, so its peak bounds the batch as the denoiser's does.
-    """
-    pool = pool or getattr(renderer, "pool", None) or PoolOptions()
-    w, h, s = sizing_shape(renderer, pool)
-    width, height, steps = width or w, height or h, steps or s
-    measured: dict[str, PeakMeasurement] = {}
-    for upscaler in (None, *(pool.upscalers or ())):
-        def render(n: int, upscaler: str | None = upscaler) -> None:
-            renderer.render(sizing_requests(renderer, n, width=width, height=height, steps=steps, upscaler=upscaler))
-
-        measured[upscaler or "diffusion"] = measure_per_image(render, renderer.device)
-    size = batch_size_for_stages(measured.values(), profile["total_memory_bytes"], renderer.recipe["memory_fraction"],
-                                 cap=renderer.max_batch_size)
-    for name, m in measured.items():
-        log.info("peak memory (%s): base %.0f MiB + %.1f MiB per %dx%d image, %d steps", name, m.base_bytes / 2**20,
-                 m.per_image_bytes / 2**20, width, height, steps)
-    log.info("batch size %d", size)
-    return size
+    fields = RenderRequest.model_fields
+    width, height = int(fields["width"].default), int(fields["height"].default)
+    if pool.max_pixels and width * height > pool.max_pixels:
+        scale = math.sqrt(pool.max_pixels / (width * height))
+        width, height = int(width * scale), int(height * scale)
+    return ((max(multiple, width // multiple * multiple), max(multiple, height // multiple * multiple)),)
 
 
 @dataclass(frozen=True)
@@ -201,9 +168,8 @@ class WarmPlan:
 def warm_plan(renderer: Renderer, pool: PoolOptions | None, batch_size: int) -> WarmPlan:
     """The warm-up plan of a worker whose batch size is ``batch_size`` (images, ≥ 1).
 
-    Buckets: powers of two up to ``batch_size`` (:func:`pipeline.buckets.bucket_sizes`). Sizes: the
-    pool's declared ``sizes``, else the family's native square capped by ``max_pixels``, rounded down
-    to the pipeline's size multiple. Steps: the pool's ``steps``, else 2 (the compiled shapes do not
+    Buckets: powers of two up to ``batch_size`` (:func:`pipeline.buckets.bucket_sizes`). Sizes:
+    :func:`served_sizes`. Steps: the pool's ``steps``, else 2 (the compiled shapes do not
     depend on the step count). Guidance: the pool's ``guidance_scale``, else the request default
     (7.5) where the pipeline takes guidance, else 0.
 
@@ -211,21 +177,13 @@ def warm_plan(renderer: Renderer, pool: PoolOptions | None, batch_size: int) -> 
         ValueError: ``batch_size`` < 1.
     """
     pool = pool or getattr(renderer, "pool", None) or PoolOptions()
-    multiple = renderer.capabilities.size_multiple
-    sizes = tuple((int(w), int(h)) for w, h in pool.sizes)
-    if not sizes:
-        spec = FAMILY_SPECS.get(renderer.family or "")
-        side = spec.native if spec else 512
-        if pool.max_pixels:
-            side = min(side, math.isqrt(pool.max_pixels))
-        side = max(multiple, side // multiple * multiple)
-        sizes = ((side, side),)
+    sizes = served_sizes(renderer, pool)
     if pool.guidance_scale is not None:
         guidance = float(pool.guidance_scale)
     else:
         guidance = float(RenderRequest.model_fields["guidance_scale"].default) \
             if renderer.capabilities.guidance_scale else 0.0
-    return WarmPlan(buckets=bucket_sizes(batch_size), sizes=tuple(dict.fromkeys(sizes)), steps=pool.steps or 2,
+    return WarmPlan(buckets=bucket_sizes(batch_size), sizes=sizes, steps=pool.steps or 2,
                     guidance_scale=guidance)
 
 
@@ -297,5 +255,4 @@ def _render_plan(renderer: Renderer, plan: WarmPlan, shapes: list[dict],
                 on_progress(len(shapes), plan.renders, elapsed / done_images * (images_total - done_images))
 
 
-__all__ = ["PoolOptions", "WarmPlan", "batch_size_from_memory", "peek_family", "prepare_renderer",
-           "sizing_requests", "sizing_shape", "warm_plan", "warm_up"]
+__all__ = ["PoolOptions", "WarmPlan", "peek_family", "prepare_renderer", "served_sizes", "warm_plan", "warm_up"]

@@ -4,7 +4,7 @@ recipe is resolved and applied, how the farm renders, what batch the pool would 
 Place in the data flow: :mod:`bench.pipeline.subjects` → **here** → ``pipeline.models``
 (``load_pipeline``, ``OFFLINE_MODELS``), ``pipeline.recipes``
 (``recipe_for``, ``apply_overrides``), ``pipeline.optimize`` (``apply_recipe``),
-``pipeline.render`` (``Renderer``) and ``pipeline.warm`` (``batch_size_from_memory``). Every
+``pipeline.render`` (``Renderer``) and ``pipeline.sizing`` (``batch_size_from_memory``). Every
 other bench module reaches those packages only through the functions below, so a change of
 their signatures is re-pointed here alone.
 
@@ -151,10 +151,11 @@ def call_kwargs(pipe, **wanted) -> dict[str, Any]:
 
 def pool_batch_size(renderer, profile: DeviceProfile, width: int, height: int, steps: int) -> int:
     """The batch size a worker of this recipe would pick at ``width``×``height``: its measured
-    peak per image against the device memory, capped by the recipe (``pipeline.warm``)."""
-    from pipeline.warm import batch_size_from_memory
+    peak per image against the device memory, capped by the recipe (:mod:`pipeline.sizing`; one
+    step gives the peak of any step count, so ``steps`` does not change it)."""
+    from pipeline.sizing import batch_size_from_memory
 
-    return batch_size_from_memory(renderer, profile.to_dict(), width=width, height=height, steps=min(steps, 2))
+    return batch_size_from_memory(renderer, profile.to_dict(), width=width, height=height)
 
 
 def farm_renderer(model: str, device: str = "auto", recipe: str = "exact", overrides: str = "", pool=None):

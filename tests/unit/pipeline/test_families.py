@@ -160,10 +160,14 @@ def test_ernie_image_with_sdnq_uint4_and_quantized_matmul_on_the_cpu(cache):
 
 @pytest.mark.parametrize("model", ["tiny-flux", "tiny-ernie-image"])
 def test_batch_size_is_measured_at_the_pools_largest_size(cache, model):
-    from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer, sizing_shape
+    from pipeline.sizing import batch_size_from_memory, sizing_shape
+    from pipeline.warm import PoolOptions, prepare_renderer, served_sizes
 
     renderer, profile = prepare_renderer(model, "cpu", "exact", pool=PoolOptions(max_pixels=200 * 200, steps=3))
-    assert sizing_shape(renderer) == (192, 192, 3)  # the square of max_pixels, down to the size multiple (16)
+    assert sizing_shape(renderer) == (192, 192, 1)  # the square of max_pixels, down to the size multiple (16), 1 step
     assert 1 <= batch_size_from_memory(renderer, profile) <= renderer.max_batch_size
+    renderer.pool = PoolOptions(sizes=((192, 192), (256, 160)))
+    assert sizing_shape(renderer) == (256, 160, 1)  # the largest declared size by pixels (40960 > 36864)
     renderer.pool = PoolOptions()
-    assert sizing_shape(renderer) == (1024, 1024, 2)  # no pool size: the family's native size
+    # no pool size: the size a request gets by default (512²), not the family's native 1024²
+    assert sizing_shape(renderer) == (512, 512, 1) and served_sizes(renderer) == ((512, 512),)

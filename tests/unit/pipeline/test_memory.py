@@ -115,7 +115,8 @@ def test_the_upscale_stage_can_bound_the_batch():
 
 
 def test_sizing_renders_each_declared_upscaler_after_the_diffusion():
-    from pipeline.warm import PoolOptions, batch_size_from_memory, prepare_renderer
+    from pipeline.sizing import batch_size_from_memory
+    from pipeline.warm import PoolOptions, prepare_renderer
 
     pool = PoolOptions(max_pixels=64 * 64, steps=1, upscalers=("tiny-esrgan-x4", "tiny-sd-x4-upscaler"))
     renderer, profile = prepare_renderer("tiny", "cpu", "exact", pool=pool)
@@ -127,7 +128,8 @@ def test_sizing_renders_each_declared_upscaler_after_the_diffusion():
         return render(requests, on_step)
 
     renderer.render = recording  # type: ignore[method-assign]
-    assert 1 <= batch_size_from_memory(renderer, profile) <= renderer.max_batch_size
+    tight = {**profile, "total_memory_bytes": 1 << 30}  # too little for the one-image bound: 1 and 2 images
+    assert batch_size_from_memory(renderer, tight) == 1
     assert sorted(seen, key=str) == sorted([(n, 64, up, name) for n in (1, 2) for up, name in
                                             ((None, None), (4, "tiny-esrgan-x4"), (4, "tiny-sd-x4-upscaler"))], key=str)
     assert set(renderer.upscale._nets) == {"tiny-esrgan-x4", "tiny-sd-x4-upscaler"}  # loaded and run at warm-up
