@@ -338,10 +338,17 @@ class WorkerInfo(BaseModel):
     healthy: bool = True
     breaker: dict | None = None
     images_per_s: float | None = Field(None, description="Images finished per second over the last few minutes.")
-    state: str | None = Field(None, description="warming (compiling and rendering every batch bucket × declared "
-                              "size; takes no jobs) or ready.")
-    warmup: dict | None = Field(None, description="Warm-up progress {done, total (renders), eta_s (seconds)}, and "
-                                "once ready its report (seconds, renders, compiles, per-shape seconds, plan).")
+    state: str | None = Field(None, description="loading (the pipeline), sizing (measuring the batch size, or "
+                              "reading it from the compile cache), warming (compiling and rendering every batch "
+                              "bucket × served size), or ready (takes jobs). Only ready takes jobs.")
+    warmup: dict | None = Field(None, description="The current state's progress {done, total (renders), eta_s "
+                                "(seconds; from the renders so far, else the state's seconds at the pool's last "
+                                "start)}, and once ready the warm-up report (seconds, renders, compiles, per-shape "
+                                "seconds, plan) and ready_at.")
+    startup: dict | None = Field(None, description="The start-up: phases (seconds each finished state took), "
+                                 "estimates (seconds each state took at the pool's last start), state_started_at "
+                                 "(epoch seconds) and the sizing report (batch_size, record: hit, miss, corrupt, "
+                                 "mismatch, error, none or skipped; width, height, steps, bytes per path).")
     buckets: list[int] = Field(default_factory=list, description="The batch buckets it compiled (images).")
     recompiles: int | None = Field(None, description="torch.compile compilations since the warm-up (0 expected).")
     compiled_renders: int | None = Field(None, description="Pipeline calls since the warm-up that ran compiled code "

@@ -148,8 +148,9 @@ class Settings(BaseSettings):
     upload_retry_s: float = Field(60.0, ge=0, description="How long an upload rides out a storage outage, seconds.")
     upload_threads: int = Field(0, ge=0, le=256, description="Threads that encode and upload a group's images at "
                                 "once; 0 = sized to the host: two per core this process may run on, at least 8.")
-    worker_state_file: str = Field("", description="A file the worker writes its start-up state to (warming, then "
-                                   "ready) for exec probes, e.g. the chart's 'grep -qx ready FILE'; empty = none.")
+    worker_state_file: str = Field("", description="A file the worker writes its start-up state to (loading, "
+                                   "sizing, warming, then ready) for exec probes, e.g. the chart's "
+                                   "'grep -qx ready FILE'; empty = none.")
     breaker_failures: int = Field(5, ge=1, description="Consecutive failed batches after which a worker stops "
                                                        "consuming and reports itself unhealthy.")
     breaker_cooldown_s: float = Field(300.0, ge=0, description="Seconds after which a tripped worker tries one "

@@ -34,7 +34,8 @@ def _age(modified: datetime, now: datetime) -> str:
 def ls_command(args: argparse.Namespace) -> int:
     """List the artifacts (key, kind, model, device, versions, size, age), oldest first, or JSON lines.
     Kinds: ``inductor`` (compiled graphs and kernels), ``openvino-ir:unet`` and ``openvino-ir:vae.decoder``
-    (a converted model)."""
+    (a converted model), ``sizing`` (a batch sizing record, ``pipeline.sizing``) and ``startup`` (a
+    pool's last start-up times, the next start's estimates)."""
     from infra.storage.compile_artifacts import describe
 
     artifacts = _store().list()
@@ -43,11 +44,12 @@ def ls_command(args: argparse.Namespace) -> int:
             print(describe(artifact))
         return 0
     now = datetime.now(timezone.utc)
-    print(f"{'KEY':<44}{'KIND':<25}{'MODEL':<20}{'DEVICE':<34}{'VERSIONS':<52}{'MiB':>8}{'AGE':>6}")
+    width = max([44, *(len(a.key) + 1 for a in artifacts)])
+    print(f"{'KEY':<{width}}{'KIND':<25}{'MODEL':<20}{'DEVICE':<34}{'VERSIONS':<52}{'MiB':>8}{'AGE':>6}")
     for a in artifacts:
         meta = a.meta
-        kind = f"{a.kind}:{meta['component']}" if meta.get("component") else a.kind
-        print(f"{a.key:<44}{kind:<25}{meta.get('model', '')[:19]:<20}{meta.get('device', '')[:33]:<34}"
+        kind = f"{a.kind}:{meta['component']}" if meta.get("component") and a.kind != meta["component"] else a.kind
+        print(f"{a.key:<{width}}{kind:<25}{meta.get('model', '')[:19]:<20}{meta.get('device', '')[:33]:<34}"
               f"{meta.get('versions', '')[:51]:<52}{a.bytes / 2**20:>8.1f}{_age(a.modified, now):>6}")
     print(f"{len(artifacts)} artifact(s), {sum(a.bytes for a in artifacts) / 2**20:.1f} MiB", file=sys.stderr)
     return 0

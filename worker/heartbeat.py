@@ -31,9 +31,11 @@ class Heartbeat(threading.Thread):
 
     def start(self) -> None:
         """Register now (raises when Redis is away: a worker that cannot register takes no
-        work), then beat every ``interval_s`` seconds in this thread."""
+        work), then beat every ``interval_s`` seconds in this thread. Once started, a second
+        call only beats (the worker starts it before loading, then again with its parts)."""
         self.beat()
-        super().start()
+        if not self.is_alive():
+            super().start()
 
     def beat(self) -> None:
         """One heartbeat now."""

@@ -2,11 +2,13 @@
 
 Data flow: **worker** pulls batches from its pool's queue → pipeline → storage → job-state
 store. Start-up: check ``--pool``/``--model`` against the declared pools (``RENDERFARM_POOLS``;
-a declared pool's model must match, its ``max_batch`` caps the batch size), probe the device,
-load the pipeline once, size the batch, register with a heartbeat as ``warming``, warm up every
-batch bucket × declared size (:func:`pipeline.warm.warm_up`; the shared compile cache in S3 is restored
-before and saved after, :mod:`pipeline.ready`, and reported in the heartbeat as
-``compile_cache``), then report ``ready`` and consume: the Celery consumer starts only then.
+a declared pool's model must match, its ``max_batch`` caps the batch size), register with a
+heartbeat as ``loading`` (the worker is listed from its first seconds), probe the device and
+load the pipeline once (``loading``), size the batch (``sizing``: the record kept beside the
+compile cache, else measured, :mod:`pipeline.sizing`), warm up every batch bucket × served size
+(``warming``: :func:`pipeline.warm.warm_up`; the shared compile cache in S3 is restored before
+and saved after, :mod:`pipeline.ready`, and reported in the heartbeat as ``compile_cache``),
+then report ``ready`` and consume: the Celery consumer starts only then.
 SIGTERM is Celery's warm shutdown: no new batch is taken, the current one finishes, unstarted
 prefetched messages go back to the queue (kombu restores unacknowledged messages when the
 channel closes), the worker leaves the registry and exits 0. Should a batch still be held at
@@ -68,7 +70,7 @@ from worker.heartbeat import Heartbeat
 from worker.inputs import make_adapters
 from worker.observe import CeleryHeartbeat
 from worker.runner import BatchRunner
-from worker.warmup import WarmState, WarmUp, load_renderer
+from worker.warmup import StartupState, StartupTimes, WarmUp, load_renderer, size_renderer
 from worker.watchdog import RenderWatchdog
 
 log = logging.getLogger("renderfarm.worker")
@@ -114,22 +116,38 @@ def run_worker(args: argparse.Namespace) -> int:
     spec, pool, name = _identity(args, settings)
     queue = keys.queue(pool)
     t0 = time.perf_counter()
-    warm = WarmState(settings.worker_state_file)
     upload_threads = settings.resolved_upload_threads()
     # put_once retries outages for upload_retry_s; one connection per upload thread (+ a spare for deletes)
     storage = Storage(settings, max_attempts=3, max_pool_connections=upload_threads + 2)
     cache = CompileCacheStore(storage)
-    loaded, device_info, batch_size = load_renderer(args, settings, spec, cache)
+    client = state_client(settings.state_url)
+    static: dict[str, Any] = {"model": args.model, "pool": pool, "queue": queue, "pid": os.getpid(),
+                              "host": socket.gethostname(), "started_at": time.time()}
+    startup = StartupState(settings.worker_state_file, on_change=lambda: heartbeat.beat_quietly())
+    # registered before the load: /v1/workers lists it as loading from its first seconds; the
+    # describe and lease renewal of a loaded worker replace these once its parts exist
+    heartbeat = Heartbeat(client, name, lambda: {**static, **startup.describe()},
+                          interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s)
+    heartbeat.start()
+    times = StartupTimes(cache, pool, args.model)
+    startup.estimates = times.load()  # the pool's last start: each state's estimate, from now on
+    heartbeat.beat_quietly()
+    try:
+        loaded, device_info = load_renderer(args, settings, spec, cache)
+        static.update(device=device_info, recipe=getattr(loaded, "recipe", None))
+        batch_size = size_renderer(loaded, device_info, args, settings, spec, cache, startup)
+    except BaseException:
+        heartbeat.stop()  # a worker that cannot load is gone at once, not after its heartbeat's TTL
+        raise
+    static["batch_size"] = batch_size
     renderer = wrap_renderer(loaded)
     log.info("worker %s: model %s loaded in %.1fs, batch size %d, queue %s",
              name, args.model, time.perf_counter() - t0, batch_size, queue)
-
-    client = state_client(settings.state_url)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
     _attach_inputs(renderer, spec, storage, settings)
     app = make_celery(settings)
-    # the heartbeat is built last (it describes every part); the parts before it beat through a lambda
+    # the parts beat the heartbeat (started above) through lambdas
     breaker = ConsumerBreaker(settings.breaker_failures, settings.breaker_cooldown_s, queue,
                               credentials_problem=functools.partial(credentials_problem, storage),
                               on_change=lambda: heartbeat.beat_quietly())
@@ -142,17 +160,13 @@ def run_worker(args: argparse.Namespace) -> int:
                          on_written=test_counters[1] if test_counters else None, watchdog=watchdog)
     consumer = Consumer(app, runner, store, breaker, settings, queue=queue, name=name, batch_size=batch_size,
                         loglevel=args.loglevel)
-    static = {"model": args.model, "pool": pool, "queue": queue, "device": device_info,
-              "recipe": getattr(renderer, "recipe", None), "batch_size": batch_size, "pid": os.getpid(),
-              "host": socket.gethostname(), "started_at": time.time()}
-    warm_up = WarmUp(loaded, batch_size, device_info, cache, warm, lambda: heartbeat.beat_quietly(), name=name,
-                     started=t0)
-    heartbeat = Heartbeat(client, name, functools.partial(describe, static, warm_up, runner, consumer, breaker),
-                          interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
-                          on_beat=lambda: store.renew_leases(runner.current_jobs()))
+    warm_up = WarmUp(loaded, batch_size, device_info, cache, startup, lambda: heartbeat.beat_quietly(), name=name,
+                     started=t0, times=times)
+    heartbeat.describe = functools.partial(describe, static, warm_up, runner, consumer, breaker)
+    heartbeat.on_beat = lambda: store.renew_leases(runner.current_jobs())
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
-    # the heartbeat registers as warming: /v1/workers shows the progress, the queue waits; the
-    # watchdog watches renders from the end of the warm-up (its compiles are not stalls)
+    # the heartbeat (started above) beats once more; the warm-up reports warming with progress while
+    # the queue waits; the watchdog watches renders from the end of the warm-up (its compiles are not stalls)
     run_parts([runner, breaker, heartbeat, warm_up, watchdog, celery_heartbeat, consumer])
     log.info("worker %s stopped", name)
     return 0

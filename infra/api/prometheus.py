@@ -79,6 +79,10 @@ class FarmCollector:
         yield from worker_families(live)
 
 
+#: A worker's start-up states, in order (``worker.warmup.StartupState``); only ``ready`` takes jobs.
+STARTUP_STATES = ("loading", "sizing", "warming", "ready")
+
+
 def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
     """Per-worker figures from the heartbeats (``worker.main``'s ``describe``), labelled
     ``{pool, worker}``: ``renderfarm_recompiles_total`` (TorchDynamo compiles after warm-up; 0 is
@@ -86,7 +90,9 @@ def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
     code served alone), ``renderfarm_eager_renders_total`` (pipeline calls since the warm-up in
     which a compiled module was seen to run eagerly: a shape the warm-up did not compile; both
     observed by :func:`pipeline.compile_count.observed`), ``renderfarm_warmup_seconds`` (the
-    warm-up's wall time) and ``renderfarm_worker_warming`` (1 while warming up, 0 once ready). A
+    warm-up's wall time), ``renderfarm_worker_warming`` (1 while starting: loading, sizing or
+    warming up; 0 once ready) and ``renderfarm_worker_state`` (1 for the start-up state the worker
+    is in, labelled ``state``: loading, sizing, warming, ready). A
     worker that does not report a figure (the null model; an older worker) is left out of that family."""
     recompiles = CounterMetricFamily("renderfarm_recompiles", "torch.compile compilations after warm-up",
                                      labels=["pool", "worker"])
@@ -98,8 +104,10 @@ def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
                                 labels=["pool", "worker"])
     seconds = GaugeMetricFamily("renderfarm_warmup_seconds", "Wall time of the worker's warm-up, seconds",
                                 labels=["pool", "worker"])
-    warming = GaugeMetricFamily("renderfarm_worker_warming", "1 while the worker warms up (takes no jobs), 0 when "
-                                "ready", labels=["pool", "worker"])
+    warming = GaugeMetricFamily("renderfarm_worker_warming", "1 while the worker starts (loading, sizing, warming "
+                                "up; takes no jobs), 0 when ready", labels=["pool", "worker"])
+    state = GaugeMetricFamily("renderfarm_worker_state", "1 for the start-up state the worker is in (loading, sizing, "
+                              "warming, ready)", labels=["pool", "worker", "state"])
     for w in sorted(live, key=lambda w: str(w.get("name"))):
         labels = [str(w.get("pool", "")), str(w.get("name", ""))]
         if isinstance(w.get("recompiles"), int):
@@ -111,9 +119,10 @@ def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
         report = (w.get("warmup") or {}).get("report") or {}
         if isinstance(report.get("seconds"), (int, float)):
             seconds.add_metric(labels, float(report["seconds"]))
-        if w.get("state") in ("warming", "ready"):
-            warming.add_metric(labels, 1.0 if w["state"] == "warming" else 0.0)
-    yield from (recompiles, compiled, eager, seconds, warming)
+        if w.get("state") in STARTUP_STATES:
+            warming.add_metric(labels, 0.0 if w["state"] == "ready" else 1.0)
+            state.add_metric([*labels, w["state"]], 1.0)
+    yield from (recompiles, compiled, eager, seconds, warming, state)
 
 
 def exposition(client: redis.Redis, heartbeat_ttl_s: float = 20.0,

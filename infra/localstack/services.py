@@ -252,7 +252,8 @@ class ApiServer(ManagedProcess):
 
 class WorkerProcess(ManagedProcess):
     """One Celery worker (``renderfarm worker --name NAME``) for ``model``; ready once it is in
-    the registry.
+    the registry with its pipeline loaded and its batch sized (``warming`` or ``ready``: from
+    then on its jobs wait in the queue for it, not on a start that may still fail).
 
     Readiness reads :func:`infra.state.registry.live_workers` from the Redis at ``RENDERFARM_REDIS_URL``
     (from ``env``, else the environment) and looks for this worker's name. ``extra_args`` are
@@ -304,7 +305,8 @@ class WorkerProcess(ManagedProcess):
             entries = live_workers(client)
         finally:
             client.close()
-        return any(entry.get("name") == self.worker_name for entry in entries)
+        return any(entry.get("name") == self.worker_name and entry.get("state") not in ("loading", "sizing")
+                   for entry in entries)
 
 
 def start_workers(workers: Sequence[WorkerProcess], on_ready: Callable[[WorkerProcess], None] | None = None) -> None:

@@ -38,8 +38,8 @@ class CachedArtifact:
     """One stored artifact: its key (without prefix and suffix), size in bytes (all its files),
     last-modified time (timezone-aware UTC), the metadata saved with it (``model``, ``device``,
     ``versions``, ``recipe``, ``buckets``, ``sizes``; empty strings where missing) and its
-    ``kind``: ``inductor`` (one blob) or ``openvino-ir`` (a converted UNet's or VAE decoder's files;
-    ``meta["component"]`` says which)."""
+    ``kind``: ``inductor``, ``sizing`` or ``startup`` (one blob, :func:`kind_of`) or ``openvino-ir``
+    (a converted UNet's or VAE decoder's files; ``meta["component"]`` says which)."""
 
     key: str
     bytes: int
@@ -66,6 +66,15 @@ def ir_prefix(key: str) -> str:
         ValueError: ``key`` is empty or holds a ``/``.
     """
     return object_name(key)[:-len(SUFFIX)] + IR_SUFFIX
+
+
+def kind_of(key: str) -> str:
+    """The kind of the one-blob artifact ``key``: ``sizing`` (``<key>.sizing``: a batch sizing
+    record, ``pipeline.sizing``), ``startup`` (``startup-<pool>-<model>``: a pool's last start-up
+    times) or ``inductor`` (compiled graphs and kernels)."""
+    if key.endswith(".sizing"):
+        return "sizing"
+    return "startup" if key.startswith("startup-") else "inductor"
 
 
 def metadata_of(fields: dict) -> dict[str, str]:
@@ -145,8 +154,8 @@ class CompileCacheStore:
                 if ir and file and "/" not in stem:
                     ir_files.setdefault(stem, []).append(obj)
                 elif name.endswith(SUFFIX) and (meta := self._meta(name)) is not None:
-                    out.append(CachedArtifact(name[len(PREFIX):-len(SUFFIX)], int(obj["Size"]), obj["LastModified"],
-                                              meta))
+                    key = name[len(PREFIX):-len(SUFFIX)]
+                    out.append(CachedArtifact(key, int(obj["Size"]), obj["LastModified"], meta, kind_of(key)))
         for key, objects in ir_files.items():
             manifest = next((o for o in objects if o["Key"].endswith("/" + IR_MANIFEST)), None)
             meta = self._meta(manifest["Key"]) if manifest is not None else {"state": "incomplete"}

@@ -65,6 +65,36 @@ def test_page_loads_with_its_tables(page, api_server, workers, farm_env, artifac
     page.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
 
 
+def test_a_starting_worker_shows_its_state_and_time_left(page, api_server, farm_env, artifacts):
+    """A worker in ``sizing`` (its heartbeat as worker.warmup's StartupState writes it, into the
+    farm's Redis) is a row at once, with the state, renders done of the state's total and the
+    seconds left; once it beats ``ready`` the cell says so."""
+    from infra.state import registry
+    from infra.state.connect import state_client
+
+    client, name = state_client(farm_env["RENDERFARM_REDIS_URL"]), "starting@dashboard-test"
+    beat = {"name": name, "model": "tiny", "pool": "tiny", "state": "sizing", "batch_size": None,
+            "warmup": {"done": 1, "total": 2, "eta_s": 12.4, "report": None},
+            "startup": {"phases": {"loading": 15.7}, "estimates": {}, "state_started_at": time.time()}}
+    try:
+        registry.heartbeat(client, name, beat, 60)
+        open_dashboard(page, farm_env["RENDERFARM_API_URL"])
+        row = page.locator(f'#workers tr[data-key="{name}"]')
+        row.wait_for(timeout=15_000)
+        headers = page.locator("table#workers thead th").all_text_contents()
+        state = lambda: row.locator("td").all_text_contents()[headers.index("state")]  # noqa: E731
+        assert state() == "sizing 1/2 · ~12 s left", row.locator("td").all_text_contents()
+        page.screenshot(path=str(artifacts / "dashboard-starting-worker.png"), full_page=True)
+        registry.heartbeat(client, name, {**beat, "state": "ready", "batch_size": 2}, 60)
+        deadline = time.monotonic() + 15
+        while state() != "ready":
+            assert time.monotonic() < deadline, state()
+            time.sleep(0.25)
+    finally:
+        registry.deregister(client, name)
+        client.close()
+
+
 def test_running_batch_progress_advances(page, client, farm_env, artifacts):
     batch = client.submit_batch([RenderRequest(prompt=f"a lighthouse in a storm, study {i}", model="tiny",
                                                width=64, height=64, num_inference_steps=5, seed=i)

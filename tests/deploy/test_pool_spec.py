@@ -72,10 +72,11 @@ def test_the_schema_refuses_a_bad_optional_field(helm, pool):
 
 def test_worker_probes_follow_the_state_file_the_worker_writes(render, tmp_path):
     """The startup and readiness probes pass exactly when the file the worker writes says ready:
-    they run the probe command against a state file written by worker.warmup's WarmState."""
+    they run the probe command against a state file written by worker.warmup's StartupState
+    through loading, sizing and warming."""
     import subprocess
 
-    from worker.warmup import WarmState
+    from worker.warmup import StartupState
 
     (deployment,) = [d for d in by_kind(render(), "Deployment") if "-worker-" in d["metadata"]["name"]]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -87,8 +88,11 @@ def test_worker_probes_follow_the_state_file_the_worker_writes(render, tmp_path)
         command = probe["exec"]["command"]
         assert path in command
         local = [str(tmp_path / "state") if part == path else part for part in command]
-        warm = WarmState(str(tmp_path / "state"))
-        assert subprocess.run(local).returncode != 0  # warming: not started, not ready
+        warm = StartupState(str(tmp_path / "state"))
+        for state in ("sizing", "warming"):
+            assert subprocess.run(local).returncode != 0  # loading, sizing, warming: not started, not ready
+            warm.enter(state)
+        assert subprocess.run(local).returncode != 0
         warm.ready({"seconds": 1.0})
         assert subprocess.run(local).returncode == 0
 

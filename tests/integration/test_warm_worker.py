@@ -46,8 +46,8 @@ def api(env, run_dir) -> Iterator[ApiServer]:
 
 @pytest.fixture(scope="module")
 def worker(api, env, run_dir) -> Iterator[WorkerProcess]:
-    """Started, and returned as soon as it is registered (while it warms up), with
-    ``first_state``: its state in the first ``/v1/workers`` answer that listed it.
+    """Started, and returned as soon as it is registered (while it loads), with
+    ``first_entry``: its entry in the first ``/v1/workers`` answer that listed it.
 
     With the decoder's packages in Inductor's cache the warm-up takes about half a second, so
     the loop polls every 50 ms and the state is kept from the poll that first saw the worker:
@@ -62,7 +62,7 @@ def worker(api, env, run_dir) -> Iterator[WorkerProcess]:
                 assert proc.proc is not None and proc.proc.poll() is None, proc.log_tail()
                 assert time.monotonic() < deadline, proc.log_tail()
                 time.sleep(0.05)
-        proc.first_state = entry["state"]
+        proc.first_entry = entry
         yield proc
     finally:
         proc.stop()
@@ -94,7 +94,10 @@ def _counts(me: dict) -> dict:
 
 
 def test_jobs_wait_for_the_warm_up_and_nothing_recompiles_after_it(worker, env):
-    seen_states = {worker.first_state}  # registered before warm-up
+    first = worker.first_entry
+    # listed while it loads: before its pipeline, device profile or batch size exist
+    assert first["state"] == "loading" and first["batch_size"] is None and first["device"] is None, first
+    seen_states = {first["state"]}
     with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
         accepted = client.submit_batch([_req(i) for i in range(3)])  # 3 → buckets 2 + 1
         jobs = client.wait(accepted.batch_id, timeout=900)
@@ -116,10 +119,37 @@ def test_jobs_wait_for_the_warm_up_and_nothing_recompiles_after_it(worker, env):
         assert odd[0].state == "succeeded" and (odd[0].result.width, odd[0].result.height) == (72, 64)
     me = _after_images(env, worker.worker_name, 4)
     assert _counts(me) == {"images_done": 4, "compiled_renders": compiled, "eager_renders": 1, "recompiles": 0}
-    assert seen_states == {"warming", "ready"}  # seen warming right after it registered
+    assert seen_states == {"loading", "ready"}  # seen loading right after it registered
+    # the seconds of each state it went through: no sizing, its batch size was given (2)
+    assert set(me["startup"]["phases"]) == {"loading", "warming"}, me["startup"]
+    assert me["startup"]["phases"]["warming"] >= report["seconds"] * 0.9
     metrics = httpx.get(f"{env['RENDERFARM_API_URL']}/metrics").text
     labels = f'pool="{POOL}",worker="{worker.worker_name}"'
     assert f"renderfarm_recompiles_total{{{labels}}} 0.0" in metrics
     assert f"renderfarm_eager_renders_total{{{labels}}} 1.0" in metrics
     assert f"renderfarm_compiled_renders_total{{{labels}}} {float(compiled)}" in metrics
     assert f"renderfarm_warmup_seconds{{{labels}}}" in metrics
+
+
+def test_a_worker_killed_while_loading_is_gone_as_a_ready_one_is(api, env, run_dir) -> None:
+    """Listed as ``loading`` within its first seconds, then killed (SIGKILL: no deregistration):
+    it drops out of ``/v1/workers`` once its heartbeat's TTL (2 s here) has passed."""
+    proc = WorkerProcess("tiny", {**env, "RENDERFARM_HEARTBEAT_TTL_S": "2"}, "warm-dies", 2,
+                         extra_args=["--pool", POOL], run_dir=run_dir)
+    try:
+        started = time.monotonic()
+        proc.start()
+        while not (entry := next((w for w in httpx.get(f"{env['RENDERFARM_API_URL']}/v1/workers").json()
+                                  if w["name"] == proc.worker_name), None)):
+            assert proc.proc is not None and proc.proc.poll() is None, proc.log_tail()
+            assert time.monotonic() - started < 60, proc.log_tail()
+            time.sleep(0.05)
+        assert entry["state"] == "loading", entry
+        assert proc.proc is not None
+        proc.proc.kill()
+        killed = time.monotonic()
+        while any(w["name"] == proc.worker_name for w in httpx.get(f"{env['RENDERFARM_API_URL']}/v1/workers").json()):
+            assert time.monotonic() - killed < 10, "a worker killed while loading is still listed"
+            time.sleep(0.2)
+    finally:
+        proc.stop()

@@ -127,11 +127,14 @@
     return typeof recipe === "object" ? recipe.name || JSON.stringify(recipe).slice(0, 40) : String(recipe);
   }
 
+  // loading → sizing → warming → ready: a starting worker shows its state, the renders done of
+  // the state's total (sizing, warming) and the seconds left (estimated from the last start)
   function stateText(w) {
-    if (w.state !== "warming") return w.state || "ready";
+    if (!w.state || w.state === "ready") return w.state || "ready";
     const p = w.warmup || {};
+    const count = p.total == null ? "" : ` ${p.done ?? 0}/${p.total}`;
     const eta = p.eta_s == null ? "" : ` · ~${Math.round(p.eta_s)} s left`;
-    return styled(`warming ${p.done ?? 0}/${p.total ?? "?"}${eta}`, "warn");
+    return styled(`${w.state}${count}${eta}`, "warn");
   }
 
   function drawWorkers(workers) {

@@ -102,7 +102,7 @@ def test_families_and_types_exist_without_any_data(r):
         "renderfarm_outstanding_jobs": "gauge", "renderfarm_live_workers": "gauge",
         "renderfarm_recompiles": "counter", "renderfarm_compiled_renders": "counter",
         "renderfarm_eager_renders": "counter", "renderfarm_warmup_seconds": "gauge",
-        "renderfarm_worker_warming": "gauge"}
+        "renderfarm_worker_warming": "gauge", "renderfarm_worker_state": "gauge"}
 
 
 def test_warm_up_and_recompiles_reach_metrics_from_the_heartbeats(r):
@@ -113,6 +113,7 @@ def test_warm_up_and_recompiles_reach_metrics_from_the_heartbeats(r):
 
     registry.heartbeat(r, "p1@a", {"pool": "p1", "state": "warming", "warmup": {"done": 1, "total": 4,
                                                                                 "eta_s": 30.0, "report": None}}, 60)
+    registry.heartbeat(r, "p1@c", {"pool": "p1", "state": "loading", "warmup": {"done": 0, "total": None}}, 60)
     registry.heartbeat(r, "p1@b", {"pool": "p1", "state": "ready", "recompiles": 2, "eager_renders": 3,
                                    "compiled_renders": 5,
                                    "warmup": {"done": 4, "total": 4, "eta_s": 0, "report": {"seconds": 81.5}}}, 60)
@@ -123,6 +124,12 @@ def test_warm_up_and_recompiles_reach_metrics_from_the_heartbeats(r):
     assert m[("renderfarm_recompiles_total", b)] == 2 and m[("renderfarm_eager_renders_total", b)] == 3
     assert m[("renderfarm_compiled_renders_total", b)] == 5 and ("renderfarm_compiled_renders_total", a) not in m
     assert ("renderfarm_recompiles_total", a) not in m  # not counted before its warm-up ends
+    c = (("pool", "p1"), ("worker", "p1@c"))
+    assert m[("renderfarm_worker_warming", c)] == 1  # starting: loading counts as not ready
+    assert m[("renderfarm_worker_state", tuple(sorted((*c, ("state", "loading")))))] == 1
+    assert m[("renderfarm_worker_state", tuple(sorted((*a, ("state", "warming")))))] == 1
+    assert m[("renderfarm_worker_state", tuple(sorted((*b, ("state", "ready")))))] == 1
+    assert ("renderfarm_worker_state", tuple(sorted((*b, ("state", "warming"))))) not in m
 
 
 def test_batches_add_up_and_cancellations_count(r):
