@@ -254,6 +254,9 @@ def _register_ready(sub) -> None:
                    help='recipe knobs as JSON (default {"compile_denoiser": true, "compile_vae": true, '
                         '"batch_invariant": false})')
     r.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase (default 3600)")
+    r.add_argument("--size-batch", action="store_true",
+                   help="size the batch as a worker does (measured cold, the kept record cached) and warm up its "
+                        "buckets instead of --buckets")
     r.add_argument("--artifact-dir", default=None, help="keep the compile-cache artifact in this folder")
     r.add_argument("--json", default=None, help="write the result here")
     r.set_defaults(func=lambda args: sys.exit(handlers.ready(args)))

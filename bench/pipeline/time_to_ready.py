@@ -26,6 +26,11 @@ cache hits and misses and the AOTInductor packages it loaded and compiled
 (:mod:`pipeline.optimize.aot`): the cached phase should compile nothing. The target is cached
 ≤ 25 % of cold.
 
+With ``--size-batch`` each phase also sizes the batch as a worker does (:mod:`pipeline.sizing`):
+the cold phase measures peak memory at the largest size and keeps the record in a file, the
+cached phase reads it; the warm-up then covers the buckets of that batch size. Each phase
+reports the seconds of the worker's start-up states: load, sizing, warm-up.
+
 ``python -m bench.pipeline.time_to_ready PHASE CONFIG_JSON ARTIFACT OUT`` is one phase (the parent runs it).
 """
 
@@ -50,7 +55,10 @@ DEFAULT_OVERRIDES = {"compile_denoiser": True, "compile_vae": True, "batch_invar
 class ReadyConfig:
     """One time-to-ready measurement. Sizes are (width, height) pixels; ``overrides`` are recipe
     knobs on top of ``recipe`` (by default compile on, batch invariance off: the invariant CPU
-    kernels do not compile); ``timeout_s`` bounds each phase, seconds."""
+    kernels do not compile); ``timeout_s`` bounds each phase, seconds. ``size_batch``: size the
+    batch as a worker does (:func:`pipeline.sizing.size_batch` at the largest of ``sizes``; the
+    cold phase measures and keeps the record in a file, the cached phase reads it) and warm up the
+    buckets of that batch size instead of ``buckets``."""
 
     model: str = "tiny"
     device: str = "auto"
@@ -61,6 +69,7 @@ class ReadyConfig:
     guidance_scale: float = 7.5
     overrides: str = json.dumps(DEFAULT_OVERRIDES)
     timeout_s: float = 3600.0
+    size_batch: bool = False
 
     def __post_init__(self) -> None:
         if not self.buckets or any(b < 1 for b in self.buckets):
@@ -89,7 +98,10 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
     renderer, profile = prepare_renderer(config.model, config.device, config.recipe, config.overrides,
                                          ir_store=ir_store)
     loaded = time.perf_counter()
-    plan = WarmPlan(tuple(sorted(config.buckets)), tuple(config.sizes), config.steps, config.guidance_scale)
+    sizing = _size(phase, config, renderer, profile, artifact.parent / "sizing") if config.size_batch else None
+    sized = time.perf_counter()
+    buckets = _buckets(sizing["batch_size"]) if sizing else tuple(sorted(config.buckets))
+    plan = WarmPlan(buckets, tuple(config.sizes), config.steps, config.guidance_scale)
 
     def fetch(_key):
         return artifact.read_bytes() if phase == "cached" else None
@@ -102,7 +114,8 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
     done = time.time()
     applied = (renderer.recipe.get("report") or {}).get("applied", {})
     return {"phase": phase, "ready_s": done - spawned_at, "import_s": imported - spawned_at,
-            "load_s": loaded - started, "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
+            "load_s": loaded - started, "sizing_s": sized - loaded if sizing else None, "sizing": sizing,
+            "buckets": list(buckets), "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
             "warm_up_s": ready["warm_up"].get("seconds"), "renders": ready["warm_up"].get("renders"),
             "compile_cache": ready["compile_cache"], "counters": compile_counters(),
             "compiles": ready["warm_up"].get("compiles"),
@@ -111,6 +124,31 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
             "openvino_vae_ir": (applied.get("vae_backend") or {}).get("ir"), "compiled": applied.get("compile"),
             "device": profile,
             "cpu": cpu_summary() if profile.get("kind") == "cpu" else None}
+
+
+def _size(phase: str, config: ReadyConfig, renderer, profile: dict, folder: Path) -> dict:
+    """:func:`pipeline.sizing.size_batch` at ``config.sizes`` with the record in ``folder`` (the
+    cold phase writes it, the cached phase reads it)."""
+    from pipeline.pool_options import PoolOptions
+    from pipeline.sizing import record_name, size_batch
+
+    def fetch(key):
+        path = folder / record_name(key)
+        return path.read_bytes() if phase == "cached" and path.exists() else None
+
+    def store(key, blob: bytes) -> None:
+        if phase == "cold":
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / record_name(key)).write_bytes(blob)
+
+    pool = PoolOptions(sizes=tuple(config.sizes), guidance_scale=config.guidance_scale)
+    return size_batch(renderer, profile, pool, fetch=fetch, store=store)
+
+
+def _buckets(batch_size: int) -> tuple[int, ...]:
+    from pipeline.buckets import bucket_sizes
+
+    return tuple(bucket_sizes(batch_size))
 
 
 def _spawn(phase: str, config: ReadyConfig, artifact: Path, out: Path, cache_dir: Path) -> dict:
@@ -160,7 +198,7 @@ def run_ready_bench(config: ReadyConfig, log: Callable[[str], None] = print, kee
         log(f"cold: {config.model}, buckets {config.buckets}, sizes {config.sizes}, empty Inductor cache")
         cold = _spawn("cold", config, artifact, root / "cold.json", root / "inductor-cold")
         converted = cold.get("openvino_ir") or cold.get("openvino_vae_ir")
-        if not artifact.exists() and not converted:
+        if not artifact.exists() and not converted and not config.size_batch:
             raise RuntimeError("bench ready: the cold phase saved no artifact and converted nothing to OpenVINO "
                                f"(did the recipe compile anything? compile: {cold.get('compiled')})")
         size = artifact.stat().st_size if artifact.exists() else 0
@@ -193,7 +231,8 @@ def served(counters: dict) -> int:
 
 def ready_table(result: dict):
     """The result as one rich table: model, device/CPU, recipe, buckets, sizes, cold s, cached s,
-    ratio, compiles (:func:`pipeline.compile_cache.compiled_anew`) and cache hits (:func:`served`)
+    ratio, the seconds of each start-up state (load, sizing, warm-up) cold and cached, compiles
+    (:func:`pipeline.compile_cache.compiled_anew`) and cache hits (:func:`served`)
     in each phase."""
     from rich.table import Table
 
@@ -206,6 +245,7 @@ def ready_table(result: dict):
     table = Table(title=f"time to ready (spawn → warm-up done), load average {load.get('before')} → "
                         f"{load.get('after')}; artifact {result['artifact_bytes'] / 2**20:.1f} MiB")
     for column in ("model", "device", "recipe", "buckets", "sizes", "steps", "cold s", "cached s", "ratio",
+                   "load s cold / cached", "sizing s cold / cached", "warm-up s cold / cached",
                    "cached quiet s", "cached machine CPU s", "compiles cold", "compiles cached",
                    "cache hits cached", "outcome", "OpenVINO IR cached (UNet / decoder)"):
         table.add_column(column)
@@ -214,9 +254,15 @@ def ready_table(result: dict):
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    table.add_row(config["model"], device, str(cold.get("recipe")), ",".join(map(str, config["buckets"])),
+    def pair(key: str) -> str:
+        return f"{seconds(cold.get(key))} / {seconds(cached.get(key))}"
+
+    sizing = (cached.get("sizing") or {}).get("record")
+    table.add_row(config["model"], device, str(cold.get("recipe")),
+                  ",".join(map(str, cold.get("buckets") or config["buckets"])),
                   ",".join(f"{w}x{h}" for w, h in config["sizes"]), str(config["steps"]),
                   f"{cold['ready_s']:.1f}", f"{cached['ready_s']:.1f}", f"{ratio:.1%}" if ratio else "-",
+                  pair("load_s"), pair("sizing_s") + (f" (record {sizing})" if sizing else ""), pair("warm_up_s"),
                   seconds(cached.get("quiet_s")), seconds(cached.get("machine_cpu_s")),
                   str(compiled_anew(cold["counters"])), str(compiled_anew(cached["counters"])),
                   str(served(cached["counters"])), (cached.get("compile_cache") or {}).get("outcome", "-"),
