@@ -150,11 +150,12 @@ class StartupState:
                             "sizing": self.sizing}}
 
     def _estimate_left(self) -> float | None:
-        """Seconds left by the last start's time for this state; None without one, or once that
-        time has passed (this start takes longer: a measurement the last one read from its record)."""
+        """Seconds left by the last start's time for this state; None without one, or once less
+        than 0.05 s of it is left (this start takes longer: a measurement the last one read from
+        its record), so that a state the last start passed in an instant never reads as 0 s left."""
         estimate = self.estimates.get(self.state)
         left = None if estimate is None else estimate - (time.time() - self.state_started)
-        return None if left is None or left <= 0 else round(left, 1)
+        return None if left is None or left < 0.05 else round(left, 1)
 
     def _write(self) -> None:
         if not self.state_file:
