@@ -61,6 +61,7 @@ from infra.state.job_store import JobStore
 from infra.storage.compile_artifacts import CompileCacheStore
 from infra.storage.input_images import load_input
 from infra.storage.s3 import Storage
+from pipeline.null import NULL_MODEL
 from worker import faults
 from worker.breaker import ConsumerBreaker
 from worker.consumer import Consumer
@@ -129,7 +130,8 @@ def run_worker(args: argparse.Namespace) -> int:
     heartbeat = Heartbeat(client, name, lambda: {**static, **startup.describe()},
                           interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s)
     heartbeat.start()
-    times = StartupTimes(cache, pool, args.model)
+    # the null model loads nothing worth estimating: it keeps no start-up times in the bucket
+    times = StartupTimes(cache if args.model != NULL_MODEL else None, pool, args.model)
     startup.estimates = times.load()  # the pool's last start: each state's estimate, from now on
     heartbeat.beat_quietly()
     try:
@@ -167,15 +169,19 @@ def run_worker(args: argparse.Namespace) -> int:
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)
     # the heartbeat (started above) beats once more; the warm-up reports warming with progress while
     # the queue waits; the watchdog watches renders from the end of the warm-up (its compiles are not stalls)
-    run_parts([runner, breaker, heartbeat, warm_up, watchdog, celery_heartbeat, consumer])
+    try:
+        run_parts([runner, breaker, heartbeat, warm_up, watchdog, celery_heartbeat, consumer])
+    except BaseException:
+        heartbeat.stop()  # registered since before the load: a start that failed leaves the registry at once
+        raise
     log.info("worker %s stopped", name)
     return 0
 
 
 def run_parts(parts: Sequence[Part]) -> None:
     """Start each part in order; the last (the consumer) returns at shutdown, then every part is
-    stopped, in reverse order. A part whose start raises stops nothing: the process ends with
-    the error, and what it registered expires."""
+    stopped, in reverse order. A part whose start raises stops nothing here: the process ends
+    with the error (:func:`run_worker` deregisters its heartbeat first)."""
     *before, consumer = parts
     for part in before:
         part.start()
