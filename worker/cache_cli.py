@@ -16,11 +16,21 @@ from datetime import datetime, timedelta, timezone
 
 
 def _store():
+    """The farm's compile-cache store; exits 2 with a message when no S3 credentials are found
+    (boto3's chain, or the client settings file ``renderfarm up`` writes)."""
+    import boto3
+
     from infra.settings import get_settings
     from infra.storage.compile_artifacts import CompileCacheStore
     from infra.storage.s3 import Storage
 
-    return CompileCacheStore(Storage(get_settings(), max_attempts=3))
+    settings = get_settings()
+    if boto3.Session(**settings.s3_credentials()).get_credentials() is None:
+        print("renderfarm cache: no S3 credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+              "RENDERFARM_S3_ENDPOINT_URL for a non-AWS S3), or run it where `renderfarm up` wrote .renderfarm/env "
+              "once the stack is up", file=sys.stderr)
+        raise SystemExit(2)
+    return CompileCacheStore(Storage(settings, max_attempts=3))
 
 
 def _age(modified: datetime, now: datetime) -> str:

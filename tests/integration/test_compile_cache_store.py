@@ -104,3 +104,14 @@ def test_ir_files_round_trip_list_as_one_entry_and_delete(store, tmp_path) -> No
     assert "openvino-store-test" not in {a.key for a in store.list()}
     assert store.fetch_files("openvino-store-test", tmp_path) is False
     assert store.get("store-test-inductor") == b"z"  # the other kind is untouched
+
+
+def test_cli_without_s3_credentials_says_so(tmp_path) -> None:
+    """No credentials anywhere (no AWS_* variables, no ~/.aws, no client settings file): one line
+    that says what to set, exit 2, no traceback."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RENDERFARM_"))}
+    env.update(HOME=str(tmp_path), RENDERFARM_ENV_FILE="", AWS_EC2_METADATA_DISABLED="true")
+    done = subprocess.run([sys.executable, "-m", "infra.cli", "cache", "ls"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "no S3 credentials found; set AWS_ACCESS_KEY_ID" in done.stderr and "Traceback" not in done.stderr
