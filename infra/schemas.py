@@ -260,6 +260,10 @@ class JobResult(BaseModel):
         "txt2img runs num_inference_steps; img2img and inpainting about num_inference_steps × strength "
         "(diffusers' rule); a group split into several batch-bucket calls counts the steps of each. "
         "None: a result recorded by a worker that did not count them.")
+    control_maps: list[str] | None = Field(None, description="Object keys of the control maps that conditioned the "
+                                           "render, one per control unit in order ({job_id}.control-N.png).")
+    preprocess_s: float | None = Field(None, ge=0, description="Seconds the worker took to read and preprocess "
+                                       "this job's control images (inside its group's render time).")
 
 
 class JobError(BaseModel):

@@ -1,6 +1,6 @@
 """ControlNet units at the edge: the request's validation (each refusal names its field), the pool
 declarations and routing (an undeclared type, too many units, a family or mode without a ControlNet
-pipeline), the compat key (the unit set, not images or weights)."""
+pipeline), the compat key (the unit set, not images or weights) and the units' infotext."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from infra.pools import PoolSpec
 from infra.routing import NoPoolError, Router
 from infra.schemas import RenderRequest
 from infra.settings import Settings
+from infra.storage.images import format_parameters, parse_parameters
 from pipeline.compat import compat_key
 
 CANNY = {"type": "canny", "image": "inputs/edges.png"}
@@ -107,3 +108,16 @@ def test_a_pool_declares_controls_as_it_declares_adapters():
         PoolSpec(name="cn", model="tiny", max_controls=9)
     with pytest.raises(ValidationError, match="source"):
         PoolSpec.model_validate({"name": "cn", "model": "tiny", "controls": [{"name": "canny"}]})
+
+
+def test_the_infotext_carries_each_unit_as_sd_webui_controlnet_writes_it():
+    request = _request({**CANNY, "preprocess": "canny", "weight": 0.8, "low_threshold": 50},
+                       {**CANNY, "type": "depth", "guidance_start": 0.2, "resize": "crop"})
+    text = format_parameters(request, model="tiny")
+    assert ('ControlNet 0: "Module: canny, Model: canny, Weight: 0.8, Resize Mode: Just Resize, Threshold A: 50, '
+            'Threshold B: 200, Guidance Start: 0, Guidance End: 1, Pixel Perfect: True, Control Mode: Balanced"'
+            ) in text
+    params = parse_parameters(text)
+    assert params["ControlNet 1"].startswith("Module: none, Model: depth, Weight: 1, Resize Mode: Crop and Resize, "
+                                             "Guidance Start: 0.2")
+    assert params["Seed"] == "1"  # the fields after the units still parse
