@@ -111,11 +111,13 @@ def _pixels(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64)
 
 
-def test_units_render_through_the_farm(worker, env, keys, s3_server):
+def test_units_render_through_the_farm(worker, env, keys, s3_server, tmp_path):
     a, b = keys["a"], keys["b"]
+    local_b = tmp_path / "b.png"  # the client uploads a local control image itself: the same key as b
+    local_b.write_bytes(png(shapes(7)))
     jobs = [_job(), _job({"type": "canny", "image": a, "weight": 0.0}),
             _job({"type": "canny", "image": a, "preprocess": "canny", "weight": 0.8}),
-            _job({"type": "canny", "image": b, "preprocess": "canny", "weight": 0.8}),
+            _job({"type": "canny", "image": local_b, "preprocess": "canny", "weight": 0.8}),
             _job({"type": "canny", "image": a, "preprocess": "canny", "low_threshold": 50},
                  {"type": "depth", "image": b, "guidance_end": 0.5})]
     with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
@@ -131,7 +133,7 @@ def test_units_render_through_the_farm(worker, env, keys, s3_server):
     assert params[2]["ControlNet 0"].startswith("Module: canny, Model: canny, Weight: 0.8, Resize Mode: Just Resize, "
                                                 "Threshold A: 100, Threshold B: 200")
     assert params[4]["ControlNet 1"].startswith("Module: none, Model: depth, Weight: 1")
-    assert done[0].result.control_maps is None
+    assert done[0].result.control_maps is None and done[3].request.controls[0].image == b
     s3 = s3_server.client()
     for job, count in zip(done[1:], (1, 1, 1, 2)):
         assert job.result.control_maps == [f"{job.batch_id}/{job.job_id}.control-{n}.png" for n in range(count)]
@@ -189,3 +191,42 @@ def test_a_unit_the_farm_cannot_honour_is_a_422_naming_the_field(http, unit, fie
                                                         "steps": 2, "alwayson_scripts": {key: {"args": [args]}}})
         assert response.status_code == 422, response.text
         assert field in json.dumps(response.json()["detail"][0]["loc"]) and words in response.text, response.text
+
+
+def test_a_catalog_with_control_images_runs_twice_and_renders_nothing_the_second_time(worker, env, tmp_path):
+    from producer.catalog import run_catalog
+
+    for i in range(2):
+        shapes(i + 2).save(tmp_path / f"edges{i}.png")
+    (tmp_path / "products.csv").write_text("id,name,control_image,control_type,control_preprocess\n"
+                                           "bottle,a bottle,edges0.png,canny,canny\n"
+                                           "vase,a vase,edges1.png,depth,\nmug,a mug,,,\n", encoding="utf-8")
+    params = {"width": SIZE, "height": SIZE, "num_inference_steps": 3}
+    with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
+        reports = [run_catalog(tmp_path / "products.csv", "{name} on a beach", client=client, model="tiny",
+                               params=params, poll_s=0.3) for _ in range(2)]
+        first, second = reports
+        print(f"\ncatalog with control_image: first run rendered {first['rendered']}, second run rendered "
+              f"{second['rendered']} (skipped {second['skipped']})")
+        assert (first["rendered"], first["failed"]) == (3, 0), first["failures"]
+        assert (second["rendered"], second["skipped"], second["failed"]) == (0, 3, 0)
+        by_id = {m["id"]: m for m in first["manifest"]}
+        assert by_id["bottle"]["inputs"]["control_image"].startswith("inputs/") and "inputs" not in by_id["mug"]
+        job = client.job(by_id["bottle"]["job_id"])
+        assert parse_parameters(read_parameters(client.fetch_bytes(job)) or "")["ControlNet 0"].startswith(
+            "Module: canny, Model: canny")
+
+
+def test_openai_images_edit_takes_a_unit_as_multipart_fields(worker, http):
+    import base64
+
+    files = {"image": ("photo.png", png(shapes(4)), "image/png"), "control_image": ("edges.png", png(shapes(1)))}
+    fields = {"prompt": "a bottle on a beach", "model": "tiny", "size": f"{SIZE}x{SIZE}", "response_format": "b64_json",
+              "steps": "3", "control_type": "canny", "control_preprocess": "canny", "control_weight": "0.7"}
+    response = http.post("/v1/images/edits", files=files, data=fields)
+    assert response.status_code == 200, response.text
+    text = read_parameters(base64.b64decode(response.json()["data"][0]["b64_json"])) or ""
+    assert parse_parameters(text)["ControlNet 0"].startswith("Module: canny, Model: canny, Weight: 0.7")
+    assert parse_parameters(text)["Mode"] == "img2img"
+    missing = http.post("/v1/images/edits", files=files, data={k: v for k, v in fields.items() if k != "control_type"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "control_type", missing.text
