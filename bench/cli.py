@@ -131,6 +131,9 @@ def _register_pipeline(sub) -> None:
                         "adapter switches (seconds, recompiles)")
     p.add_argument("--strength", type=float, default=0.5, help="--modes: img2img/inpaint strength (default 0.5)")
     p.add_argument("--adapters", type=int, default=2, help="--modes: offline LoRAs to switch between (0: none)")
+    p.add_argument("--controlnet", type=int, default=1, choices=[0, 1],
+                   help="--modes: also a row of txt2img with one canny ControlNet unit (an offline tiny-controlnet "
+                        "build: the model's UNet layout) and the canny preprocessing per image (0: none)")
     p.add_argument("--modes-overrides", default=None,
                    help='--modes: recipe knobs as JSON, e.g. \'{"compile_denoiser": true}\' (adapters then hot-swap)')
     p.set_defaults(func=lambda args: sys.exit(handlers.pipeline(args)))

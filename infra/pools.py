@@ -47,6 +47,7 @@ from typing import Any, NamedTuple, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra import keys
+from infra.controls import DEFAULT_MAX_CONTROLS, MAX_CONTROLS, ControlSpec
 from infra.schemas import SchedulerName
 
 #: Pool names: what :func:`pool_for_model` produces, without ``:`` (the broker's priority separator).
@@ -62,7 +63,8 @@ class Capabilities(NamedTuple):
     (flow-matching models keep their own: ``default`` only). ``size_multiple``: width and height
     must be multiples of it, pixels (VAE factor × patch size). ``batch_invariant``: an image can
     be made independent of its batch-mates (false for ERNIE-Image, whose pipeline pads every
-    prompt's text to the longest prompt of the batch).
+    prompt's text to the longest prompt of the batch). ``modes``: the render modes it has.
+    ``controlnet``: the modes in which requests may carry ControlNet units (``controls``).
     """
 
     negative_prompt: bool
@@ -71,6 +73,7 @@ class Capabilities(NamedTuple):
     size_multiple: int
     batch_invariant: bool = True
     modes: tuple[str, ...] = ("txt2img",)
+    controlnet: tuple[str, ...] = ()
 
 
 _ANY_SCHEDULER = get_args(SchedulerName)
@@ -82,11 +85,15 @@ _ALL_MODES = ("txt2img", "img2img", "inpaint")
 #: does not pass; FLUX.2's pipeline has no negative prompt). Modes: diffusers' AutoPipelineForImage2Image
 #: and AutoPipelineForInpainting mappings (0.42): SD 1/2, SDXL, SD3 and FLUX.1 have both; Kolors has an
 #: img2img pipeline only; FLUX.2's image input is reference editing, not strength-based img2img, and
-#: ERNIE-Image has neither.
+#: ERNIE-Image has neither. ControlNet: SD 1/2 and SDXL with a ``ControlNetModel``
+#: (AutoPipelineForText2Image / AutoPipelineForImage2Image ``from_pipe(..., controlnet=...)``: their
+#: ControlNet and ControlNet Img2Img pipelines); SD3 and FLUX.1 have ControlNet pipelines of other
+#: ControlNet classes, not served yet.
+_CONTROL_MODES = ("txt2img", "img2img")
 FAMILIES: dict[str, Capabilities] = {
-    "sd1": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES),
-    "sd2": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES),
-    "sdxl": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES),
+    "sd1": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_CONTROL_MODES),
+    "sd2": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_CONTROL_MODES),
+    "sdxl": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_CONTROL_MODES),
     "sd3": Capabilities(True, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
     "flux-schnell": Capabilities(False, False, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
     "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
@@ -138,6 +145,11 @@ def capability_errors(request: Any, family: "str | Capabilities | None") -> list
         errors.append({"type": "unsupported_mode", "field": "mask_image" if mode == "inpaint" else "init_image",
                        "input": mode, "msg": f"{name} cannot render mode {mode!r}; it can render "
                                              f"{', '.join(caps.modes)}"})
+    if getattr(request, "controls", None) and mode not in caps.controlnet:
+        errors.append({"type": "unsupported_controlnet", "field": "controls", "input": mode,
+                       "msg": f"{name} has no ControlNet pipeline for mode {mode!r} on this farm"
+                              + (f"; it takes control units in {', '.join(caps.controlnet)}" if caps.controlnet
+                                 else "")})
     for side in ("width", "height"):
         value = getattr(request, side)
         if value % caps.size_multiple:
@@ -226,6 +238,11 @@ class PoolSpec(BaseModel):
                                                        "for another is refused at submit.")
     loras: tuple[LoraSpec, ...] = Field((), description="Adapters its workers load on request (load_lora_weights); "
                                                         "a request naming another is refused at submit.")
+    controls: tuple[ControlSpec, ...] = Field((), description="ControlNets its workers load on request "
+                                              "(controls[].type names one); a request naming another is refused "
+                                              "at submit.")
+    max_controls: int = Field(DEFAULT_MAX_CONTROLS, ge=1, le=MAX_CONTROLS, description="Most control units one "
+                              "request may carry (each is one more ControlNet pass per denoising step).")
 
     @field_validator("family")
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from infra.controls import DEFAULT_MAX_CONTROLS, ControlSpec, control_errors
 from infra.pools import (
     OFFLINE_FAMILIES,
     OFFLINE_UPSCALERS,
@@ -30,9 +31,10 @@ class NoPoolError(ValueError):
 
     ``errors`` holds one dict per refused request (at most :attr:`MAX_ERRORS`): ``index`` (its
     position in the submission), ``type`` (``no_pool_for_model``, ``over_max_pixels``,
-    ``unknown_upscaler``, ``unknown_lora``, or one of :func:`capability_errors`' ``unsupported_*`` /
-    ``size_not_multiple``), ``field`` (``model``, ``upscaler``, the request field a capability
-    check names, or None for the size), ``msg`` and ``input``.
+    ``unknown_upscaler``, ``unknown_lora``, ``unknown_control``, ``too_many_controls``, or one of
+    :func:`capability_errors`' ``unsupported_*`` / ``size_not_multiple``), ``field`` (``model``,
+    ``upscaler``, ``controls``, the request field a capability check names, or None for the
+    size), ``msg`` and ``input``.
     """
 
     MAX_ERRORS = 100
@@ -53,11 +55,15 @@ class Router:
             (``RENDERFARM_UPSCALERS``); a declared pool's own ``upscalers`` apply instead.
         loras: the adapters a request may name when no pool is declared (``RENDERFARM_LORAS``);
             a declared pool's own ``loras`` apply instead.
+        controls: the ControlNets a request's units may name when no pool is declared
+            (``RENDERFARM_CONTROLS``, at most :data:`~infra.controls.DEFAULT_MAX_CONTROLS` units); a
+            declared pool's own ``controls`` and ``max_controls`` apply instead.
     """
 
     def __init__(self, pools: Sequence[PoolSpec] = (), upscalers: Sequence[str] = OFFLINE_UPSCALERS,
-                 loras: Sequence[LoraSpec] = ()):
+                 loras: Sequence[LoraSpec] = (), controls: Sequence[ControlSpec] = ()):
         self.pools = check_unique(pools)
+        self.controls = tuple(controls)
         self.upscalers = tuple(upscalers)
         self.loras = tuple(loras)
         self._by_name = {pool.name: pool for pool in self.pools}
@@ -121,7 +127,10 @@ class Router:
             family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
             errors = capability_errors(request, family) + (
                 lora_errors(request, spec.loras, f"pool {spec.name!r}") if spec is not None
-                else lora_errors(request, self.loras, "RENDERFARM_LORAS (no pool is declared)"))
+                else lora_errors(request, self.loras, "RENDERFARM_LORAS (no pool is declared)")) + (
+                control_errors(request, spec.controls, f"pool {spec.name!r}", spec.max_controls) if spec is not None
+                else control_errors(request, self.controls, "RENDERFARM_CONTROLS (no pool is declared)",
+                                    DEFAULT_MAX_CONTROLS))
             if errors:
                 return "", errors[0]
         return pool, error

@@ -13,6 +13,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra.controls import MAX_CONTROLS
+from infra.controls import ControlUnit as ControlUnit
+from infra.image_refs import IMAGE_REF_RE as IMAGE_REF_RE
+from infra.image_refs import INPUT_KEY_PREFIX as INPUT_KEY_PREFIX
+from infra.image_refs import check_image_ref
+from infra.image_refs import is_url as is_url
+
 JobState = Literal["queued", "running", "succeeded", "failed", "canceled"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
 JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "canceled")
@@ -49,19 +56,10 @@ MAX_LOOKUP_KEYS = 10_000
 CONTENT_TYPES: dict[str, str] = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
 
 RenderMode = Literal["txt2img", "img2img", "inpaint"]
-#: Where uploaded and fetched input images live in the farm's bucket: ``inputs/<sha256>.<ext>``.
-INPUT_KEY_PREFIX = "inputs/"
-#: An image reference: an object key in the farm's bucket, or an ``https`` URL the API fetches once.
-IMAGE_REF_RE = re.compile(r"(?:https://\S{1,2000}|[A-Za-z0-9][A-Za-z0-9._/-]{0,1023})")
 #: An adapter name as pools declare it (and as A1111's ``<lora:name:weight>`` writes it).
 LORA_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: Most adapters one request may combine.
 MAX_LORAS = 8
-
-
-def is_url(ref: str) -> bool:
-    """Whether an image reference is a URL (the API fetches it) rather than an object key."""
-    return ref.startswith("https://")
 
 
 class LoraRef(BaseModel):
@@ -91,7 +89,9 @@ class RenderRequest(BaseModel):
     size. ``strength`` (0 < strength ≤ 1, diffusers' meaning: the fraction of the denoising
     schedule that is run, so about ``num_inference_steps × strength`` steps) applies to img2img
     and inpainting; None means diffusers' defaults (0.8 img2img, 1.0 inpaint: :data:`DEFAULT_STRENGTH`).
-    ``loras`` are adapters the pool declares, with their weights.
+    ``loras`` are adapters the pool declares, with their weights. ``controls`` are ControlNet units
+    (:class:`infra.controls.ControlUnit`): a type the pool declares, a control image referenced as
+    ``init_image`` is, its weight (``controlnet_conditioning_scale``) and guidance range.
 
     Sizes are pixels; ``width`` and ``height`` must be multiples of 8 in 64…2048 (the VAE
     downsamples by 8). They are the diffusion size: with ``upscale`` (2 or 4) and an ``upscaler``
@@ -131,6 +131,10 @@ class RenderRequest(BaseModel):
                                                "(diffusers' meaning; default 0.8 img2img, 1.0 inpaint).")
     loras: list[LoraRef] = Field(default_factory=list, max_length=MAX_LORAS,
                                  description="Adapters (names the pool declares) and weights, at most 8.")
+    controls: list[ControlUnit] = Field(default_factory=list, max_length=MAX_CONTROLS,
+                                        description="ControlNet units (types the pool declares), each with its "
+                                                    "control image, weight and guidance range; at most the pool's "
+                                                    "max_controls (default 3).")
 
     @property
     def mode(self) -> RenderMode:
@@ -149,10 +153,7 @@ class RenderRequest(BaseModel):
     @field_validator("init_image", "mask_image")
     @classmethod
     def _image_ref(cls, v: str | None, info) -> str | None:
-        if v is not None and (not IMAGE_REF_RE.fullmatch(v) or ".." in v.split("/")):
-            raise ValueError(f"{info.field_name} must be an object key in the farm's bucket (letters, digits, "
-                             f"'.', '_', '-', '/') or an https:// URL, got {v[:80]!r}")
-        return v
+        return v if v is None else check_image_ref(v, info.field_name)
 
     @field_validator("loras")
     @classmethod
@@ -259,6 +260,10 @@ class JobResult(BaseModel):
         "txt2img runs num_inference_steps; img2img and inpainting about num_inference_steps × strength "
         "(diffusers' rule); a group split into several batch-bucket calls counts the steps of each. "
         "None: a result recorded by a worker that did not count them.")
+    control_maps: list[str] | None = Field(None, description="Object keys of the control maps that conditioned the "
+                                           "render, one per control unit in order ({job_id}.control-N.png).")
+    preprocess_s: float | None = Field(None, ge=0, description="Seconds the worker took to read and preprocess "
+                                       "this job's control images (inside its group's render time).")
 
 
 class JobError(BaseModel):

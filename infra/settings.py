@@ -28,6 +28,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from infra.controls import ControlSpec
 from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec, check_unique
 
 #: The variable naming the client settings file ("" = none); read before any setting.
@@ -116,6 +117,10 @@ class Settings(BaseSettings):
     loras: Annotated[list[LoraSpec], NoDecode] = Field(
         default_factory=list, description="Adapters a request may name while no pool is declared, a JSON list of "
                                           "{name, source, weight_name}; a declared pool lists its own (loras).")
+    controls: Annotated[list[ControlSpec], NoDecode] = Field(
+        default_factory=list, description="ControlNets a request's control units may name while no pool is "
+                                          "declared, a JSON list of {name, source} (source: hub id, local path, "
+                                          "s3://<key> or tiny-controlnet…); a declared pool lists its own (controls).")
     input_max_bytes: int = Field(8 * 2**20, ge=1024, description="Largest input image (upload or fetched URL), "
                                                                   "bytes; larger → 413.")
     input_max_pixels: int = Field(4096 * 4096, ge=64 * 64, description="Most decoded pixels of an input image (a "
@@ -267,10 +272,10 @@ class Settings(BaseSettings):
         return {"aws_access_key_id": self.aws_access_key_id,
                 "aws_secret_access_key": self.aws_secret_access_key.get_secret_value()}
 
-    @field_validator("loras", mode="before")
+    @field_validator("loras", "controls", mode="before")
     @classmethod
     def _loras_json(cls, v: Any) -> Any:
-        if isinstance(v, str):  # RENDERFARM_LORAS: a JSON list; empty means none
+        if isinstance(v, str):  # RENDERFARM_LORAS, RENDERFARM_CONTROLS: a JSON list; empty means none
             return json.loads(v) if v.strip() else []
         return v
 

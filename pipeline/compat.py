@@ -12,17 +12,22 @@ from typing import Any
 
 from infra.schemas import RenderRequest
 
-CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler][, mode])
+CompatKey = tuple[Any, ...]  # (model, width, height, steps, guidance, scheduler[, upscale, upscaler][, mode][, units])
 
 
 def compat_key(request: RenderRequest) -> CompatKey:
     """``(model, width, height, num_inference_steps, guidance_scale, scheduler)``, followed by
     ``(upscale, upscaler)`` for a request that asks for upscaling, and by
     ``((mode, strength, adapters),)`` for an img2img or inpainting request or one with adapters
-    (``adapters``: the sorted ``(name, weight)`` pairs; :mod:`pipeline.modes`).
+    (``adapters``: the sorted ``(name, weight)`` pairs; :mod:`pipeline.modes`), and by
+    ``(("controls", units),)`` for a request with ControlNet units (``units``: each unit's
+    ``(type, preprocess)``, in order: the ControlNets of one call).
 
     Requests with equal keys can share one pipeline call (and one upscale batch); prompts,
-    negative prompts, seeds and input images may differ.
+    negative prompts, seeds, input and control images may differ. Control weights and guidance
+    ranges may differ too: the renderer makes one call per distinct setting
+    (:mod:`pipeline.controlnet`; diffusers' ``controlnet_conditioning_scale`` is per ControlNet,
+    not per image).
     """
     r = request
     key: CompatKey = (r.model, r.width, r.height, r.num_inference_steps, r.guidance_scale, r.scheduler)
@@ -30,4 +35,6 @@ def compat_key(request: RenderRequest) -> CompatKey:
         key = (*key, r.upscale, r.upscaler)
     if r.mode != "txt2img" or r.loras:
         key = (*key, (r.mode, r.effective_strength, tuple(sorted((a.name, a.weight) for a in r.loras))))
+    if r.controls:
+        key = (*key, ("controls", tuple(unit.kind for unit in r.controls)))
     return key

@@ -58,6 +58,9 @@ from torch import nn
 #: Keyword arguments that are never batched (FLUX's position ids and rotary embeddings).
 _UNBATCHED = frozenset({"img_ids", "txt_ids", "image_rotary_emb", "return_dict", "joint_attention_kwargs",
                         "cross_attention_kwargs", "attention_kwargs"})
+#: Keyword arguments that are lists of batched tensors, one per block (a UNet's ControlNet residuals):
+#: each tensor is split, never the list.
+_PER_BLOCK = frozenset({"down_block_additional_residuals", "down_intrablock_additional_residuals"})
 
 _MARK = "_renderfarm_batch_invariant"
 #: Set on a module whose kernels are not verified batch invariant (OpenVINO's UNet): under the
@@ -139,6 +142,13 @@ def _take(value, i: int, n: int):
     return value
 
 
+def _take_each(value, i: int, n: int):
+    """Sample ``i`` of each batched tensor of a list or tuple (None and other values as they are)."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_take(v, i, n) for v in value)
+    return value
+
+
 def _batch_dim(tensors: list[torch.Tensor]) -> int:
     """The dimension that holds the batch in outputs of batch-1 calls: the first one of size 1 in
     all of them (0 for batch-first outputs; 1 for ChatGLM's sequence-first hidden states, shaped
@@ -179,7 +189,8 @@ def make_per_sample(module: nn.Module) -> bool:
         if n <= 1:
             return forward(*args, **kwargs)
         outputs = [forward(*(_take(a, i, n) for a in args),
-                           **{k: v if k in _UNBATCHED else _take(v, i, n) for k, v in kwargs.items()})
+                           **{k: v if k in _UNBATCHED else _take_each(v, i, n) if k in _PER_BLOCK
+                              else _take(v, i, n) for k, v in kwargs.items()})
                    for i in range(n)]
         return _concat(outputs)
 

@@ -29,6 +29,7 @@ from pipeline.buckets import split
 from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.compat import CompatKey as CompatKey
 from pipeline.compat import compat_key as compat_key
+from pipeline.controlnet import attach_maps, control_arguments, control_settings
 from pipeline.invariance import PER_SAMPLE, make_batch_invariant, make_per_sample
 from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
@@ -39,6 +40,7 @@ from pipeline.sync_free import install_pinned_noise, install_timestep_hook, make
 if TYPE_CHECKING:
     import subprocess
 
+    from pipeline.controlnet import ControlNets
     from pipeline.lora import AdapterCache
     from pipeline.memory import BatchLimits
     from pipeline.pool_options import PoolOptions
@@ -85,6 +87,9 @@ class Renderer:
     input_loader: InputLoader | None = None
     #: The adapters requests may name (:class:`pipeline.lora.AdapterCache`, set by the worker; None: none).
     adapters: AdapterCache | None = None
+    #: The ControlNets control units may name (:class:`pipeline.controlnet.ControlNets`, set by the
+    #: worker; None: none).
+    controlnets: ControlNets | None = None
 
     def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
                  batch_invariant: bool | None = None, use_pe: bool = False, upscale=None) -> None:
@@ -188,7 +193,9 @@ class Renderer:
             raise ValueError(f"request for model {first.model!r} sent to a renderer of {self.model!r}")
 
         if self._zeros_for_empty_negative() and len({bool(r.negative_prompt) for r in requests}) > 1:
-            return self._render_split(requests, on_step)
+            return self._render_apart(requests, on_step, lambda r: bool(r.negative_prompt))
+        if first.controls and len({control_settings(r) for r in requests}) > 1:
+            return self._render_apart(requests, on_step, control_settings)
         chunks = split(requests, self.buckets) if self.buckets else [list(requests)]
         images: list[PIL.Image.Image] = []
         for i, chunk in enumerate(chunks):
@@ -211,6 +218,11 @@ class Renderer:
         first = requests[0]
         self._prepare()
         pipe = self.modes.for_mode(first.mode)
+        if first.controls:
+            if self.controlnets is None:
+                raise ValueError(f"this worker declares no ControlNets; the request names "
+                                 f"{[u.type for u in first.controls]}")
+            pipe = self.controlnets.pipeline(first.mode, [u.type for u in first.controls])
         if self.adapters is not None:
             self.adapters.apply(first.loras)
         elif first.loras:
@@ -227,6 +239,10 @@ class Renderer:
 
         kwargs = call_arguments(self.pipe, requests, generators=generators, step_end=step_end, use_pe=self.use_pe)
         kwargs = mode_arguments(pipe, requests, self.input_loader, base=kwargs)
+        maps: tuple[list, list[float]] | None = None
+        if first.controls:
+            kwargs, control_maps, seconds = control_arguments(pipe, requests, self.input_loader, kwargs)
+            maps = (control_maps, seconds)
         with torch.inference_mode(), compile_count.observed() as calls:
             result = pipe(**kwargs)
         self._count(calls)
@@ -236,6 +252,8 @@ class Renderer:
                                                   prompts=[r.prompt for r in requests],
                                                   negative_prompts=[r.negative_prompt for r in requests],
                                                   seeds=[cast(int, r.seed) for r in requests])
+        if maps is not None:
+            attach_maps(images, *maps)
         return images
 
     def lora_hashes(self, request: RenderRequest) -> dict[str, str]:
@@ -257,14 +275,28 @@ class Renderer:
         """SDXL encodes "no negative prompt" as zero embeddings, but only when the whole call has none."""
         return bool(getattr(self.pipe.config, "force_zeros_for_empty_prompt", False))
 
-    def _render_split(self, requests: Sequence[RenderRequest], on_step) -> list[PIL.Image.Image]:
-        """Requests with and without a negative prompt in separate calls, so that each image is what it
-        would be alone (zero embeddings for an empty one), whatever its batch-mates ask; results in order."""
+    def _render_apart(self, requests: Sequence[RenderRequest], on_step,
+                      part_of: Callable[[RenderRequest], Any]) -> list[PIL.Image.Image]:
+        """Requests in separate calls by ``part_of(request)``, results in order: with and without a
+        negative prompt (each image is then what it would be alone: zero embeddings for an empty
+        one, whatever its batch-mates ask), or by control units' weights and guidance ranges
+        (diffusers applies them to a whole call, :func:`pipeline.controlnet.control_settings`)."""
+        parts: dict[Any, list[int]] = {}
+        for i, r in enumerate(requests):
+            parts.setdefault(part_of(r), []).append(i)
         images: dict[int, PIL.Image.Image] = {}
-        for has_negative in (False, True):
-            idx = [i for i, r in enumerate(requests) if bool(r.negative_prompt) == has_negative]
+        for idx in parts.values():
             images.update(zip(idx, self.render([requests[i] for i in idx], on_step)))
         return [images[i] for i in range(len(requests))]
+
+    def prepare_controlnet(self, model) -> None:
+        """What the batch invariance in force does to the denoiser, done to a ControlNet once loaded:
+        the CPU's invariant kernels, or per-sample calls (the denoiser's per-sample calls split the
+        ControlNet residuals it is given, :mod:`pipeline.invariance`)."""
+        if self.invariance == "cpu-kernels":
+            make_batch_invariant(model)
+        elif self.invariance == "per-sample":
+            make_per_sample(model)
 
 
 def _group_progress(on_step: Callable[[int, int], None] | None, index: int,

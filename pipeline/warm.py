@@ -35,7 +35,7 @@ from pipeline.models.load import load_pipeline
 from pipeline.optimize import DTYPES, apply_recipe
 from pipeline.optimize.compile import has_cpp_compiler, start_compiler_warm_up
 from pipeline.pool_options import PoolOptions
-from pipeline.recipes import apply_overrides, fit_adapters, recipe_for, resolve_conflicts
+from pipeline.recipes import CONTROLNETS_VS_OPENVINO, apply_overrides, fit_adapters, recipe_for, resolve_conflicts
 from pipeline.render import Renderer
 from pipeline.upscale import UpscaleStage
 
@@ -99,6 +99,8 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
                                            overridden=tuple(sorted({*recipe.overridden, "batch_invariant"}))))
     if pool.lora_adapters:
         recipe = fit_adapters(recipe)
+    if pool.controlnets:
+        recipe = fit_adapters(recipe, CONTROLNETS_VS_OPENVINO)
     target = profile.torch_device
     warm_compiler = None  # the C++ toolchain's first-use work, beside the load below
     if profile.kind == "cpu" and (recipe.compile_denoiser or recipe.compile_vae) and has_cpp_compiler():

@@ -27,9 +27,30 @@ def _lora(text: str) -> dict:
         raise ValueError(f"--lora {text!r}: expected NAME:WEIGHT, e.g. brand:0.8") from None
 
 
+def _control(text: str, client: RenderClient) -> dict:
+    """``TYPE:IMAGE[:WEIGHT]`` → a ``controls`` unit (a local IMAGE uploaded first; a key or https
+    URL as given, so the weight is the part after the last colon only when it is a number).
+    Raises ValueError naming the flag."""
+    kind, _, rest = text.partition(":")
+    image: str = rest
+    weight: float | None = None
+    head, _, tail = rest.rpartition(":")
+    if head and not head.endswith(("https", "http")):
+        try:
+            image, weight = head, float(tail)
+        except ValueError:
+            pass  # not a number: the colon belongs to the image reference
+    if not kind or not image:
+        raise ValueError(f"--control {text!r}: expected TYPE:IMAGE[:WEIGHT], e.g. canny:edges.png:0.8")
+    unit: dict = {"type": kind, "image": client.upload(image) if is_local(image) else image}
+    if weight is not None:
+        unit["weight"] = weight
+    return unit
+
+
 def _inputs_from_args(args: argparse.Namespace, client: RenderClient) -> dict:
     """The image fields of ``--init-image``/``--mask`` (local files uploaded first, keys and https
-    URLs as given), ``--strength`` and ``--lora``."""
+    URLs as given), ``--strength``, ``--lora`` and ``--control``."""
     fields: dict = {}
     for flag, target in (("init_image", "init_image"), ("mask", "mask_image")):
         ref = getattr(args, flag, None)
@@ -39,6 +60,8 @@ def _inputs_from_args(args: argparse.Namespace, client: RenderClient) -> dict:
         fields["strength"] = args.strength
     if getattr(args, "lora", None):
         fields["loras"] = [_lora(x) for x in args.lora]
+    if getattr(args, "control", None):
+        fields["controls"] = [_control(x, client) for x in args.control]
     return fields
 
 
@@ -143,6 +166,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mask", help="inpainting mask (white = repaint), the init image's size; a file, URL or key")
     p.add_argument("--strength", type=float, help="0 < strength ≤ 1: how much of the init image is re-noised")
     p.add_argument("--lora", action="append", metavar="NAME:WEIGHT", help="an adapter the pool declares (repeatable)")
+    p.add_argument("--control", action="append", metavar="TYPE:IMAGE[:WEIGHT]",
+                   help="a ControlNet unit: a type the pool declares, its control image (a local file, uploaded; an "
+                        "https URL or a key) and its weight, 0…2, default 1 (repeatable)")
     p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
     p.add_argument("--wait", action="store_true", help="wait for the batch with a progress bar")
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait")

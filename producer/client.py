@@ -156,7 +156,7 @@ class RenderClient:
 
     def upload(self, path: str | Path) -> str:
         """Upload one input image (``POST /v1/uploads``); returns its content-addressed key
-        (``inputs/<sha256>.<ext>``) for ``init_image`` / ``mask_image``.
+        (``inputs/<sha256>.<ext>``) for ``init_image`` / ``mask_image`` / ``controls[].image``.
 
         Raises:
             OSError: the file cannot be read. RenderFarmError: 413 over the byte limit, 415 an
@@ -168,8 +168,8 @@ class RenderClient:
     def submit_batch(self, requests: Sequence[RenderRequest | dict], *, priority: str = "normal",
                      idempotency_key: str | None = None, webhook_url: str | None = None) -> BatchAccepted:
         """Submit up to 10,000 renders as one batch, in one HTTP request. A dict request whose
-        ``init_image`` or ``mask_image`` is a local file (a Path, or a path that exists) has it
-        uploaded first (:meth:`upload`, once per file) and replaced by its key.
+        ``init_image``, ``mask_image`` or control unit ``image`` is a local file (a Path, or a path
+        that exists) has it uploaded first (:meth:`upload`, once per file) and replaced by its key.
 
         Without an ``idempotency_key`` the client makes one, so that a retry after a lost answer
         returns the batch the first attempt created.

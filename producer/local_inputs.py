@@ -1,7 +1,7 @@
 """Local input images on the producer side: a path in a request → uploaded → its bucket key.
 
 Place in the data flow: **producer** (``RenderClient.submit``/``submit_batch``, ``renderfarm
-submit --init-image``, catalog runs) → ``POST /v1/uploads`` → the request carries the answered
+submit --init-image`` / ``--control``, catalog runs) → ``POST /v1/uploads`` → the request carries the answered
 key (``inputs/<sha256>.<ext>``) → queue → worker, which reads it from the bucket.
 
 A reference is uploaded when it is a :class:`pathlib.Path`, or a string naming an existing local
@@ -64,24 +64,30 @@ def local_input_key(path: str | Path) -> str:
 
 
 def upload_local_inputs(requests: Sequence[Any], upload: Callable[[Path], str]) -> list[Any]:
-    """``requests`` (RenderRequests or dicts) with each local ``init_image`` / ``mask_image``
-    replaced by the key ``upload(path)`` answers; each distinct path is uploaded once per call.
+    """``requests`` (RenderRequests or dicts) with each local ``init_image`` / ``mask_image`` and
+    control unit ``image`` (``controls[].image``) replaced by the key ``upload(path)`` answers; each
+    distinct path is uploaded once per call.
     RenderRequests (already validated: they hold keys or URLs) pass unchanged.
 
     Raises:
         whatever ``upload`` raises (the API's 413/415/422 as ``RenderFarmError``; OSError).
     """
     uploaded: dict[Path, str] = {}
+
+    def key(ref: Any) -> str:
+        path = Path(ref).resolve()
+        if path not in uploaded:
+            uploaded[path] = upload(path)
+        return uploaded[path]
+
     out = []
     for request in requests:
         if isinstance(request, dict) and any(is_local(request.get(f)) for f in IMAGE_FIELDS):
-            request = dict(request)
-            for field in IMAGE_FIELDS:
-                if is_local(request.get(field)):
-                    path = Path(request[field]).resolve()
-                    if path not in uploaded:
-                        uploaded[path] = upload(path)
-                    request[field] = uploaded[path]
+            request = {**request, **{f: key(request[f]) for f in IMAGE_FIELDS if is_local(request.get(f))}}
+        units = request.get("controls") if isinstance(request, dict) else None
+        if isinstance(units, list) and any(isinstance(u, dict) and is_local(u.get("image")) for u in units):
+            request = {**request, "controls": [{**u, "image": key(u["image"])} if isinstance(u, dict)
+                                               and is_local(u.get("image")) else u for u in units]}
         out.append(request)
     return out
 

@@ -1,10 +1,12 @@
-"""What a worker's renderer reads besides its model: declared LoRA adapters, and (in worker.main)
-input images, both from the farm's bucket only.
+"""What a worker's renderer reads besides its model: declared LoRA adapters and ControlNets, and
+(in worker.main) input images, all from the farm's bucket only.
 
 Place in the data flow: worker start-up → **here**: the pool's declared adapters (or, without a
 declared pool, ``RENDERFARM_LORAS``) become the renderer's :class:`pipeline.lora.AdapterCache`,
 whose ``s3://<key>`` sources are copied from the bucket into ``<cache_dir>/loras/s3/`` once (by
-the key's SHA-256, so two keys never share a file).
+the key's SHA-256, so two keys never share a file); its declared ControlNets (``RENDERFARM_CONTROLS``
+without a declared pool) become the renderer's :class:`pipeline.controlnet.ControlNets`, whose
+``s3://<key>`` checkpoints are copied likewise into ``<cache_dir>/controlnets/s3/``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from infra.controls import ControlSpec
 from infra.pools import LoraSpec
 from infra.settings import Settings
 from infra.storage.s3 import Storage
@@ -20,6 +23,9 @@ from infra.storage.s3 import Storage
 #: Most adapters and bytes of adapter files a worker keeps loaded (the LRU's bounds).
 MAX_ADAPTERS = 8
 MAX_ADAPTER_BYTES = 1 << 30
+#: Most ControlNets and bytes of their parameters a worker keeps loaded (the LRU's bounds).
+MAX_CONTROLNETS = 4
+MAX_CONTROLNET_BYTES = 4 << 30
 #: The highest adapter rank a compiled denoiser's hot-swap slot takes (PEFT pads smaller ones to it).
 HOTSWAP_RANK = 64
 
@@ -32,10 +38,34 @@ def make_adapters(renderer, specs: Sequence[LoraSpec], storage: Storage, setting
         return None
     from pipeline.lora import AdapterCache, AdapterSource, denoiser_compiled
 
-    folder = Path(settings.cache_dir) / "loras" / "s3"
+    sources = {s.name: AdapterSource(s.source, s.weight_name) for s in specs}
+    fetch = _fetcher(storage, Path(settings.cache_dir) / "loras" / "s3", "pytorch_lora_weights.safetensors")
+    cache = AdapterCache(renderer.pipe, sources, max_count=MAX_ADAPTERS, max_bytes=MAX_ADAPTER_BYTES,
+                         cache_dir=Path(settings.cache_dir), fetch=fetch,
+                         hotswap_rank=HOTSWAP_RANK if denoiser_compiled(renderer.pipe) else None)
+    cache.prime()  # before the warm-up: the compiled graphs then include the hot-swap slot
+    return cache
+
+
+def make_controlnets(renderer, specs: Sequence[ControlSpec], storage: Storage, settings: Settings):
+    """A :class:`pipeline.controlnet.ControlNets` for ``renderer``'s pipeline with ``specs`` (loaded
+    on first use, LRU-bounded by :data:`MAX_CONTROLNETS` and :data:`MAX_CONTROLNET_BYTES`), or None
+    when none is declared (a request with control units then fails: the API refuses it first)."""
+    if not specs or getattr(renderer, "pipe", None) is None:
+        return None
+    from pipeline.controlnet import ControlNets
+
+    fetch = _fetcher(storage, Path(settings.cache_dir) / "controlnets" / "s3", "controlnet.safetensors")
+    return ControlNets(renderer.pipe, {s.name: s.source for s in specs}, max_count=MAX_CONTROLNETS,
+                       max_bytes=MAX_CONTROLNET_BYTES, cache_dir=Path(settings.cache_dir), fetch=fetch,
+                       prepare=getattr(renderer, "prepare_controlnet", None))
+
+
+def _fetcher(storage: Storage, folder: Path, file_name: str):
+    """``key → local file``: the bucket's object ``key`` copied once to ``folder/<sha256 of key>/file_name``."""
 
     def fetch(key: str) -> Path:
-        path = folder / hashlib.sha256(key.encode()).hexdigest() / "pytorch_lora_weights.safetensors"
+        path = folder / hashlib.sha256(key.encode()).hexdigest() / file_name
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".part")
@@ -43,9 +73,4 @@ def make_adapters(renderer, specs: Sequence[LoraSpec], storage: Storage, setting
             tmp.replace(path)
         return path
 
-    sources = {s.name: AdapterSource(s.source, s.weight_name) for s in specs}
-    cache = AdapterCache(renderer.pipe, sources, max_count=MAX_ADAPTERS, max_bytes=MAX_ADAPTER_BYTES,
-                         cache_dir=Path(settings.cache_dir), fetch=fetch,
-                         hotswap_rank=HOTSWAP_RANK if denoiser_compiled(renderer.pipe) else None)
-    cache.prime()  # before the warm-up: the compiled graphs then include the hot-swap slot
-    return cache
+    return fetch

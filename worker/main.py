@@ -68,7 +68,7 @@ from worker.consumer import Consumer
 from worker.errors import credentials_problem
 from worker.faults import wrap_renderer
 from worker.heartbeat import Heartbeat
-from worker.inputs import make_adapters
+from worker.inputs import make_adapters, make_controlnets
 from worker.observe import CeleryHeartbeat
 from worker.runner import BatchRunner
 from worker.warmup import StartupState, StartupTimes, WarmUp, load_renderer, size_renderer
@@ -98,12 +98,14 @@ def _identity(args: argparse.Namespace, settings: Settings) -> tuple[PoolSpec | 
 
 
 def _attach_inputs(renderer: Any, spec: PoolSpec | None, storage: Storage, settings: Settings) -> None:
-    """img2img and inpainting read their input images, and the declared adapters their files,
-    from the farm's bucket only."""
+    """img2img, inpainting and control units read their input images, and the declared adapters
+    and ControlNets their files, from the farm's bucket only."""
     inner = getattr(renderer, "inner", renderer)
     if hasattr(inner, "input_loader"):
         inner.input_loader = functools.partial(load_input, storage, max_pixels=settings.input_max_pixels)
         inner.adapters = make_adapters(inner, spec.loras if spec is not None else settings.loras, storage, settings)
+        inner.controlnets = make_controlnets(inner, spec.controls if spec is not None else settings.controls,
+                                             storage, settings)
 
 
 def run_worker(args: argparse.Namespace) -> int:

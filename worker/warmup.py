@@ -32,14 +32,18 @@ DEFAULT_NULL_BATCH = 64
 
 def pool_options(spec: PoolSpec | None, settings: Settings):
     """The :class:`pipeline.pool_options.PoolOptions` of the declared pool ``spec``; without one,
-    None (or LoRA adapters on when ``RENDERFARM_LORAS`` declares some)."""
+    None (or LoRA adapters and ControlNets on when ``RENDERFARM_LORAS`` / ``RENDERFARM_CONTROLS``
+    declare some)."""
     from pipeline.pool_options import PoolOptions
 
-    if spec is None:  # an undeclared pool: RENDERFARM_LORAS declares its adapters
-        return PoolOptions(lora_adapters=True) if settings.loras else None
+    if spec is None:  # an undeclared pool: RENDERFARM_LORAS and RENDERFARM_CONTROLS declare its inputs
+        if not settings.loras and not settings.controls:
+            return None
+        return PoolOptions(lora_adapters=bool(settings.loras), controlnets=bool(settings.controls))
     return PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels, steps=spec.steps, use_pe=spec.use_pe,
                        batch_invariant=spec.batch_invariant, upscalers=spec.upscalers, sizes=spec.sizes,
-                       guidance_scale=spec.guidance_scale, lora_adapters=bool(spec.loras))
+                       guidance_scale=spec.guidance_scale, lora_adapters=bool(spec.loras),
+                       controlnets=bool(spec.controls))
 
 
 def load_renderer(args: argparse.Namespace, settings: Settings, spec: PoolSpec | None,

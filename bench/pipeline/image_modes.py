@@ -1,4 +1,4 @@
-"""``renderfarm bench pipeline --modes``: txt2img against img2img and inpainting, and adapter switches.
+"""``renderfarm bench pipeline --modes``: txt2img against img2img, inpainting and ControlNet, and adapter switches.
 
 Place in the data flow: beside the pipeline. One warm renderer of the model (the worker's:
 :func:`bench.pipeline.adapter.farm_renderer`), its img2img and inpainting pipelines made from the
@@ -6,7 +6,12 @@ same components (:mod:`pipeline.modes`); per row the same prompt, seeds, size an
 
 * ``txt2img``: ``steps`` denoising steps;
 * ``img2img`` and ``inpaint`` at ``strength``: diffusers runs about ``steps × strength`` of them
-  (the schedule's last part), so the denoiser is called about ``strength`` times as often.
+  (the schedule's last part), so the denoiser is called about ``strength`` times as often;
+* ``controlnet``: txt2img with one canny ControlNet unit (:mod:`pipeline.controlnet`, an offline
+  ``tiny-controlnet`` build from the model's UNet: the real layout, random weights): the same
+  denoiser calls, plus one ControlNet pass per denoiser call (the ControlNet is the UNet's encoder
+  half, so about a third of a UNet's work, the ControlNet paper's estimate). The canny
+  preprocessing of one image at the size is timed apart (``preprocess``).
 
 Columns: denoiser calls per image (counted by wrapping the denoiser: :func:`bench.pipeline.render_probes.count_render`),
 hot seconds per image (median of ``repeats``; wall time on CPUs, device time on CUDA), and both as
@@ -56,6 +61,7 @@ class ModesConfig:
     recipe: str = "exact"
     adapters: int = 2
     overrides: str = ""
+    controlnet: bool = True
 
 
 def _inputs(width: int, height: int) -> dict[str, PIL.Image.Image]:
@@ -76,8 +82,8 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
     """
     load_before = load_average()
     log(f"loading {config.model} (recipe {config.recipe})")
-    # with adapters, as a worker of a pool that declares them (pipeline.recipes.fit_adapters)
-    pool = PoolOptions(lora_adapters=True) if config.adapters else None
+    # with adapters and ControlNets, as a worker of a pool that declares them (pipeline.recipes.fit_adapters)
+    pool = PoolOptions(lora_adapters=bool(config.adapters), controlnets=config.controlnet)
     renderer, profile = farm_renderer(config.model, config.device, config.recipe, config.overrides, pool=pool)
     inputs = _inputs(config.width, config.height)
     renderer.input_loader = inputs.__getitem__
@@ -86,11 +92,22 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
     plan = {"txt2img": RenderRequest(**base),
             "img2img": RenderRequest(**base, init_image="photo", strength=config.strength),
             "inpaint": RenderRequest(**base, init_image="photo", mask_image="mask", strength=config.strength)}
+    preprocess: dict = {}
+    if config.controlnet:
+        from pipeline.controlnet import ControlNets
+
+        renderer.controlnets = ControlNets(renderer.pipe, {"canny": "tiny-controlnet-bench"},
+                                           prepare=renderer.prepare_controlnet)
+        plan["controlnet"] = RenderRequest(**base, controls=[{"type": "canny", "image": "photo",
+                                                              "preprocess": "canny"}])
+        preprocess = _canny_seconds(plan["controlnet"], inputs["photo"], config.repeats)
+        log(f"  canny preprocessing: {preprocess}")
     rows: list[dict[str, Any]] = []
     for mode, request in plan.items():
         renderer.render([request])  # warm: the mode's pipeline is made on first use
-        calls = count_render(renderer.modes.for_mode(mode), functools.partial(renderer.render, [request]),
-                             flops=False)
+        pipe = (renderer.controlnets.pipeline("txt2img", ["canny"]) if request.controls and renderer.controlnets
+                else renderer.modes.for_mode(request.mode))
+        calls = count_render(pipe, functools.partial(renderer.render, [request]), flops=False)
         seconds = []
         for _ in range(config.repeats):
             with DeviceTimer(renderer.device) as timer:
@@ -107,7 +124,23 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
     if profile.get("kind") == "cpu":
         machine["cpu"] = cpu_summary()
     return {"config": asdict(config), "device": profile, "machine": machine, "recipe": renderer.recipe.get("name"),
-            "rows": rows, "adapters": adapters}
+            "rows": rows, "adapters": adapters, "preprocess": preprocess}
+
+
+def _canny_seconds(request: RenderRequest, image: PIL.Image.Image, repeats: int) -> dict:
+    """Median wall seconds of one canny control map of ``image`` at the request's size (the worker's
+    :func:`pipeline.preprocess.control_map`), over ``repeats`` × 5 runs."""
+    from pipeline.preprocess import control_map
+
+    unit = request.controls[0]
+    control_map(unit, image, request.width, request.height)  # OpenCV's first call loads its kernels
+    seconds = []
+    for _ in range(max(1, repeats) * 5):
+        started = time.perf_counter()
+        control_map(unit, image, request.width, request.height)
+        seconds.append(time.perf_counter() - started)
+    return {"canny_s_per_img": round(statistics.median(seconds), 6), "width": request.width,
+            "height": request.height}
 
 
 def _adapter_rows(renderer, config: ModesConfig, base: dict, log) -> list[dict]:
@@ -150,6 +183,10 @@ def modes_table(result: dict):
     for row in result["rows"]:
         table.add_row(*(str(row[col]) for col in columns))
     table.caption = machine_caption(result)
+    if result.get("preprocess"):
+        p = result["preprocess"]
+        table.caption = (f"{table.caption}; canny preprocessing {p['canny_s_per_img'] * 1000:.2f} ms per "
+                         f"{p['width']}x{p['height']} image")
     if not result["adapters"]:
         return table
     switches = Table(title="adapter switches in the warm renderer (offline LoRAs, rank 4)", title_justify="left")

@@ -79,6 +79,7 @@ class Farm:
                              hold_s=settings.quota_hold_s)
         self.submitter = Submitter(self.store, self.celery, settings.default_model, self.redis, pools=settings.pools,
                                    upscalers=settings.upscaler_names, loras=settings.loras,
+                                   controls=settings.controls,
                                    quotas=self.quotas, s_per_mpx_step=settings.default_s_per_mpx_step,
                                    drain_gpu_s_per_s=lambda: float(max(1, len(self.live_workers()))),
                                    claim_s=settings.idempotency_claim_s,

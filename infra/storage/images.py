@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from PIL import Image, PngImagePlugin
 
-from infra.schemas import CONTENT_TYPES, RenderRequest
+from infra.schemas import CONTENT_TYPES, ControlUnit, RenderRequest
 from infra.storage import samplers
 
 _EXIF_IFD = 0x8769
@@ -66,7 +66,9 @@ def format_parameters(request: RenderRequest, *, model: str, job_id: str | None 
     An img2img or inpainting image adds A1111's ``Denoising strength`` and the farm's ``Mode``,
     ``Init image`` and ``Mask image`` (object keys, which name the inputs' SHA-256); adapters add
     ``Lora weights`` (``name: weight``, the farm's) and, where the worker knows them, A1111's
-    ``Lora hashes`` (``name: <first 12 hex digits of the file's SHA-256>``, A1111's AutoV3 short hash)."""
+    ``Lora hashes`` (``name: <first 12 hex digits of the file's SHA-256>``, A1111's AutoV3 short hash);
+    control units add one ``ControlNet N`` field each, as sd-webui-controlnet writes them
+    (:func:`control_unit_text`)."""
     lines = [request.prompt]
     if request.negative_prompt:
         lines.append(f"Negative prompt: {request.negative_prompt}")
@@ -92,10 +94,32 @@ def format_parameters(request: RenderRequest, *, model: str, job_id: str | None 
         if lora_hashes:
             fields["Lora hashes"] = ", ".join(f"{a.name}: {lora_hashes[a.name]}" for a in request.loras
                                               if a.name in lora_hashes)
+    for n, unit in enumerate(request.controls):
+        fields[f"ControlNet {n}"] = control_unit_text(unit)
     if job_id:
         fields["Job id"] = job_id
     lines.append(", ".join(f"{k}: {_quote(v)}" for k, v in fields.items()))
     return "\n".join(lines)
+
+
+#: The farm's control unit resize modes → sd-webui-controlnet's names.
+RESIZE_LABELS = {"resize": "Just Resize", "crop": "Crop and Resize", "fill": "Resize and Fill"}
+
+
+def control_unit_text(unit: ControlUnit) -> str:
+    """A control unit as sd-webui-controlnet writes one in the infotext (the value of its
+    ``ControlNet N`` field, quoted by the caller): ``Module: canny, Model: canny, Weight: 0.8,
+    Resize Mode: Just Resize, Threshold A: 100, Threshold B: 200, Guidance Start: 0, Guidance End: 1,
+    Pixel Perfect: True, Control Mode: Balanced`` (thresholds for canny only; the farm preprocesses
+    at the render's size, which is sd-webui-controlnet's pixel-perfect mode)."""
+    parts = [("Module", unit.preprocess), ("Model", unit.type), ("Weight", f"{unit.weight:g}"),
+             ("Resize Mode", RESIZE_LABELS[unit.resize])]
+    if unit.preprocess == "canny":
+        low, high = unit.canny_thresholds
+        parts += [("Threshold A", str(low)), ("Threshold B", str(high))]
+    parts += [("Guidance Start", f"{unit.guidance_start:g}"), ("Guidance End", f"{unit.guidance_end:g}"),
+              ("Pixel Perfect", "True"), ("Control Mode", "Balanced")]
+    return ", ".join(f"{k}: {v}" for k, v in parts)
 
 
 def parse_parameters(text: str) -> dict[str, str]:

@@ -2,8 +2,8 @@
 
 Place in the data flow: producer → route → submission (:class:`infra.submission.submitter.Submitter`)
 → **here**, its first step (before routing and recording).
-A request's ``init_image`` / ``mask_image`` leaves here as an object key in the farm's bucket, so
-the job record and the worker never see a URL:
+A request's ``init_image`` / ``mask_image`` and each control unit's ``image`` leave here as object
+keys in the farm's bucket, so the job record and the worker never see a URL:
 
 - an ``https`` URL is fetched by the submitting process (the API), once per submission, under
   the SSRF policy of webhooks
@@ -121,7 +121,7 @@ class InputResolver:
         keys: dict[str, tuple[str, tuple[int, int] | None]] = {}
         out = []
         for index, request in enumerate(requests):
-            if request.init_image is None:
+            if request.init_image is None and not request.controls:
                 out.append(request)
                 continue
             updates: dict[str, Any] = {}
@@ -130,24 +130,39 @@ class InputResolver:
                 ref = getattr(request, field)
                 if ref is None:
                     continue
-                if ref not in keys:
-                    try:
-                        keys[ref] = self._key_and_size(ref)
-                    except InputRefused as exc:
-                        raise InputError(exc.status, index, field, exc.reason) from None
-                key, size = keys[ref]
-                if size is None:
-                    raise InputError(422, index, field, f"no image {ref!r} in the bucket (upload it with "
-                                                        "POST /v1/uploads, or send an https URL)")
-                sizes[field] = size
+                key, sizes[field] = self._checked(ref, keys, index, field)
                 if key != ref:
                     updates[field] = key
             if "mask_image" in sizes and sizes["mask_image"] != sizes["init_image"]:
                 (mw, mh), (iw, ih) = sizes["mask_image"], sizes["init_image"]
                 raise InputError(422, index, "mask_image", f"the mask is {mw}×{mh} pixels but the init image "
                                                            f"is {iw}×{ih}; they must be the same size")
+            units = [unit.model_copy(update={"image": self._checked(unit.image, keys, index,
+                                                                    f"controls.{n}.image")[0]})
+                     for n, unit in enumerate(request.controls)]
+            if units != request.controls:
+                updates["controls"] = units
             out.append(request.model_copy(update=updates) if updates else request)
         return out
+
+    def _checked(self, ref: str, keys: dict[str, tuple[str, tuple[int, int] | None]], index: int,
+                 field: str) -> tuple[str, tuple[int, int]]:
+        """The object key and size (pixels) of image reference ``ref`` of job ``index``'s
+        ``field``, fetched or checked once per submission (``keys`` remembers them).
+
+        Raises:
+            InputError: the image is refused, or no such object is in the bucket.
+        """
+        if ref not in keys:
+            try:
+                keys[ref] = self._key_and_size(ref)
+            except InputRefused as exc:
+                raise InputError(exc.status, index, field, exc.reason) from None
+        key, size = keys[ref]
+        if size is None:
+            raise InputError(422, index, field, f"no image {ref!r} in the bucket (upload it with "
+                                                "POST /v1/uploads, or send an https URL)")
+        return key, size
 
     def _key_and_size(self, ref: str) -> tuple[str, tuple[int, int] | None]:
         if is_url(ref):

@@ -27,6 +27,7 @@ from celery import Celery
 
 from infra import keys
 from infra.broker.lanes import enqueue
+from infra.controls import ControlSpec
 from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec
 from infra.routing import Router
 from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
@@ -100,6 +101,7 @@ class Submitter:
         pools: the declared pools (:mod:`infra.pools`); empty = one pool per model.
         upscalers: the upscalers a request may name while no pool is declared (``RENDERFARM_UPSCALERS``).
         loras: the adapters a request may name while no pool is declared (``RENDERFARM_LORAS``).
+        controls: the ControlNets a request may name while no pool is declared (``RENDERFARM_CONTROLS``).
         on_enqueued: called with the pools that received jobs (the API wakes its dispatcher).
         quotas: per-tenant quotas on outstanding jobs, GPU-seconds and bytes of job records
             (None: counted, no limit).
@@ -120,13 +122,13 @@ class Submitter:
                  s_per_mpx_step: float = 0.05, drain_gpu_s_per_s: Callable[[], float] | None = None,
                  claim_s: int = 30, durable: DurableAck | None = None,
                  upscalers: Sequence[str] = OFFLINE_UPSCALERS, loras: Sequence[LoraSpec] = (),
-                 inputs: InputResolver | None = None):
+                 inputs: InputResolver | None = None, controls: Sequence[ControlSpec] = ()):
         self.store = store
         self.celery_app = celery_app
         self.default_model = default_model
         self.redis = client
         self.idempotency_ttl_s = idempotency_ttl_s
-        self.router = Router(pools, upscalers, loras)
+        self.router = Router(pools, upscalers, loras, controls)
         self.on_enqueued = on_enqueued
         self.quotas = quotas if quotas is not None else Quotas(client)
         self.s_per_mpx_step = s_per_mpx_step

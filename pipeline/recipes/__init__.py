@@ -135,11 +135,18 @@ ADAPTERS_VS_OPENVINO = (
     "PyTorch denoiser's layers; a model converted to OpenVINO has no such layers to load into")
 
 
-def fit_adapters(recipe: Recipe) -> Recipe:
-    """``recipe`` for a pool that declares LoRA adapters: the denoiser stays in PyTorch.
+CONTROLNETS_VS_OPENVINO = (
+    "backend torch: the pool declares ControlNets, whose residuals diffusers' ControlNet pipelines pass to the "
+    "PyTorch UNet (down_block_additional_residuals) and which ControlNetModel.from_unet builds from its layers; "
+    "a model converted to OpenVINO takes no such inputs")
 
-    The OpenVINO backend (and its int8 weight compression) is turned off with the reason in
-    :attr:`Recipe.adjusted` (:data:`ADAPTERS_VS_OPENVINO`); every other knob stays.
+
+def fit_adapters(recipe: Recipe, reason: str = ADAPTERS_VS_OPENVINO) -> Recipe:
+    """``recipe`` for a pool that declares LoRA adapters (or, with ``reason``
+    :data:`CONTROLNETS_VS_OPENVINO`, ControlNets): the denoiser stays in PyTorch.
+
+    The OpenVINO backend (and its int8 weight compression) is turned off with ``reason`` in
+    :attr:`Recipe.adjusted`; every other knob stays.
 
     Raises:
         ValueError: ``backend`` was set to ``openvino`` by configuration (an override).
@@ -147,11 +154,9 @@ def fit_adapters(recipe: Recipe) -> Recipe:
     if recipe.backend != "openvino":
         return recipe
     if "backend" in recipe.overridden:
-        raise ValueError("backend=openvino cannot serve a pool with LoRA adapters: "
-                         + ADAPTERS_VS_OPENVINO.removeprefix("backend torch: the pool declares LoRA adapters, "))
+        raise ValueError("backend=openvino cannot serve this pool: " + reason.removeprefix("backend torch: "))
     quantization = None if recipe.quantization == "openvino_int8" else recipe.quantization
-    return replace(recipe, backend="torch", quantization=quantization,
-                   adjusted=(*recipe.adjusted, ADAPTERS_VS_OPENVINO))
+    return replace(recipe, backend="torch", quantization=quantization, adjusted=(*recipe.adjusted, reason))
 
 
 def _fit_device(r: Recipe, p: DeviceProfile) -> Recipe:

@@ -7,8 +7,10 @@ Content-addressed keys: an item's key is the SHA-256 of its model, prompt, negat
 parameters (size, steps, guidance, scheduler, format), seed and, for an item with an ``image``
 (and ``mask``) column, the input images' content keys (``inputs/<sha256>.<ext>``, hashed here from
 the local files; an https URL's image is downloaded first and counts by its bytes, then uploaded
-like a local file) and ``strength``: a re-run after a photo changed
-renders that item again, and only that one. Local paths are relative to the catalog's folder; the
+like a local file) and ``strength``, and for an item with a ``control_image`` column (and
+``control_type``, optional ``control_weight`` and ``control_preprocess``: one ControlNet unit) the
+unit with its image's content key: a re-run after a photo or control image changed renders that
+item again, and only that one. Local paths are relative to the catalog's folder; the
 run uploads them (:mod:`producer.local_inputs`) before submitting. Its seed is the item's ``seed``
 field, or else derived from that same content, so a re-run computes the same keys.
 """
@@ -35,7 +37,9 @@ PARAM_FIELDS = {"seed": "seed", "width": "width", "height": "height", "steps": "
                 "negative_prompt": "negative_prompt", "scheduler": "scheduler", "output_format": "output_format",
                 "model": "model", "upscale": "upscale", "upscaler": "upscaler", "strength": "strength"}
 #: Item columns that name input images (local paths relative to the catalog, or https URLs).
-IMAGE_COLUMNS = {"image": "init_image", "mask": "mask_image"}
+IMAGE_COLUMNS = {"image": "init_image", "mask": "mask_image", "control_image": "control_image"}
+#: Item columns of a ControlNet unit (``control_image`` is its image; ``control_type`` is required with it).
+CONTROL_COLUMNS = {"control_type": "type", "control_weight": "weight", "control_preprocess": "preprocess"}
 #: The request fields a content key covers (with ``seed``, and ``upscale``/``upscaler`` when set);
 #: metadata is not part of it.
 KEY_FIELDS = ("model", "prompt", "negative_prompt", "width", "height", "num_inference_steps", "guidance_scale",
@@ -49,6 +53,8 @@ def _canonical(request: RenderRequest, with_seed: bool) -> bytes:
     if request.mode != "txt2img":  # only then, so that the keys of text-only catalogs stay as they were
         data["init_image"], data["mask_image"] = request.init_image, request.mask_image
         data["strength"] = request.effective_strength
+    if request.controls:  # only then: the unit set, each unit's image key (naming its SHA-256) and settings
+        data["controls"] = [unit.model_dump(mode="json") for unit in request.controls]
     if with_seed:
         data["seed"] = request.seed
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -107,6 +113,26 @@ def _inputs(values: Mapping[str, Any], base_dir: Path) -> tuple[dict[str, str], 
     return fields, files
 
 
+def _control_unit(inputs: dict[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``inputs`` (request fields from :func:`_inputs`) with a ``control_image`` key turned into a
+    ``controls`` list of one unit: its type from ``control_type``, and ``control_weight`` /
+    ``control_preprocess`` when the item sets them.
+
+    Raises:
+        ValueError: a control column without ``control_image``, or ``control_image`` without ``control_type``.
+    """
+    fields = {k: v for k, v in inputs.items() if k != "control_image"}
+    unit = {target: values[column] for column, target in CONTROL_COLUMNS.items() if values.get(column) is not None}
+    if "control_image" not in inputs:
+        if unit:
+            raise ValueError(f"columns {', '.join(sorted(c for c in CONTROL_COLUMNS if values.get(c) is not None))} "
+                             "need a control_image")
+        return fields
+    if "type" not in unit:
+        raise ValueError("column 'control_image' needs a control_type (a ControlNet the pool declares)")
+    return {**fields, "controls": [{**unit, "image": inputs["control_image"]}]}
+
+
 def plan_item(item: Item, template: Template, defaults: Mapping[str, Any],
               negative: Template | None = None, base_dir: Path = Path(".")) -> Plan:
     """The request and content key of one item, or the reason it has none.
@@ -134,7 +160,10 @@ def plan_item(item: Item, template: Template, defaults: Mapping[str, Any],
         inputs, files = _inputs(values, base_dir)
     except (ValueError, OSError) as exc:
         return Plan(item, error={"type": "InputError", "message": f"item {item.id!r} (line {item.line}): {exc}"})
-    params.update(inputs)
+    try:
+        params.update(_control_unit(inputs, values))
+    except ValueError as exc:
+        return Plan(item, error={"type": "InputError", "message": f"item {item.id!r} (line {item.line}): {exc}"})
     try:
         request = RenderRequest.model_validate({**params, "seed": None})
         seed = params.get("seed")

@@ -40,8 +40,9 @@ def _inputs_of(plan: Plan) -> dict[str, str]:
     request = plan.request
     if request is None:
         return {}
-    return {column: value for column, value in (("image", request.init_image), ("mask", request.mask_image))
-            if value is not None}
+    control = request.controls[0].image if request.controls else None
+    return {column: value for column, value in (("image", request.init_image), ("mask", request.mask_image),
+                                                ("control_image", control)) if value is not None}
 
 
 def manifest(plans: list[Plan], located: dict[str, dict | None]) -> list[dict[str, Any]]:

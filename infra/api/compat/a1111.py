@@ -1,6 +1,8 @@
 """``/sdapi/v1``: the AUTOMATIC1111 web UI's API, so that its many clients (``webuiapi`` on PyPI,
 the tools built on the stable-diffusion-webui API) render on the farm unchanged: txt2img, and
-img2img with inpainting (:mod:`infra.api.compat.a1111_img2img`).
+img2img with inpainting (:mod:`infra.api.compat.a1111_img2img`), with sd-webui-controlnet's units
+(:mod:`infra.api.compat.a1111_controlnet`, which also answers ``/controlnet/model_list`` and
+``/controlnet/module_list``).
 
 Place in the data flow: an A1111 client → **``POST /sdapi/v1/txt2img`` here** → the body's
 mapping onto render requests (:mod:`infra.api.compat.a1111_models`) → the farm's submission path, then
@@ -31,7 +33,8 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from infra.api.compat import sync
-from infra.api.compat.a1111_img2img import Img2ImgRequest
+from infra.api.compat.a1111_controlnet import control_units
+from infra.api.compat.a1111_img2img import Img2ImgRequest, decode_base64_image
 from infra.api.compat.a1111_models import (
     LoraItem,
     Progress,
@@ -70,9 +73,25 @@ async def txt2img(body: Txt2ImgRequest, request: Request, farm: FarmDep, tenant:
     of a body the farm cannot render; 504 after ``RENDERFARM_SYNC_TIMEOUT_S`` (the jobs are
     then canceled); 500 when a job fails."""
     model = await _checked_model(body, farm)
+    try:
+        controls = await _controls(body, farm, init_key=None)
+    except InputRefused as exc:
+        return _error(exc.status, ValueError(f"alwayson_scripts: {exc.reason}"))
     first_seed = body.first_seed()
-    requests = _requests(body, lambda: body.render_requests(first_seed, model))
+    requests = _requests(body, lambda: body.render_requests(first_seed, model, controls))
     return await _render_and_answer(body, requests, first_seed, request, farm, tenant)
+
+
+async def _controls(body: Txt2ImgRequest, farm, *, init_key: str | None) -> list[dict]:
+    """The body's ControlNet units (:mod:`infra.api.compat.a1111_controlnet`), their images checked
+    and stored like uploads; in img2img a unit without an image takes the init image (``init_key``)."""
+    async def store(data: bytes) -> str:
+        stored = await run_in_threadpool(store_input, farm.storage, data, max_bytes=farm.settings.input_max_bytes,
+                                         max_pixels=farm.settings.input_max_pixels)
+        return stored.key
+
+    return await control_units(body.alwayson_scripts, width=body.width, height=body.height, init_key=init_key,
+                               store=store, decode=decode_base64_image)
 
 
 async def _checked_model(body: Txt2ImgRequest, farm) -> str | None:
@@ -161,9 +180,13 @@ async def img2img(body: Img2ImgRequest, request: Request, farm: FarmDep, tenant:
             raise _invalid(field, exc.reason) from None
         except ValueError as exc:
             raise _invalid(field, str(exc)) from None
+    try:
+        controls = await _controls(body, farm, init_key=keys["init_images"])
+    except InputRefused as exc:
+        return _error(exc.status, ValueError(f"alwayson_scripts: {exc.reason}"))
     first_seed = body.first_seed()
     requests = _requests(body, lambda: body.image_requests(first_seed, model, cast(str, keys["init_images"]),
-                                                           keys["mask"]))
+                                                           keys["mask"], controls))
     return await _render_and_answer(body, requests, first_seed, request, farm, tenant)
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from PIL import Image, ImageFilter, ImageOps
 from pydantic import Field
@@ -111,10 +113,11 @@ class Img2ImgRequest(Txt2ImgRequest):
         return buf.getvalue()
 
     def image_requests(self, first_seed: int, model: str | None, init_key: str,
-                       mask_key: str | None) -> list[RenderRequest]:
-        """One render request per image with the stored inputs' keys and ``denoising_strength``.
+                       mask_key: str | None, controls: Sequence[Mapping[str, Any]] = ()) -> list[RenderRequest]:
+        """One render request per image with the stored inputs' keys, ``denoising_strength`` and
+        the control units ``controls``.
 
         Raises: as :meth:`Txt2ImgRequest.render_requests`."""
-        requests = self.render_requests(first_seed, model)
+        requests = self.render_requests(first_seed, model, controls)
         update = {"init_image": init_key, "mask_image": mask_key, "strength": self.denoising_strength}
         return [RenderRequest.model_validate({**r.model_dump(), **update}) for r in requests]

@@ -14,8 +14,9 @@ gives them; ``batch_size`` × ``n_iter`` images in all; ``sampler_name`` (or the
 (the webui's extra-networks syntax; weight 1 when omitted) become the request's ``loras``. Fields
 the webui has and the farm does not use at their defaults are accepted and ignored, as the webui
 ignores unknown ones; features the farm cannot render (hires fix, face restoration, tiling,
-variation seeds, styles, scripts) are refused with a 422 naming the field, rather than silently
-dropped.
+variation seeds, styles, scripts, extensions) are refused with a 422 naming the field, rather than
+silently dropped; ControlNet units (``alwayson_scripts.controlnet``) are mapped by
+:mod:`infra.api.compat.a1111_controlnet`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.api.compat.a1111_controlnet import SCRIPT_KEYS
 from infra.api.compat.sync import requested_field
 from infra.schemas import MAX_SEED, RenderRequest
 from infra.storage import samplers
@@ -35,7 +37,7 @@ from infra.storage import samplers
 MAX_IMAGES = 100
 #: RenderRequest field → the A1111 field that fills it (for error locations).
 A1111_FIELD = {"num_inference_steps": "steps", "guidance_scale": "cfg_scale", "scheduler": "sampler_name",
-               "model": "override_settings"}
+               "model": "override_settings", "controls": "alwayson_scripts"}
 
 
 #: ``<lora:name>`` or ``<lora:name:weight>``, as the webui's extra networks write them.
@@ -98,7 +100,8 @@ class Txt2ImgRequest(BaseModel):
         checks = (("enable_hr", self.enable_hr, "hires fix"), ("restore_faces", self.restore_faces, "face restoration"),
                   ("tiling", self.tiling, "tiling"), ("subseed_strength", self.subseed_strength > 0, "variation seeds"),
                   ("styles", self.styles, "styles"), ("script_name", self.script_name, "scripts"),
-                  ("alwayson_scripts", any(v for v in self.alwayson_scripts.values()), "extensions"))
+                  ("alwayson_scripts", any(v for k, v in self.alwayson_scripts.items() if k not in SCRIPT_KEYS),
+                   "an extension other than ControlNet"))
         for field, asked, what in checks:
             if asked:
                 out.append((field, f"{what} is not available on this farm"))
@@ -125,8 +128,10 @@ class Txt2ImgRequest(BaseModel):
             return self.seed
         return secrets.randbelow(MAX_SEED + 2 - self.image_count)
 
-    def render_requests(self, first_seed: int, model: str | None) -> list[RenderRequest]:
-        """One :class:`RenderRequest` per image, seeds ``first_seed`` + i (wrapping at 2³²).
+    def render_requests(self, first_seed: int, model: str | None,
+                        controls: Sequence[Mapping[str, Any]] = ()) -> list[RenderRequest]:
+        """One :class:`RenderRequest` per image, seeds ``first_seed`` + i (wrapping at 2³²), each
+        with the control units ``controls`` (:func:`infra.api.compat.a1111_controlnet.control_units`).
 
         Raises:
             samplers.SamplerError: unknown sampler or schedule.
@@ -139,7 +144,7 @@ class Txt2ImgRequest(BaseModel):
         common = {"prompt": prompt, "loras": loras, "negative_prompt": self.negative_prompt, "model": model,
                   "width": self.width, "height": self.height, "num_inference_steps": self.steps,
                   "guidance_scale": self.cfg_scale, "scheduler": scheduler, "output_format": "png",
-                  "metadata": {"api": "a1111"}}
+                  "metadata": {"api": "a1111"}, "controls": list(controls)}
         first = RenderRequest(**common, seed=first_seed)
         return [first, *(first.model_copy(update={"seed": (first_seed + i) % (MAX_SEED + 1)})
                          for i in range(1, self.image_count))]

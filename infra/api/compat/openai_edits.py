@@ -13,6 +13,11 @@ Without a mask the call is img2img over the whole image. ``size`` defaults to th
 size (rounded down to a multiple of 8 within 64…2048). The farm's ``strength`` knob (0 < s ≤ 1) may
 ride along; without it, diffusers' defaults apply (1.0 with a mask, 0.8 without).
 
+The farm's ControlNet unit may ride along too, as multipart fields: a ``control_image`` file
+(checked and stored like the image), ``control_type`` (a ControlNet the pool declares) and optional
+``control_weight``, ``control_preprocess`` (``none`` or ``canny``), ``control_guidance_start`` and
+``control_guidance_end`` (:class:`infra.controls.ControlUnit`'s fields), one unit per call.
+
 Errors are OpenAI's shape (400 naming the ``param``; 413 over the byte limit; 415 an unsupported
 image format), as for generations.
 """
@@ -41,7 +46,10 @@ from infra.api.deps import FarmDep, Tenant
 from infra.storage.input_images import InputRefused, inspect_image, store_input
 
 router = APIRouter(prefix=PREFIX, tags=["openai"])
-FILE_FIELDS = ("image", "image[]", "mask")
+FILE_FIELDS = ("image", "image[]", "mask", "control_image")
+#: The farm's multipart fields of one ControlNet unit (beside the ``control_image`` file) → its fields.
+CONTROL_FIELDS = {"control_type": "type", "control_weight": "weight", "control_preprocess": "preprocess",
+                  "control_guidance_start": "guidance_start", "control_guidance_end": "guidance_end"}
 
 
 def _error(status: int, message: str, param: str | None = None, code: str | None = "invalid_value"):
@@ -77,12 +85,16 @@ def _default_size(width: int, height: int) -> str:
         "properties": {"image": {"type": "string", "format": "binary"}, "mask": {"type": "string", "format": "binary"},
                        "prompt": {"type": "string"}, "n": {"type": "integer"}, "size": {"type": "string"},
                        "response_format": {"type": "string", "enum": ["url", "b64_json"]},
-                       "model": {"type": "string"}, "strength": {"type": "number"}}}}}}})
+                       "model": {"type": "string"}, "strength": {"type": "number"},
+                       "control_image": {"type": "string", "format": "binary"}, "control_type": {"type": "string"},
+                       "control_weight": {"type": "number"}, "control_preprocess": {"type": "string"},
+                       "control_guidance_start": {"type": "number"},
+                       "control_guidance_end": {"type": "number"}}}}}}})
 async def edits(request: Request, farm: FarmDep, tenant: Tenant):
     """Edit one image: ``n`` images of ``prompt`` from ``image`` (img2img), repainting where
     ``mask`` is transparent (inpainting); answered as generations are."""
     try:
-        form = await request.form(max_files=3, max_fields=40)
+        form = await request.form(max_files=4, max_fields=40)
     except Exception as exc:  # not multipart, or malformed
         return _error(400, f"the body must be multipart/form-data ({type(exc).__name__})", code="invalid_request")
     files = {k: v for k, v in form.multi_items() if isinstance(v, UploadFile)}
@@ -90,8 +102,13 @@ async def edits(request: Request, farm: FarmDep, tenant: Tenant):
     if set(files) - set(FILE_FIELDS) or len(form.getlist("image") + form.getlist("image[]")) != 1:
         return _error(400, "send exactly one 'image' file (and at most one 'mask')", param="image")
     strength = fields.pop("strength", None)
+    unit = {target: fields.pop(name) for name, target in CONTROL_FIELDS.items() if name in fields}
     for field in FILE_FIELDS:
         fields.pop(field, None)
+    if (unit or "control_image" in files) and ("control_image" not in files or "type" not in unit):
+        missing = "control_image" if "control_image" not in files else "control_type"
+        return _error(400, f"a ControlNet unit needs a 'control_image' file and a 'control_type'; {missing!r} is "
+                           "missing", param=missing)
     limit, pixels = farm.settings.input_max_bytes, farm.settings.input_max_pixels
     stored: dict[str, Any] = {}
     for param, upload in files.items():
@@ -115,7 +132,9 @@ async def edits(request: Request, farm: FarmDep, tenant: Tenant):
         return _bad_request(exc)
     if (missing := await model_not_found(farm, asked)) is not None:
         return missing
-    update = {"init_image": image.key, "mask_image": mask.key if mask else None, "strength": strength}
+    update: dict[str, Any] = {"init_image": image.key, "mask_image": mask.key if mask else None, "strength": strength}
+    if "control_image" in stored:
+        update["controls"] = [{**unit, "image": stored["control_image"].key}]
     try:
         requests = [type(r).model_validate({**r.model_dump(), **update}) for r in asked.render_requests(asked.model)]
     except ValidationError as exc:

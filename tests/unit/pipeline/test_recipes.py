@@ -338,6 +338,18 @@ def test_a_pool_with_lora_adapters_keeps_the_denoiser_in_pytorch():
         fit_adapters(apply_overrides(select_recipe(bf16, family="sd1"), {"backend": "openvino"}))
 
 
+def test_a_pool_with_controlnets_keeps_the_denoiser_in_pytorch():
+    """ControlNet residuals go into the PyTorch UNet's forward: the OpenVINO UNet is turned off with
+    that reason, and an override asking for it is refused naming ControlNets."""
+    from pipeline.recipes import CONTROLNETS_VS_OPENVINO, fit_adapters
+
+    amx = select_recipe(cpu(True), family="sd1")
+    fitted = fit_adapters(amx, CONTROLNETS_VS_OPENVINO)
+    assert amx.backend == "openvino" and fitted.backend == "torch" and "ControlNets" in fitted.adjusted[-1]
+    with pytest.raises(ValueError, match="ControlNets"):
+        fit_adapters(apply_overrides(amx, {"backend": "openvino"}), CONTROLNETS_VS_OPENVINO)
+
+
 def test_an_openvino_vae_decoder_and_a_compiled_one_are_settled_when_the_recipe_is_resolved():
     """compile_vae and vae_backend=openvino each replace the VAE decoder: the one configured wins,
     with the reason in the recipe; neither configured keeps OpenVINO; both configured is refused."""

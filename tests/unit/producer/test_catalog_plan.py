@@ -222,3 +222,26 @@ def test_upscaling_is_part_of_the_content_key_only_when_asked(tmp_path):
     up = plain.model_copy(update={"upscale": 4, "upscaler": "esrgan-x4-arch"})
     assert _canonical(up, True) != _canonical(plain, True)
     assert RenderRequest.model_validate({"prompt": "a", "upscale": "4", "upscaler": "x"}).upscale == 4  # CSV text
+
+
+def test_a_control_image_column_makes_one_unit_whose_image_is_in_the_key(tmp_path):
+    """``control_image`` + ``control_type`` (+ ``control_weight``, ``control_preprocess``): one
+    ControlNet unit whose image is the file's content key; the key follows the control image's
+    bytes and the unit, and a control image without a type fails its item alone."""
+    from PIL import Image
+
+    for name, value in (("edges.png", 0), ("other.png", 255)):
+        Image.new("RGB", (8, 8), (value, value, value)).save(tmp_path / name)
+    path = _write(tmp_path, "c.csv", "id,name,control_image,control_type,control_weight,control_preprocess\n"
+                                     "a,mug,edges.png,canny,0.8,canny\nb,mug,edges.png,canny,,\n"
+                                     "c,mug,other.png,canny,0.8,canny\nd,mug,edges.png,,,\ne,mug,,,0.5,\n")
+    plans = prepare_catalog(path, "{name}", model="tiny")[0]
+    a, b, c, d, e = plans
+    [unit] = a.request.controls
+    assert (unit.type, unit.weight, unit.preprocess) == ("canny", 0.8, "canny")
+    assert unit.image.startswith("inputs/") and unit.image.endswith(".png") and a.inputs[unit.image].name == "edges.png"
+    assert b.request.controls[0].weight == 1.0 and b.request.controls[0].image == unit.image
+    assert len({a.key, b.key, c.key}) == 3  # the weight and the control image's bytes are in the key
+    assert prepare_catalog(path, "{name}", model="tiny")[0][0].key == a.key
+    assert d.error["type"] == "InputError" and "needs a control_type" in d.error["message"]
+    assert e.error["type"] == "InputError" and "control_weight need a control_image" in e.error["message"]

@@ -1,0 +1,288 @@
+"""ControlNet per request: ControlNets loaded on first use, kept in an LRU, and the ControlNet
+pipelines made from the pinned one.
+
+Place in the data flow: worker → pipeline: for a group whose requests carry control units
+(``RenderRequest.controls``; the unit set is part of the compat key, :mod:`pipeline.compat`),
+:class:`pipeline.render.Renderer` asks :meth:`ControlNets.pipeline` for the mode's ControlNet
+pipeline with the units' ControlNets and :func:`control_arguments` for the call's control maps
+and scales, then stores the maps beside the images (:data:`infra.controls.CONTROL_MAPS_INFO`).
+
+ControlNets (Zhang, Rao and Agrawala, "Adding Conditional Control to Text-to-Image Diffusion
+Models", ICCV 2023; diffusers' ``ControlNetModel``) are the ones the pool declares
+(``infra.controls.ControlSpec``: name → source). On first use one is loaded in the denoiser's dtype
+and device: a hub id or local directory with ``ControlNetModel.from_pretrained``, a single
+checkpoint file (also ``s3://<key>``: the worker's ``fetch`` copies it to a local file, this package
+reads no bucket) with ``from_single_file``, or an offline build (``tiny-controlnet…``:
+:func:`build_offline_controlnet`). The loaded ControlNets are an LRU bounded by count and by
+bytes (their parameters'): the least recently used is dropped before a load would pass either.
+
+The pipelines are diffusers' ``AutoPipelineForText2Image`` / ``AutoPipelineForImage2Image``
+``from_pipe(pinned, controlnet=...)`` ("Load pipelines: from_pipe" and "ControlNet" in diffusers'
+docs): ``StableDiffusionControlNetPipeline`` / ``StableDiffusionControlNetImg2ImgPipeline`` for SD
+1/2, the SDXL ones for SDXL. They reuse the pinned pipeline's modules, so there is no second copy of
+the base weights and the recipe's work on those modules (attention processors, compiled or
+quantized denoiser, tiny VAE) stays in force. The units' ControlNets go in as one
+``MultiControlNetModel`` (one or more units: one code path), made once per unit set and mode.
+
+Scales: diffusers' ``controlnet_conditioning_scale`` and ``control_guidance_start/end`` are per
+ControlNet, not per image, so the renderer calls the pipeline once per distinct setting within a
+group (:func:`control_settings`). A unit with ``guidance_start == guidance_end`` conditions no step
+(diffusers refuses that range): it is passed as weight 0 over 0…1, which renders the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import PIL.Image
+
+from infra.controls import CONTROL_MAPS_INFO, PREPROCESS_S_INFO
+from pipeline.capabilities import call_parameters
+from pipeline.preprocess import control_map
+
+#: Offline ControlNet sources start with this: random weights, the pinned UNet's layout.
+OFFLINE_PREFIX = "tiny-controlnet"
+#: Standard deviation of the offline build's zero convolutions (drawn, so that the build visibly controls).
+OFFLINE_ZERO_CONV_STD = 0.5
+#: Gain on the offline build's conditioning-embedding convolutions (PyTorch's default initialisation
+#: shrinks an edge map over its 8 layers until the latents alone drive the residuals). Measured on
+#: ``tiny`` at 64², 3 steps: zero convolutions at 0.5 without this gain, two control images' renders
+#: differ by 0.02 (mean |difference|, 0…255); with about 2 per layer, by 3 to 5.
+OFFLINE_COND_GAIN = 2.0
+_ZERO_CONVS = ("controlnet_down_blocks.", "controlnet_mid_block.", "controlnet_cond_embedding.conv_out.")
+
+
+def build_offline_controlnet(name: str, pipe, cache_dir: Path) -> Path:
+    """An offline random-weight ControlNet for ``pipe``'s UNet, saved once under ``cache_dir``
+    (``controlnets/<model hash>/<name>/``, diffusers' layout); returns the directory.
+
+    Made with diffusers' ``ControlNetModel.from_unet`` from the UNet's config (the layout of its
+    encoder half, as the ControlNet paper derives it) without copying its weights, so whatever a
+    recipe did to the UNet's modules (fused projections, quantization) does not matter: every weight
+    is drawn from PyTorch's default initialisation under a seed derived from ``name``, the zero
+    convolutions, which ``from_unet`` leaves at zero (no effect until trained), from
+    N(0, :data:`OFFLINE_ZERO_CONV_STD`²) with a generator of that seed, and the conditioning
+    embedding's weights scaled by :data:`OFFLINE_COND_GAIN`, so that a name always builds the same
+    ControlNet and its control image visibly changes the images.
+
+    Raises:
+        ValueError: ``pipe``'s denoiser is not a UNet (``from_unet`` needs a UNet2DConditionModel).
+    """
+    import torch
+    from diffusers import ControlNetModel, UNet2DConditionModel
+
+    unet = getattr(pipe, "unet", None)
+    if not isinstance(unet, UNet2DConditionModel):
+        raise ValueError(f"offline ControlNet {name!r} is made from a UNet; {type(pipe).__name__} has none")
+    model = str(getattr(pipe, "_renderfarm_model", type(pipe).__name__))
+    final = Path(cache_dir) / "controlnets" / hashlib.sha256(model.encode()).hexdigest()[:16] / name
+    if (final / "config.json").is_file():
+        return final
+    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.manual_seed(seed)
+        net = ControlNetModel.from_unet(unet, load_weights_from_unet=False).to(torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in net.named_parameters():
+            if param_name.startswith(_ZERO_CONVS):
+                param.copy_(torch.randn(param.shape, generator=generator) * OFFLINE_ZERO_CONV_STD)
+            if param_name.startswith("controlnet_cond_embedding.") and param_name.endswith(".weight"):
+                param.mul_(OFFLINE_COND_GAIN)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=final.parent))
+    try:
+        net.save_pretrained(tmp, safe_serialization=True)
+        if not final.exists():  # another process may have built it meanwhile: keep theirs
+            os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def control_settings(request) -> tuple[tuple[float, float, float], ...]:
+    """``(weight, guidance_start, guidance_end)`` per unit of ``request``: what one pipeline call's
+    requests must share (diffusers applies them per ControlNet, to the whole batch)."""
+    return tuple((u.weight, u.guidance_start, u.guidance_end) for u in request.controls)
+
+
+class ControlNets:
+    """The ControlNets of one pinned pipeline and its ControlNet pipelines (see the module docstring).
+
+    Args:
+        pipe: the pinned pipeline (SD 1/2 or SDXL, with a UNet).
+        sources: ControlNet name → source (offline name, path, ``s3://key`` or hub id): the only
+            ones it loads.
+        max_count: most ControlNets loaded at once. max_bytes: most bytes of their parameters.
+        cache_dir: where offline ControlNets are built. fetch: ``s3://`` key → local file (the worker's).
+        prepare: called with each ControlNet once loaded (the renderer's batch-invariant kernels).
+    Attributes:
+        loads, evictions: counters.
+    """
+
+    def __init__(self, pipe, sources: Mapping[str, str], *, max_count: int = 4, max_bytes: int = 4 << 30,
+                 cache_dir: Path | None = None, fetch: Callable[[str], Path] | None = None,
+                 prepare: Callable[[Any], object] | None = None) -> None:
+        self.pipe = pipe
+        self.sources = dict(sources)
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self.cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "renderfarm"
+        self.fetch = fetch
+        self.prepare = prepare
+        self._loaded: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # name → (model, bytes), LRU order
+        self._pipes: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self.loads = self.evictions = 0
+
+    @property
+    def loaded(self) -> list[str]:
+        """Loaded ControlNet names, least recently used first."""
+        return list(self._loaded)
+
+    @property
+    def loaded_bytes(self) -> int:
+        """Bytes of the loaded ControlNets' parameters."""
+        return sum(size for _, size in self._loaded.values())
+
+    def models(self) -> list[Any]:
+        """The loaded ControlNet modules."""
+        return [model for model, _ in self._loaded.values()]
+
+    def pipeline(self, mode: str, names: Sequence[str]):
+        """The ControlNet pipeline of ``mode`` (``txt2img`` or ``img2img``) with the ControlNets
+        ``names`` (one per unit, in order), made from the pinned pipeline on first use.
+
+        Raises:
+            ValueError: a name this worker does not declare, a ControlNet larger than ``max_bytes``,
+                or a mode or pipeline class diffusers has no ControlNet pipeline for.
+            OSError / diffusers errors: a ControlNet's files cannot be read or loaded.
+        """
+        names = tuple(names)
+        for name in names:
+            self._ensure(name, keep=names)
+        key = (mode, names)
+        if key not in self._pipes:
+            from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
+            from diffusers.models.controlnets import MultiControlNetModel
+
+            auto = {"txt2img": AutoPipelineForText2Image, "img2img": AutoPipelineForImage2Image}.get(mode)
+            if auto is None:
+                raise ValueError(f"ControlNet units cannot be used in mode {mode!r} (txt2img and img2img can)")
+            nets = MultiControlNetModel([self._loaded[name][0] for name in names])
+            try:
+                made = auto.from_pipe(self.pipe, controlnet=nets)
+            except ValueError as exc:
+                raise ValueError(f"{type(self.pipe).__name__} has no {mode} ControlNet pipeline in diffusers: "
+                                 f"{exc}") from None
+            made.set_progress_bar_config(disable=True)
+            self._pipes[key] = made
+        return self._pipes[key]
+
+    def shares_base_weights(self, mode: str, names: Sequence[str]) -> bool:
+        """Whether the ControlNet pipeline of ``mode`` and ``names`` holds the very module objects of
+        the pinned pipeline (no copy of the base weights)."""
+        made = self.pipeline(mode, names)
+        return all(getattr(made, name, None) is module for name, module in self.pipe.components.items()
+                   if hasattr(module, "parameters"))
+
+    def _ensure(self, name: str, *, keep: Sequence[str]) -> None:
+        if name in self._loaded:
+            self._loaded.move_to_end(name)
+            return
+        model = self._load(name)
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        if size > self.max_bytes:
+            raise ValueError(f"ControlNet {name!r} is {size:,} bytes, over the cache's {self.max_bytes:,}")
+        while self._loaded and (len(self._loaded) >= self.max_count or self.loaded_bytes + size > self.max_bytes):
+            victim = next((n for n in self._loaded if n not in keep), None)
+            if victim is None:
+                break
+            del self._loaded[victim]
+            self._pipes = {k: p for k, p in self._pipes.items() if victim not in k[1]}
+            self.evictions += 1
+        if self.prepare is not None:
+            self.prepare(model)
+        self._loaded[name] = (model, size)
+        self.loads += 1
+
+    def _load(self, name: str):
+        from diffusers import ControlNetModel
+
+        from pipeline.models.families import denoiser_of
+
+        source = self.sources.get(name)
+        if source is None:
+            raise ValueError(f"ControlNet {name!r} is not declared for this worker (declared: "
+                             f"{', '.join(sorted(self.sources)) or 'none'})")
+        _, denoiser = denoiser_of(self.pipe)
+        dtype, device = denoiser.dtype, denoiser.device
+        if source.startswith(OFFLINE_PREFIX):
+            model = ControlNetModel.from_pretrained(build_offline_controlnet(source, self.pipe, self.cache_dir),
+                                                    torch_dtype=dtype)
+        elif source.startswith("s3://"):
+            if self.fetch is None:
+                raise ValueError(f"ControlNet {name!r} is in the bucket, and this renderer cannot read it")
+            model = ControlNetModel.from_single_file(str(self.fetch(source[len("s3://"):])), torch_dtype=dtype)
+        elif Path(source).expanduser().is_file():
+            model = ControlNetModel.from_single_file(str(Path(source).expanduser()), torch_dtype=dtype)
+        else:
+            local = Path(source).expanduser()
+            model = ControlNetModel.from_pretrained(str(local) if local.exists() else source, torch_dtype=dtype)
+        return model.to(device).eval()
+
+
+def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.Image] | None,
+                      kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[list[PIL.Image.Image]], list[float]]:
+    """``kwargs`` (one call of the ControlNet pipeline ``pipe`` for a group sharing its units and
+    their settings) with the control maps and the units' scales added, the maps (per request, one
+    RGB width × height image per unit) and the seconds each request's maps took to read and make.
+
+    The maps go in as ``image`` (txt2img) or ``control_image`` (img2img, whose ``image`` is the
+    init image): one float tensor per unit, (requests, 3, height, width) in 0…1, as diffusers'
+    multi-ControlNet pipelines take a batch per ControlNet (their img2img pipelines refuse nested
+    lists of images); ``controlnet_conditioning_scale`` and ``control_guidance_start/end`` are lists,
+    one entry per unit.
+
+    Raises:
+        ValueError: no input loader, or an image that does not decode (from the loader).
+    """
+    if load is None:
+        raise ValueError("control units need their images, and this renderer has no input loader")
+    maps: list[list[PIL.Image.Image]] = []
+    seconds: list[float] = []
+    for request in requests:
+        started = time.perf_counter()
+        maps.append([control_map(unit, load(unit.image), request.width, request.height)
+                     for unit in request.controls])
+        seconds.append(time.perf_counter() - started)
+    import numpy as np
+    import torch
+
+    units = requests[0].controls
+    field = "control_image" if "control_image" in call_parameters(pipe) else "image"
+    # one (batch, 3, height, width) tensor in 0…1 per unit: what the pipelines' control image processor
+    # makes of PIL images (pixels / 255), in the one layout the txt2img and img2img pipelines both take
+    per_unit = [torch.from_numpy(np.stack([np.asarray(m[n], dtype=np.float32) / 255.0 for m in maps]))
+                .permute(0, 3, 1, 2) for n in range(len(units))]
+    ranges = [(u.guidance_start, u.guidance_end) if u.guidance_start < u.guidance_end else (0.0, 1.0) for u in units]
+    out = {**kwargs, field: per_unit,
+           "controlnet_conditioning_scale": [u.weight if u.guidance_start < u.guidance_end else 0.0 for u in units],
+           "control_guidance_start": [start for start, _ in ranges],
+           "control_guidance_end": [end for _, end in ranges]}
+    return out, maps, seconds
+
+
+def attach_maps(images: Sequence[PIL.Image.Image], maps: Sequence[Sequence[PIL.Image.Image]],
+                seconds: Sequence[float]) -> None:
+    """Hand each image's control maps and preprocessing seconds to storage in its ``info``
+    (:data:`~infra.controls.CONTROL_MAPS_INFO`, :data:`~infra.controls.PREPROCESS_S_INFO`)."""
+    for image, image_maps, spent in zip(images, maps, seconds, strict=True):
+        image.info[CONTROL_MAPS_INFO] = list(image_maps)
+        image.info[PREPROCESS_S_INFO] = spent
