@@ -131,7 +131,9 @@ class RenderRequest(BaseModel):
                                                "(diffusers' meaning; default 0.8 img2img, 1.0 inpaint).")
     loras: list[LoraRef] = Field(default_factory=list, max_length=MAX_LORAS,
                                  description="Adapters (names the pool declares) and weights, at most 8.")
-    controls: list[ControlUnit] = Field(default_factory=list, max_length=MAX_CONTROLS,
+    # left out of a dump when empty: a request without units serializes as it did before units
+    # existed (the same bytes in a batch body, the same catalog content keys)
+    controls: list[ControlUnit] = Field(default_factory=list, max_length=MAX_CONTROLS, exclude_if=lambda v: not v,
                                         description="ControlNet units (types the pool declares), each with its "
                                                     "control image, weight and guidance range; at most the pool's "
                                                     "max_controls (default 3).")
