@@ -46,6 +46,7 @@ import PIL.Image
 
 from infra.controls import CONTROL_MAPS_INFO, PREPROCESS_S_INFO
 from pipeline.capabilities import call_parameters
+from pipeline.memory import lru_victims
 from pipeline.preprocess import control_map
 
 #: Offline ControlNet sources start with this: random weights, the pinned UNet's layout.
@@ -200,10 +201,8 @@ class ControlNets:
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         if size > self.max_bytes:
             raise ValueError(f"ControlNet {name!r} is {size:,} bytes, over the cache's {self.max_bytes:,}")
-        while self._loaded and (len(self._loaded) >= self.max_count or self.loaded_bytes + size > self.max_bytes):
-            victim = next((n for n in self._loaded if n not in keep), None)
-            if victim is None:
-                break
+        sizes = {n: nbytes for n, (_, nbytes) in self._loaded.items()}
+        for victim in lru_victims(sizes, size, max_count=self.max_count, max_bytes=self.max_bytes, keep=keep):
             del self._loaded[victim]
             self._pipes = {k: p for k, p in self._pipes.items() if victim not in k[1]}
             self.evictions += 1

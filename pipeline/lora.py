@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from pipeline.memory import lru_victims
+
 OFFLINE_PREFIX = "tiny-lora-"
 WEIGHT_FILE = "pytorch_lora_weights.safetensors"
 #: The adapter name of the hot-swap slot.
@@ -236,10 +238,8 @@ class AdapterCache:
         size = file.stat().st_size if file is not None and file.is_file() else 0
         if size > self.max_bytes:
             raise ValueError(f"adapter {name!r} is {size:,} bytes, over the cache's {self.max_bytes:,}")
-        while self._loaded and (len(self._loaded) >= self.max_count or self.loaded_bytes + size > self.max_bytes):
-            victim = next((n for n in self._loaded if n not in keep), None)
-            if victim is None:
-                break
+        sizes = {n: nbytes for n, (nbytes, _) in self._loaded.items()}
+        for victim in lru_victims(sizes, size, max_count=self.max_count, max_bytes=self.max_bytes, keep=keep):
             self.pipe.delete_adapters(victim)
             del self._loaded[victim]
             self.evictions += 1

@@ -170,6 +170,29 @@ def batch_size_for_stages(measurements: Iterable[PeakMeasurement], device_total_
     return min(sizes)
 
 
+def lru_victims(sizes: Mapping[str, int], incoming_bytes: int, *, max_count: int, max_bytes: int,
+                keep: Iterable[str] = ()) -> list[str]:
+    """The entries to evict from a cache bounded by count and bytes so that one more entry of
+    ``incoming_bytes`` fits: the least recently used first, never a name in ``keep`` (what the
+    call in progress needs; the cache then stays over its bounds rather than drop it).
+
+    Args:
+        sizes: name → bytes of each cached entry, least recently used first (an ``OrderedDict``'s order).
+        incoming_bytes: the new entry's bytes. max_count: most entries. max_bytes: most bytes in all.
+        keep: names never evicted.
+    Returns:
+        Names, in the order to evict them (the LoRA adapter and ControlNet caches use it).
+    """
+    kept, left, victims = set(keep), dict(sizes), []
+    while left and (len(left) >= max_count or sum(left.values()) + incoming_bytes > max_bytes):
+        victim = next((n for n in left if n not in kept), None)
+        if victim is None:
+            break
+        victims.append(victim)
+        del left[victim]
+    return victims
+
+
 def is_oom_error(exc: BaseException) -> bool:
     """Whether ``exc`` means out of memory (CUDA/XPU/MPS allocator, or the host)."""
     if isinstance(exc, MemoryError):

@@ -133,3 +133,15 @@ def test_sizing_renders_each_declared_upscaler_after_the_diffusion():
     assert sorted(seen, key=str) == sorted([(n, 64, up, name) for n in (1, 2) for up, name in
                                             ((None, None), (4, "tiny-esrgan-x4"), (4, "tiny-sd-x4-upscaler"))], key=str)
     assert set(renderer.upscale._nets) == {"tiny-esrgan-x4", "tiny-sd-x4-upscaler"}  # loaded and run at warm-up
+
+
+def test_lru_victims_evict_the_least_recent_until_one_more_fits_and_never_what_is_kept():
+    from pipeline.memory import lru_victims
+
+    sizes = {"a": 10, "b": 20, "c": 30}  # least recently used first
+    assert lru_victims(sizes, 5, max_count=4, max_bytes=100) == []
+    assert lru_victims(sizes, 5, max_count=3, max_bytes=100) == ["a"]  # the count bound
+    assert lru_victims(sizes, 45, max_count=4, max_bytes=100) == ["a"]  # 60 + 45 > 100, 50 + 45 fits
+    assert lru_victims(sizes, 75, max_count=4, max_bytes=100) == ["a", "b", "c"]  # 30 + 75 > 100 still
+    assert lru_victims(sizes, 45, max_count=4, max_bytes=100, keep=["a"]) == ["b"]  # 40 + 45 fits
+    assert lru_victims(sizes, 95, max_count=4, max_bytes=100, keep=["a", "b", "c"]) == []  # over, but kept
