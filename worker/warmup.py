@@ -23,6 +23,7 @@ from typing import Any
 from infra.heap import freeze_startup_objects
 from infra.pools import PoolSpec
 from infra.settings import Settings
+from infra.state.registry import STARTUP_STATES
 from infra.storage.compile_artifacts import CompileCacheStore
 from pipeline.null import NULL_MODEL, NullRenderer
 
@@ -97,7 +98,7 @@ class StartupState:
     also written there, one word, for the chart's exec probes (``grep -qx ready FILE``).
     ``on_change``: called after each update (the worker beats its heartbeat)."""
 
-    STATES = ("loading", "sizing", "warming", "ready")
+    STATES = STARTUP_STATES
 
     def __init__(self, state_file: str = "", estimates: dict[str, float] | None = None,
                  on_change: Callable[[], object] | None = None) -> None:

@@ -22,7 +22,7 @@ from infra import keys
 from infra.background import server_time
 from infra.broker.depths import queue_depths
 from infra.state.metrics import HISTOGRAMS, IMAGE_STATES, Histogram
-from infra.state.registry import live_workers
+from infra.state.registry import STARTUP_STATES, live_workers
 
 #: Minutes of per-worker throughput behind ``images_per_s`` in ``GET /v1/workers``.
 RATE_WINDOW_MIN = 3
@@ -77,10 +77,6 @@ class FarmCollector:
         yield outstanding
         yield workers
         yield from worker_families(live)
-
-
-#: A worker's start-up states, in order (``worker.warmup.StartupState``); only ``ready`` takes jobs.
-STARTUP_STATES = ("loading", "sizing", "warming", "ready")
 
 
 def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:

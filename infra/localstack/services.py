@@ -298,14 +298,14 @@ class WorkerProcess(ManagedProcess):
 
     def is_ready(self) -> bool:
         from infra.state.connect import state_client
-        from infra.state.registry import live_workers
+        from infra.state.registry import LOADING_STATES, live_workers
 
         client = state_client(self._redis_url(), socket_timeout=2)
         try:
             entries = live_workers(client)
         finally:
             client.close()
-        return any(entry.get("name") == self.worker_name and entry.get("state") not in ("loading", "sizing")
+        return any(entry.get("name") == self.worker_name and entry.get("state") not in LOADING_STATES
                    for entry in entries)
 
 

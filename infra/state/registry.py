@@ -25,6 +25,13 @@ import redis
 from infra import keys
 from infra.background import server_time
 
+#: A worker's start-up states, in order (``worker.warmup.StartupState`` reports them in its
+#: heartbeat's ``state``): the pipeline loads, the batch is sized, the shapes warm up; only
+#: ``ready`` takes jobs.
+STARTUP_STATES = ("loading", "sizing", "warming", "ready")
+#: The states before the pipeline is loaded and the batch sized (a start that may still fail).
+LOADING_STATES = STARTUP_STATES[:2]
+
 # KEYS[1] rf:{workers}:{name}, KEYS[2] rf:{workers} (one slot); ARGV[1] name, ARGV[2] ttl (s),
 # ARGV[3…] field, JSON value.
 # The heartbeat's time is the server's, taken inside the script. Each beat replaces the whole
