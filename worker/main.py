@@ -164,8 +164,7 @@ def run_worker(args: argparse.Namespace) -> int:
                          on_written=test_counters[1] if test_counters else None, watchdog=watchdog)
     consumer = Consumer(app, runner, store, breaker, settings, queue=queue, name=name, batch_size=batch_size,
                         loglevel=args.loglevel)
-    warm_up = WarmUp(loaded, batch_size, device_info, cache, startup, lambda: heartbeat.beat_quietly(), name=name,
-                     started=t0, times=times)
+    warm_up = WarmUp(loaded, batch_size, device_info, cache, startup, name=name, started=t0, times=times)
     heartbeat.describe = functools.partial(describe, static, warm_up, runner, consumer, breaker)
     heartbeat.on_beat = lambda: store.renew_leases(runner.current_jobs())
     celery_heartbeat = CeleryHeartbeat(app, default_nodename(name), settings.heartbeat_interval_s)

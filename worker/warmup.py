@@ -203,9 +203,8 @@ class StartupTimes:
 class WarmUp:
     """The warm-up as a part of the worker: :meth:`start` enters ``warming`` and warms ``renderer`` up (every batch
     bucket × declared size, :func:`pipeline.warm.warm_up`; nothing for the null renderer),
-    calling ``beat`` (a heartbeat) at each step of its progress, then reports ``ready``
-    (``state``), beats once more and
-    freezes the start-up objects out of full garbage collections. The shared compile cache is
+    reporting each step of its progress to ``state`` (which beats the heartbeat on each change),
+    then reports ``ready`` and freezes the start-up objects out of full garbage collections. The shared compile cache is
     restored before the first compile and saved after a warm-up that compiled
     (:func:`pipeline.ready.get_ready`); its outcome is the report's ``compile_cache`` (a missing,
     corrupt or mismatched artifact, or S3 being away, only means compiling, with one log line).
@@ -213,21 +212,20 @@ class WarmUp:
     Args:
         renderer: the loaded renderer (not the fault-injecting wrapper). batch_size: the worker's.
         profile: the device profile. cache: the farm's compile cache in S3.
-        state: the state the heartbeat and probe read. beat: a heartbeat now (never raises).
+        state: the state the heartbeat and probe read (its ``on_change`` beats the heartbeat).
         name: the worker's name (logs). started: ``time.perf_counter()`` at the process's start.
     """
 
     def __init__(self, renderer: Any, batch_size: int, profile: dict, cache: CompileCacheStore, state: StartupState,
-                 beat: Callable[[], object], *, name: str, started: float, times: StartupTimes | None = None):
+                 *, name: str, started: float, times: StartupTimes | None = None):
         self.renderer, self.batch_size, self.profile, self.cache = renderer, batch_size, profile, cache
-        self.state, self.beat, self.name, self.started, self.times = state, beat, name, started, times
+        self.state, self.name, self.started, self.times = state, name, started, times
 
     def start(self) -> None:
         """Warm up, then ``ready`` (blocks for the warm-up: seconds to minutes); the states'
         seconds are kept for the next start's estimates (``times``)."""
         self.state.enter("warming")
-        self.state.ready(self._warm())
-        self.beat()
+        self.state.ready(self._warm())  # beats the heartbeat (the state's on_change)
         if self.times is not None:
             self.times.save(self.state.phases)
         freeze_startup_objects("worker")  # the pipeline and the imports: full collections skip them
