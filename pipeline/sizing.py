@@ -111,6 +111,12 @@ def sizing_shape(renderer, pool: PoolOptions | None = None) -> tuple[int, int, i
     return width, height, SIZING_STEPS
 
 
+def sizing_paths(pool: PoolOptions) -> tuple[str, ...]:
+    """The paths a sizing measures, in order: ``diffusion``, then each upscaler the pool declares
+    (the renders followed by its ×4 upscale); two renders each at most."""
+    return ("diffusion", *(pool.upscalers or ()))
+
+
 def sizing_requests(renderer, n: int, *, width: int, height: int, steps: int, guidance_scale: float,
                     upscaler: str | None = None) -> list[RenderRequest]:
     """The ``n`` requests a sizing render makes, at ``guidance_scale`` (above 1 classifier-free
@@ -147,7 +153,7 @@ def measure_sizing(renderer, profile: dict, pool: PoolOptions | None = None, *, 
     w, h, steps = sizing_shape(renderer, pool)
     width, height = width or w, height or h
     guidance = warm_plan(renderer, pool, 1).guidance_scale
-    paths = ("diffusion", *(pool.upscalers or ()))
+    paths = sizing_paths(pool)
     usable = renderer.recipe["memory_fraction"] * profile["total_memory_bytes"]
     cap = renderer.max_batch_size
     total, done, started = 2 * len(paths), 0, time.perf_counter()
@@ -226,7 +232,7 @@ def size_batch(renderer, profile: dict, pool: PoolOptions | None = None, *, fetc
                 "seconds": 0.0, "width": width, "height": height, "steps": steps, "paths": {}, "bounded": [],
                 "saved": None}
     guidance = warm_plan(renderer, pool, 1).guidance_scale
-    key = sizing_key(renderer, profile, width, height, guidance, ("diffusion", *(pool.upscalers or ())))
+    key = sizing_key(renderer, profile, width, height, guidance, sizing_paths(pool))
     record, outcome, reason = _fetch_record(key, fetch)
     saved: dict | None = None
     measured = record is None
@@ -234,7 +240,7 @@ def size_batch(renderer, profile: dict, pool: PoolOptions | None = None, *, fetc
         from pipeline import compile_count
 
         if on_progress is not None:  # the state's total before the first-call render, which takes a while too
-            on_progress(0, 2 * (1 + len(pool.upscalers or ())), None)
+            on_progress(0, 2 * len(sizing_paths(pool)), None)
         with compile_count.eager():  # the sizing shapes need no compiled graph (the warm-up builds those)
             renderer.warmup()  # first-call allocations stay out of the measured peaks
             record = measure_sizing(renderer, profile, pool, on_progress=on_progress)
@@ -279,4 +285,4 @@ def _save_record(key: CacheKey, record: SizingRecord, store: Store) -> dict:
 
 
 __all__ = ["SIZING_STEPS", "SizingRecord", "batch_size_from_memory", "measure_sizing", "record_name", "size_batch",
-           "sizing_key", "sizing_requests", "sizing_shape"]
+           "sizing_key", "sizing_paths", "sizing_requests", "sizing_shape"]

@@ -87,6 +87,7 @@ class ReadyConfig:
 def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float) -> dict:
     """One phase in this process (see the module docstring); returns its measurements (seconds)."""
     imported = time.time()
+    from pipeline.buckets import bucket_sizes
     from pipeline.compile_cache import compile_counters
     from pipeline.device import cpu_summary
     from pipeline.optimize.openvino_ir import DirectoryIRStore
@@ -100,7 +101,7 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
     loaded = time.perf_counter()
     sizing = _size(phase, config, renderer, profile, artifact.parent / "sizing") if config.size_batch else None
     sized = time.perf_counter()
-    buckets = _buckets(sizing["batch_size"]) if sizing else tuple(sorted(config.buckets))
+    buckets = bucket_sizes(sizing["batch_size"]) if sizing else tuple(sorted(config.buckets))
     plan = WarmPlan(buckets, tuple(config.sizes), config.steps, config.guidance_scale)
 
     def fetch(_key):
@@ -143,12 +144,6 @@ def _size(phase: str, config: ReadyConfig, renderer, profile: dict, folder: Path
 
     pool = PoolOptions(sizes=tuple(config.sizes), guidance_scale=config.guidance_scale)
     return size_batch(renderer, profile, pool, fetch=fetch, store=store)
-
-
-def _buckets(batch_size: int) -> tuple[int, ...]:
-    from pipeline.buckets import bucket_sizes
-
-    return tuple(bucket_sizes(batch_size))
 
 
 def _spawn(phase: str, config: ReadyConfig, artifact: Path, out: Path, cache_dir: Path) -> dict:
