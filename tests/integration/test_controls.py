@@ -19,22 +19,12 @@ from PIL import Image
 from infra.localstack import ApiServer, WorkerProcess, free_port
 from infra.storage.images import parse_parameters, read_parameters
 from producer import RenderClient
+from tests.control_images import shapes
 
 pytestmark = pytest.mark.integration
 DB = 10
 SIZE = 64
 CONTROLS = [{"name": "canny", "source": "tiny-controlnet-canny"}, {"name": "depth", "source": "tiny-controlnet-depth"}]
-
-
-def shapes(seed: int) -> Image.Image:
-    """A bright rectangle and disc on a dark noisy background, RGB SIZE² (outlines for canny)."""
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 40, (SIZE, SIZE, 3), dtype=np.uint8)
-    x0, y0 = 8 + seed % 16, 10 + (3 * seed) % 20
-    pixels[y0:y0 + 24, x0:x0 + 20] = 220
-    yy, xx = np.mgrid[:SIZE, :SIZE]
-    pixels[(yy - 44) ** 2 + (xx - 44) ** 2 < 64] = 180
-    return Image.fromarray(pixels)
 
 
 def png(image: Image.Image) -> bytes:

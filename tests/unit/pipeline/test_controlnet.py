@@ -11,22 +11,12 @@ import pytest
 
 from infra.controls import CONTROL_MAPS_INFO, PREPROCESS_S_INFO, ControlUnit
 from infra.schemas import RenderRequest
+from tests.control_images import shapes
 
 SIZE = 64
 
 
-def _shapes(seed: int) -> PIL.Image.Image:
-    """A photo-like test image: a bright rectangle and disc on a dark, noisy background (RGB, SIZE²)."""
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 40, (SIZE, SIZE, 3), dtype=np.uint8)
-    x0, y0 = 8 + seed % 16, 10 + (3 * seed) % 20
-    pixels[y0:y0 + 24, x0:x0 + 20] = 220
-    yy, xx = np.mgrid[:SIZE, :SIZE]
-    pixels[(yy - 44) ** 2 + (xx - 44) ** 2 < 64] = 180
-    return PIL.Image.fromarray(pixels)
-
-
-INPUTS = {"a.png": _shapes(1), "b.png": _shapes(7), "photo.png": _shapes(3).rotate(90)}
+INPUTS = {"a.png": shapes(1), "b.png": shapes(7), "photo.png": shapes(3).rotate(90)}
 
 
 @pytest.fixture(scope="module")
