@@ -1,7 +1,8 @@
 """Integration fixtures beside the session farm of ``tests/conftest.py``: ``start_worker``, the one
 way a test module starts workers of its own (a model, a pool, a Redis database other than the
 session farm's), stopped when the module ends; ``https_folder``, a real HTTPS server on loopback
-for input images fetched by URL; ``private_env`` and ``port_open`` for the tests that start a local
+for input images fetched by URL; ``compile_cache_in``, the compile-cache store in a bucket of the
+test's own, emptied after it; ``private_env`` and ``port_open`` for the tests that start a local
 stack of their own (``renderfarm up``, ``renderfarm demo``, the service classes)."""
 
 from __future__ import annotations
@@ -15,9 +16,30 @@ from urllib.parse import urlsplit
 import pytest
 
 from infra.localstack import WorkerProcess, free_port, start_workers
+from infra.settings import Settings
+from infra.storage.compile_artifacts import CompileCacheStore
+from infra.storage.s3 import Storage
 from tests.integration.https_site import HttpsSite, https_site
 
 StartWorker = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def compile_cache_in(farm_env) -> Iterator[Callable[[str], CompileCacheStore]]:
+    """``compile_cache_in(bucket)``: the compile-cache store in the session SeaweedFS's ``bucket``
+    (created when missing), a bucket of the test's own; every artifact in it is deleted after the test."""
+    stores: list[CompileCacheStore] = []
+
+    def open_store(bucket: str) -> CompileCacheStore:
+        storage = Storage(Settings(s3_bucket=bucket))
+        storage.ensure_bucket()
+        stores.append(CompileCacheStore(storage))
+        return stores[-1]
+
+    yield open_store
+    for store in stores:
+        for artifact in store.list():
+            store.delete(artifact.key)
 
 
 @pytest.fixture(scope="module")

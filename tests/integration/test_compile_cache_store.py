@@ -10,9 +10,7 @@ import sys
 
 import pytest
 
-from infra.settings import Settings
 from infra.storage.compile_artifacts import CompileCacheStore, object_name
-from infra.storage.s3 import Storage
 
 pytestmark = pytest.mark.integration
 FIELDS = {"model": "store-test", "revision": "offline:store-test:0", "recipe": {"name": "cpu/exact"},
@@ -30,13 +28,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def store(farm_env):
-    storage = Storage(Settings(s3_bucket=BUCKET))
-    storage.ensure_bucket()
-    cache = CompileCacheStore(storage)
-    yield cache
-    for artifact in cache.list():
-        cache.delete(artifact.key)
+def store(compile_cache_in) -> CompileCacheStore:
+    return compile_cache_in(BUCKET)
 
 
 def test_put_get_overwrite_list_delete(store) -> None:

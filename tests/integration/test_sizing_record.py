@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator
 
 import pytest
 
 from infra.settings import Settings
 from infra.storage.compile_artifacts import CompileCacheStore, object_name
-from infra.storage.s3 import Storage
 
 pytestmark = pytest.mark.integration
 BUCKET = "sizing-record-test"  # its own bucket: the records here are this file's alone
@@ -41,13 +39,8 @@ def renderer():
 
 
 @pytest.fixture
-def store(farm_env) -> Iterator[CompileCacheStore]:
-    storage = Storage(Settings(s3_bucket=BUCKET))
-    storage.ensure_bucket()
-    cache = CompileCacheStore(storage)
-    yield cache
-    for artifact in cache.list():
-        cache.delete(artifact.key)
+def store(compile_cache_in) -> CompileCacheStore:
+    return compile_cache_in(BUCKET)
 
 
 def _size(renderer, cache, profile=None):
