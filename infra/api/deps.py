@@ -10,7 +10,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
-import redis
 from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
@@ -22,7 +21,7 @@ from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
 from infra.state import metrics, registry
 from infra.state.catalog_index import CatalogIndex
-from infra.state.connect import is_cluster_url, state_client
+from infra.state.connect import is_cluster_url, redis_client, state_client
 from infra.state.durable import DurableAck, NotDurable
 from infra.state.job_store import JobStore
 from infra.state.quota import QuotaExceeded, Quotas
@@ -68,7 +67,7 @@ class Farm:
                              "confirms one node, and a batch's writes reach several")
         self.redis = state_client(settings.state_url)
         #: The broker's Redis (queue depths); the state store's client when they are one Redis.
-        self.broker_redis = (redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        self.broker_redis = (redis_client(settings.redis_url)
                              if settings.state_redis_url else self.redis)
         self.store = JobStore(self.redis, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                               max_attempts=settings.max_attempts)

@@ -41,6 +41,7 @@ from celery import Celery
 
 from infra import keys
 from infra.settings import Settings
+from infra.state.connect import celery_broker
 
 TASK_NAME = "renderfarm.render"
 #: Broker priorities (kombu redis: lower number = served first, one list per level). The order
@@ -58,16 +59,25 @@ def broker_keys(pool: str) -> list[str]:
 
 
 def make_celery(settings: Settings) -> Celery:
-    """A Celery app on the settings' Redis; used by publishers and workers alike."""
-    app = Celery("renderfarm", broker=settings.redis_url, set_as_current=False)
+    """A Celery app on the settings' Redis (one Redis, or a Sentinel group's primary:
+    :func:`infra.state.connect.celery_broker`); used by publishers and workers alike.
+
+    Raises:
+        ValueError: a broker URL kombu cannot use (a Redis Cluster, a malformed Sentinel URL).
+    """
+    broker = celery_broker(settings.redis_url)
+    app = Celery("renderfarm", broker=broker.url, set_as_current=False)
     app.conf.update(
         task_serializer="json", accept_content=["json"], result_serializer="json",
         task_ignore_result=True, result_backend=None, task_acks_late=True,
         task_reject_on_worker_lost=True, worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True, broker_connection_max_retries=None,
         broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S, "priority_steps": list(range(10)),
-                                  "sep": keys.PRIORITY_SEP, "queue_order_strategy": "priority"},
+                                  "sep": keys.PRIORITY_SEP, "queue_order_strategy": "priority",
+                                  **broker.transport_options},
         task_default_priority=PRIORITY_VALUES["normal"], worker_send_task_events=settings.celery_task_events,
         task_send_sent_event=False, worker_enable_remote_control=True,
     )
+    if broker.use_ssl is not None:
+        app.conf.broker_use_ssl = broker.use_ssl
     return app

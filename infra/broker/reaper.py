@@ -51,7 +51,7 @@ from infra.broker.kombu_redis import message_job_id
 from infra.broker.publish import republish
 from infra.settings import Settings
 from infra.state import registry
-from infra.state.connect import state_client
+from infra.state.connect import redis_client, state_client
 from infra.state.job_store import JobStore
 from infra.state.quota import Quotas
 
@@ -228,7 +228,7 @@ def from_settings(settings: Settings, client: redis.Redis | None = None, app: Ce
 
     client = client or state_client(settings.state_url)
     if broker is None:
-        broker = redis.Redis.from_url(settings.redis_url, decode_responses=True) if settings.state_redis_url else client
+        broker = redis_client(settings.redis_url) if settings.state_redis_url else client
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
     return Reaper(store, app or make_celery(settings), interval_s=settings.reaper_interval_s,

@@ -25,7 +25,9 @@ def redis_answers(url: str, timeout: float = 1.0) -> bool:
     """Whether a Redis server answers PING at ``url`` within ``timeout`` seconds."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    from infra.state.connect import redis_client
+
+    client = redis_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         return bool(client.ping())
     except (redis.RedisError, OSError):

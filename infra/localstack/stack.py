@@ -25,6 +25,16 @@ from infra.localstack.ports import check_free, free_port, reserve
 from infra.localstack.processes import ManagedProcess
 from infra.localstack.run_dirs import new_run_dir
 from infra.localstack.services import ApiServer, RedisServer, SeaweedS3, WorkerProcess, redis_answers, start_workers
+from infra.state.connect import is_cluster_url, is_sentinel_url
+
+
+def _local_port(redis_url: str) -> int | None:
+    """The port of a Redis this stack may start: ``redis_url``'s when it names one Redis on this
+    machine (None for another host, a Sentinel group or a Cluster)."""
+    if is_cluster_url(redis_url) or is_sentinel_url(redis_url):
+        return None
+    parts = urlsplit(redis_url)
+    return parts.port or 6379 if parts.hostname in ("127.0.0.1", "localhost") else None
 
 
 def stack_env(
@@ -155,7 +165,7 @@ class LocalStack:
         self.redis_url = redis_url or settings.redis_url
         # ports chosen outside this stack, which its servers bind later: SeaweedFS's internal ports
         # must not land on them (a Go "404 page not found" answered where the API should have)
-        reserve(api_port, s3_port, urlsplit(self.redis_url).port)
+        reserve(api_port, s3_port, _local_port(self.redis_url))
         self.bucket = bucket or settings.s3_bucket
         self.appendonly = appendonly or self.data_dir is not None
         self.redis: RedisServer | None = None  # stays None when a Redis already answers
@@ -189,9 +199,9 @@ class LocalStack:
         """``(port, option that changes it)`` of every port this stack will listen on whose
         number is chosen outside it: the API's, S3's, and Redis's when it will start one."""
         ports = [(self.api.port, "--api-port"), (self.s3.port, "--s3-port")]
-        parts = urlsplit(self.redis_url)
-        if parts.hostname in ("127.0.0.1", "localhost") and not redis_answers(self.redis_url):
-            ports.append((parts.port or 6379, "--redis-url"))
+        port = _local_port(self.redis_url)
+        if port is not None and not redis_answers(self.redis_url):
+            ports.append((port, "--redis-url"))
         return ports
 
     def start(self) -> "LocalStack":
@@ -243,13 +253,13 @@ class LocalStack:
 
     def _start_storage(self) -> None:
         if not redis_answers(self.redis_url):
-            parts = urlsplit(self.redis_url)
-            if parts.hostname not in ("127.0.0.1", "localhost"):
-                raise ConnectionError(f"no Redis answers at {self.redis_url}, and it is not local")
+            port = _local_port(self.redis_url)
+            if port is None:
+                raise ConnectionError(f"no Redis answers at {self.redis_url}, and it is not one local Redis to start")
             data = self.data_dir if self.data_dir is not None else self.run_dir
             # its own Redis fsyncs the AOF before it answers (appendfsync always): a kill -9
             # right after a 202 loses nothing, which Redis 7.0's missing WAITAOF cannot promise
-            self.redis = RedisServer(parts.port or 6379, appendonly=self.appendonly,
+            self.redis = RedisServer(port, appendonly=self.appendonly,
                                      appendfsync="always" if self.appendonly else "everysec",
                                      dir=data / "redis", run_dir=self.run_dir)  # fmt: skip
             self.redis.die_with_parent = self.guard is None

@@ -46,10 +46,9 @@ class StackEvents:
     """
 
     def __init__(self, redis_url: str, *, pending_max: int = 1000):
-        import redis
+        from infra.state.connect import redis_client
 
-        self._redis = redis.Redis.from_url(redis_url, socket_connect_timeout=1.0, socket_timeout=1.0,
-                                           decode_responses=True)
+        self._redis = redis_client(redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
         self._pending: deque[ServiceEvent] = deque(maxlen=pending_max)
 
     def reset(self) -> None:
