@@ -1,0 +1,143 @@
+"""Losing the Redis machine, not the farm: the farm on a Sentinel group (one primary, two
+replicas, three sentinels; :mod:`tests.faults.sentinel`), every process configured with one
+``sentinel://`` URL, and the primary killed with SIGKILL.
+
+Rows of the fault table (recovery seconds: from the ``kill -9`` until the farm completed a job
+again on the promoted replica, Sentinel's detection and failover included):
+
+- s1: the primary killed mid-run, under load; nothing restarted by hand;
+- s2: the primary killed right after a burst of 202s with ``RENDERFARM_DURABLE_ACK=replicas``:
+  every acknowledged job is on a replica before its 202, so every one finishes;
+- s3: one of the three sentinels killed mid-run: nothing changes.
+
+Runs twice are counted by the workers in the same Redis (``RENDERFARM_TEST_COUNTERS``), so a
+counter write the promoted replica never received is not seen; the jobs' own states and the
+bucket's objects are.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from infra.localstack import SeaweedS3
+
+from .farm import FaultFarm, request
+from .sentinel import SentinelGroupServers
+
+pytestmark = [pytest.mark.faults, pytest.mark.long]
+
+
+@pytest.fixture
+def group(run_dir: Path, tmp_path: Path) -> Iterator[SentinelGroupServers]:
+    servers = SentinelGroupServers(tmp_path / "sentinel", run_dir)
+    try:
+        yield servers.start()
+    finally:
+        servers.stop()
+
+
+@pytest.fixture
+def sentinel_farm(request, group: SentinelGroupServers, fault_s3: SeaweedS3, run_dir: Path,
+                  cache_dir: Path) -> Iterator[FaultFarm]:
+    marker = request.node.get_closest_marker("farm_settings")
+    if not fault_s3.running:
+        fault_s3.start().wait_ready()
+    farm = FaultFarm(request.node.name.removeprefix("test_")[:12].replace("_", "-"), group, fault_s3, run_dir,
+                     cache_dir, **(marker.kwargs if marker else {}))
+    try:
+        yield farm.start()
+    finally:
+        farm.stop()
+
+
+def _succeeded(farm: FaultFarm, job_ids) -> int | None:
+    """Jobs succeeded, read from the current primary; None while no primary answers."""
+    try:
+        return sum(1 for state, _, _ in farm.states(job_ids) if state == "succeeded")
+    except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+        return None
+
+
+def _kill_primary_and_time_recovery(farm: FaultFarm, group: SentinelGroupServers, job_ids) -> dict:
+    """SIGKILL the primary; wait until a job succeeds after it. Returns the row's columns:
+    ``recovery_s``, ``succeeded_before_kill``, ``killed_port``, ``promoted_port`` (and keeps the
+    farm's process ids at the kill in ``farm.pids_at_kill``)."""
+    done = _succeeded(farm, job_ids) or 0
+    farm.pids_at_kill = [p.pid for p in (farm.api, *farm.workers)]  # type: ignore[attr-defined]
+    victim = group.current_primary()
+    victim.kill()
+    killed_at = time.monotonic()
+    farm.wait_for(lambda: (_succeeded(farm, job_ids) or 0) > done, timeout=60)
+    recovery = time.monotonic() - killed_at
+    return {"recovery_s": recovery, "succeeded_before_kill": done, "killed_port": victim.port,
+            "promoted_port": group.primary_port()}
+
+
+def _assert_failed_over_and_clean(row: dict, farm: FaultFarm, submitted: int) -> None:
+    """A replica was promoted while jobs were left, and every job finished once, on the same
+    worker and API processes (none restarted by hand or by a supervisor)."""
+    assert row["promoted_port"] != row["killed_port"] and row["succeeded_before_kill"] < submitted, row
+    assert row["lost"] == 0 and row["run_twice"] == 0 and row["succeeded"] == submitted, row
+    assert [p.pid if p.running else None for p in (farm.api, *farm.workers)] == farm.pids_at_kill, row
+
+
+def test_s1_kill_9_the_primary_under_load(sentinel_farm, group):
+    farm = sentinel_farm
+    farm.add_workers(2, batch_size=8, step_delay_s=0.2)  # 0.8 s a batch: 96 jobs last several seconds
+    job_ids = farm.submit([request(i, steps=4) for i in range(96)])
+    farm.wait_for(lambda: (_succeeded(farm, job_ids) or 0) >= 16, timeout=60)
+    failover = _kill_primary_and_time_recovery(farm, group, job_ids)
+    farm.wait(job_ids, timeout=180)
+    row = farm.account("s1. kill -9 the Sentinel group's primary under load", job_ids, **failover)
+    _assert_failed_over_and_clean(row, farm, 96)
+    assert row["recovery_s"] < 15, row  # Sentinel's 1 s detection, the failover, the farm's reconnects
+
+
+@pytest.mark.farm_settings(RENDERFARM_DURABLE_ACK="replicas")
+def test_s2_kill_9_the_primary_right_after_a_burst_of_202s(sentinel_farm, group):
+    farm = sentinel_farm
+    farm.add_workers(2, batch_size=8, step_delay_s=0.4)  # 1.6 s a batch: most jobs still queued at the kill
+    accepted: list[str] = []
+    lock = threading.Lock()
+
+    def burst(t: int) -> None:
+        for k in range(5):
+            body = {"jobs": [request(t * 1000 + k * 100 + i).model_dump(mode="json", exclude_none=True)
+                             for i in range(10)]}
+            resp = httpx.post(f"{farm.api.url}/v1/batches", json=body, timeout=60)
+            assert resp.status_code == 202, resp.text
+            with lock:
+                accepted.extend(resp.json()["job_ids"])
+
+    threads = [threading.Thread(target=burst, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failover = _kill_primary_and_time_recovery(farm, group, accepted)
+    missing = sum(1 for s in farm.statuses(accepted) if s is None)
+    farm.wait(accepted, timeout=180)
+    row = farm.account("s2. kill -9 the primary right after a burst of 202s (durable ack: replicas)", accepted,
+                       missing_after_failover=missing, **failover)
+    _assert_failed_over_and_clean(row, farm, 200)
+    assert missing == 0, row
+
+
+def test_s3_kill_one_sentinel_mid_run(sentinel_farm, group):
+    farm = sentinel_farm
+    farm.add_workers(1, batch_size=8, step_delay_s=0.1)
+    job_ids = farm.submit([request(i) for i in range(48)])
+    farm.wait_for(lambda: (_succeeded(farm, job_ids) or 0) >= 8, timeout=60)
+    primary = group.primary_port()
+    group.sentinels[0].kill()
+    statuses = farm.wait(job_ids, timeout=120)
+    row = farm.account("s3. kill -9 one of three sentinels mid-run", job_ids, None)
+    assert group.primary_port() == primary and all(s is not None and s.state == "succeeded" for s in statuses)
+    assert row["lost"] == 0 and row["run_twice"] == 0, row
