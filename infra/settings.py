@@ -70,7 +70,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RENDERFARM_", extra="ignore", populate_by_name=True)
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="The Celery broker, and the job-state store "
-                           "unless RENDERFARM_STATE_REDIS_URL names another.")
+                           "unless RENDERFARM_STATE_REDIS_URL names another. sentinel://[:password@]host:26379"
+                           "[,host:26379…]/master_name[/db] (sentinels:// for TLS): a Sentinel group's primary, "
+                           "followed through failovers.")
     state_redis_url: str = Field("", description="The job-state store's Redis; empty: RENDERFARM_REDIS_URL. "
                                  "redis+cluster:// (rediss+cluster://) and a seed node's host:port: Redis "
                                  "Cluster (the broker then stays on a plain Redis at RENDERFARM_REDIS_URL).")

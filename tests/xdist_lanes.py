@@ -34,6 +34,7 @@ WAITING_FILES = frozenset({
     "tests/faults/test_worker_scenarios.py",
     "tests/faults/test_scenarios.py",
     "tests/faults/test_recovery.py",
+    "tests/faults/test_sentinel.py",
     "tests/faults/test_broker_reconnect.py",
     "tests/integration/test_stack_up.py",
 })
