@@ -16,7 +16,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "renderfarm"
 THREE_POOLS = ROOT / "deploy" / "helm" / "values-three-pools.yaml"
-VALUES = {"default": [], "three-pools": [THREE_POOLS]}
+SENTINEL = ROOT / "deploy" / "helm" / "values-redis-sentinel.yaml"
+VALUES = {"default": [], "three-pools": [THREE_POOLS], "redis-sentinel": [SENTINEL]}
 KEDA_KINDS = {"ScaledObject", "ScaledJob", "TriggerAuthentication", "ClusterTriggerAuthentication"}
 
 

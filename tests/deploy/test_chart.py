@@ -13,10 +13,10 @@ import kubernetes_validate
 import pytest
 
 from infra import keys
-from tests.deploy.conftest import CHART, KEDA_KINDS, THREE_POOLS, by_kind, run_helm, values_of
+from tests.deploy.conftest import CHART, KEDA_KINDS, VALUES, by_kind, run_helm, values_of
 
 K8S_VERSION = "1.30.0"   # the oldest Kubernetes the chart targets, in kubernetes-validate's schemas
-VALUE_SETS = ["default", "three-pools"]
+VALUE_SETS = ["default", "three-pools", "redis-sentinel"]
 
 
 def workers(docs: list[dict]) -> list[dict]:
@@ -30,7 +30,7 @@ def worker_args(deploy: dict) -> list[str]:
 
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_helm_lint(helm, values):
-    args = ["lint", "--strict", str(CHART)] + (["-f", str(THREE_POOLS)] if values == "three-pools" else [])
+    args = ["lint", "--strict", str(CHART)] + [a for f in VALUES[values] for a in ("-f", str(f))]
     out = run_helm(helm, *args)
     assert "0 chart(s) failed" in out.stdout
 

@@ -107,6 +107,11 @@ renderfarm.io/pool: {{ .name }}
 {{- if and .Values.redis.bundled.enabled (not .Values.redis.url) (not .Values.redis.urlSecret.name) -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when the bundled Redis is a Sentinel group, else "". */}}
+{{- define "renderfarm.sentinelRedis" -}}
+{{- if and (include "renderfarm.bundledRedis" .) .Values.redis.bundled.sentinel.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{- define "renderfarm.redisSecretName" -}}
 {{- default (printf "%s-redis" (include "renderfarm.fullname" .)) .Values.redis.bundled.auth.existingSecret -}}
 {{- end -}}
@@ -116,9 +121,51 @@ the env entry of that name defined just before it (renderfarm.env). */}}
 {{- define "renderfarm.redisUrl" -}}
 {{- if .Values.redis.url -}}
 {{- .Values.redis.url -}}
+{{- else if and .Values.redis.bundled.enabled .Values.redis.bundled.sentinel.enabled -}}
+{{- $sentinels := list -}}
+{{- range (include "renderfarm.redisPeers" . | splitList " ") -}}
+{{- $sentinels = append $sentinels (printf "%s:26379" .) -}}
+{{- end -}}
+{{- printf "sentinel://:$(REDIS_PASSWORD)@%s/%s/0?sentinel_password=$(REDIS_PASSWORD)" (join "," $sentinels) .Values.redis.bundled.sentinel.masterName -}}
 {{- else if .Values.redis.bundled.enabled -}}
 {{- printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" (include "renderfarm.fullname" .) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The bundled Redis's headless Service (Sentinel mode): it gives each pod a DNS name. */}}
+{{- define "renderfarm.redisHeadless" -}}
+{{- printf "%s-redis-headless" (include "renderfarm.fullname" .) -}}
+{{- end -}}
+
+{{/* The DNS names of the Sentinel group's pods, space-separated, in ordinal order. */}}
+{{- define "renderfarm.redisPeers" -}}
+{{- $name := printf "%s-redis" (include "renderfarm.fullname" .) -}}
+{{- $domain := printf "%s.%s.svc" (include "renderfarm.redisHeadless" .) .Release.Namespace -}}
+{{- $peers := list -}}
+{{- range $i := until (int .Values.redis.bundled.sentinel.replicas) -}}
+{{- $peers = append $peers (printf "%s-%d.%s" $name $i $domain) -}}
+{{- end -}}
+{{- join " " $peers -}}
+{{- end -}}
+
+{{/* The bundled Redis's redis.conf: the broker and job-state store, durable (AOF) and never
+evicting. requirepass comes from the Secret (on the command line, or in Sentinel mode appended by
+the start script); protected mode stays on. */}}
+{{- define "renderfarm.redisConf" -}}
+{{- $r := .Values.redis.bundled -}}
+dir /data
+appendonly yes
+appendfsync {{ $r.appendfsync }}
+aof-use-rdb-preamble yes
+auto-aof-rewrite-percentage 100
+auto-aof-rewrite-min-size 64mb
+save 900 1
+maxmemory-policy noeviction
+{{- with $r.maxmemory }}
+maxmemory {{ . }}
+{{- end }}
+protected-mode yes
+tcp-keepalive 60
 {{- end -}}
 
 {{/* The env entry REDIS_PASSWORD from the bundled Redis's Secret. */}}
