@@ -17,6 +17,7 @@ bucket's objects are.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -141,3 +142,29 @@ def test_s3_kill_one_sentinel_mid_run(sentinel_farm, group):
     row = farm.account("s3. kill -9 one of three sentinels mid-run", job_ids, None)
     assert group.primary_port() == primary and all(s is not None and s.state == "succeeded" for s in statuses)
     assert row["lost"] == 0 and row["run_twice"] == 0, row
+
+
+def test_s4_the_primary_partitioned_then_back_as_a_replica(sentinel_farm, group):
+    """SIGSTOP the primary (a partition: its clients' connections hang rather than fail), let the
+    sentinels promote a replica, then SIGCONT it: it comes back believing it is the primary until
+    the sentinels turn it into the new primary's replica, which throws away whatever it accepted
+    meanwhile."""
+    farm = sentinel_farm
+    farm.add_workers(2, batch_size=8, step_delay_s=0.2)
+    job_ids = farm.submit([request(i, steps=4) for i in range(96)])
+    farm.wait_for(lambda: (_succeeded(farm, job_ids) or 0) >= 16, timeout=60)
+    done = _succeeded(farm, job_ids) or 0
+    victim = group.current_primary()
+    victim.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        farm.wait_for(lambda: group.primary_port() != victim.port, timeout=30)
+        farm.wait_for(lambda: (_succeeded(farm, job_ids) or 0) > done, timeout=60)
+        recovery = time.monotonic() - stopped_at
+    finally:
+        victim.send_signal(signal.SIGCONT)
+    farm.wait_for(lambda: victim.client().info("replication")["role"] == "slave", timeout=30)
+    farm.wait(job_ids, timeout=180)
+    row = farm.account("s4. the primary partitioned (SIGSTOP), then back as a replica", job_ids, recovery,
+                       succeeded_before_stop=done)
+    assert row["lost"] == 0 and row["run_twice"] == 0 and row["succeeded"] == 96, row
