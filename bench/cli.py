@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _add_commands(sub) -> None:
     """Every bench command, in the order ``--help`` lists them (the CLI root and :func:`build_parser`)."""
     for add in (_register_pipeline, _register_show, _register_profile, _register_farm, _register_submit,
-                _register_messages, _register_redis, _register_ready, _register_io):
+                _register_messages, _register_redis, _register_durable, _register_ready, _register_io):
         add(sub)
 
 
@@ -235,6 +235,20 @@ def _register_redis(sub) -> None:
     r.add_argument("--rounds", type=int, default=1)
     r.add_argument("--json", default=None, help="write the result here")
     r.set_defaults(func=lambda args: sys.exit(handlers.redis(args)))
+
+
+def _register_durable(sub) -> None:
+    d = sub.add_parser("durable", help="what a durable 202 costs: one batch submitted with the durable ack off, "
+                                       "local and replicas",
+                       description="Start a private redis-server (AOF on) with one replica, submit --rounds batches "
+                                   "of --batch null jobs per RENDERFARM_DURABLE_ACK mode through the API's "
+                                   "submitter (no HTTP), the modes' order rotating, and print milliseconds per "
+                                   "batch (median, best, worst) and each mode's median over off.")
+    d.add_argument("--batch", type=int, default=100, help="jobs per batch (default 100)")
+    d.add_argument("--rounds", type=int, default=30, help="batches per mode (default 30)")
+    d.add_argument("--appendfsync", default="always", help="always or everysec (default always)")
+    d.add_argument("--json", default=None, help="write the result here")
+    d.set_defaults(func=lambda args: sys.exit(handlers.durable(args)))
 
 
 def _register_ready(sub) -> None:

@@ -169,6 +169,17 @@ def redis(args: argparse.Namespace) -> int:
                           lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
 
 
+def durable(args: argparse.Namespace) -> int:
+    """``bench durable``: one batch's submission per durable-ack mode. Returns the exit status."""
+    from bench.farm.durable_ack import DurableBenchConfig, durable_table, run_durable_bench
+
+    def run(log) -> dict:  # a bad option is a ValueError here: run_and_report prints it, exit 2
+        config = DurableBenchConfig(batch=args.batch, rounds=args.rounds, appendfsync=args.appendfsync)
+        return run_durable_bench(config, log=log)
+
+    return run_and_report("bench durable", run, durable_table, args.json)
+
+
 def s3(args: argparse.Namespace) -> int:
     """``bench s3``: boto3 against obstore per S3 operation. Returns the exit status."""
     from bench.farm.s3_client import S3BenchConfig, run_s3_bench, s3_table
