@@ -10,7 +10,8 @@ asserts that nothing accepted was lost and nothing ran twice:
 - l: a worker whose wall clock is 60 s behind (libfaketime, or where it breaks Python a
   ``sitecustomize`` shifting Python's ``time.time``), from start to its jobs done;
 - p: tenant A floods at its quota and rate limits for ``RENDERFARM_TEST_FLOOD_S`` seconds
-  (default 60; the full scenario runs 600) while tenant B submits one job every half second; B's
+  (default 30: A meets its 400-job quota every few seconds, so the counts asserted hold many
+  times over; the full scenario runs 600) while tenant B submits one job every half second; B's
   waits (queued → running, p50/p95) are recorded, not asserted (no timed asserts); B is never
   overtaken by A's backlog, which is counted, not timed.
 """
@@ -254,7 +255,7 @@ def test_l_worker_clock_60_s_behind(fault_farm, tmp_path):
 
 
 # ---- p. one tenant floods at its limits, another keeps working ---------------------------------
-FLOOD_S = float(os.environ.get("RENDERFARM_TEST_FLOOD_S", "60"))
+FLOOD_S = float(os.environ.get("RENDERFARM_TEST_FLOOD_S", "30"))
 A_QUOTA = 400
 
 
