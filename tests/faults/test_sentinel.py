@@ -17,7 +17,11 @@ bucket's objects are.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -138,6 +142,13 @@ def test_s3_kill_one_sentinel_mid_run(sentinel_farm, group):
     farm.wait_for(lambda: (_succeeded(farm, job_ids) or 0) >= 8, timeout=60)
     primary = group.primary_port()
     group.sentinels[0].kill()
+    # Celery's own remote control reaches the worker through the same sentinel:// URL
+    node = f"celery@{farm.workers[0].worker_name}"
+    inspect = subprocess.run([sys.executable, "-m", "celery", "-A", "infra.broker.celery_app", "inspect", "ping",
+                              "--destination", node, "--timeout", "30", "--json"], capture_output=True, text=True,
+                             timeout=90, env={**os.environ, **farm.env, "RENDERFARM_ENV_FILE": ""})
+    assert inspect.returncode == 0, inspect.stdout + inspect.stderr
+    assert json.loads(inspect.stdout) == {node: {"ok": "pong"}}
     statuses = farm.wait(job_ids, timeout=120)
     row = farm.account("s3. kill -9 one of three sentinels mid-run", job_ids, None)
     assert group.primary_port() == primary and all(s is not None and s.state == "succeeded" for s in statuses)

@@ -20,3 +20,13 @@ def test_seaweedfs_never_takes_a_port_the_caller_chose(monkeypatch, tmp_path):
     internal = {name: port for name, port in stack.s3.ports.items() if name != "s3.port"}
     assert not {api, s3, redis} & set(internal.values()), internal
     assert stack.api.port == api and stack.s3.port == s3 and len(set(internal.values())) == len(internal)
+
+
+def test_a_sentinel_or_cluster_url_is_never_a_redis_the_stack_would_start(tmp_path):
+    from infra.localstack import LocalStack
+
+    for url in ("sentinel://127.0.0.1:26379,127.0.0.1:26380/farm/0", "redis+cluster://127.0.0.1:7000"):
+        stack = LocalStack(workers=0, run_dir=tmp_path, redis_url=url)  # builds nothing, starts nothing
+        assert [option for _, option in stack.ports()] == ["--api-port", "--s3-port"], url
+    local = LocalStack(workers=0, run_dir=tmp_path, redis_url="redis://127.0.0.1:1/0")  # nothing answers there
+    assert (1, "--redis-url") in local.ports()
