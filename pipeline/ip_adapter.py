@@ -1,0 +1,222 @@
+"""IP-Adapter on the pinned pipeline: an image prompt beside the text prompt, per request.
+
+Place in the data flow: worker → pipeline, beside :mod:`pipeline.controlnet`. IP-Adapter (Ye,
+Zhang, Liu, Han and Yang, "IP-Adapter: Text Compatible Image Prompt Adapter for Text-to-Image
+Diffusion Models", 2023) conditions the UNet's cross-attention on a CLIP image embedding through
+its own key and value projections, beside the text's. diffusers loads one with
+``load_ip_adapter`` (its image projection becomes the UNet's ``encoder_hid_proj``, its projections
+``IPAdapterAttnProcessor2_0`` in every cross-attention) and sets its strength with
+``set_ip_adapter_scale`` ("IP-Adapter" in diffusers' docs).
+
+Loading changes the pinned pipeline itself: the UNet's attention processors and its
+``encoder_hid_proj``, after which the UNet refuses a call without an image embedding. So an
+adapter is applied around one call only (:meth:`IPAdapters.applied`): loaded from its state dict
+and image encoder kept in memory, its scale set, then unloaded with diffusers'
+``unload_ip_adapter`` and the pinned UNet's own attention processors put back (diffusers' unload
+would install fresh default instances, dropping what the recipe chose). A compiled UNet meets
+other processors there, so on a compiled worker such a call runs eager.
+
+Sources, as ControlNets': the adapter's weights file (``image_proj.*`` and ``ip_adapter.*`` in
+one safetensors file, the layout of the ``h94/IP-Adapter`` checkpoints) in a directory with its
+CLIP image encoder in ``image_encoder/`` (``CLIPVisionModelWithProjection``), as a local path or a
+hub id with ``subfolder``/``weight_name``; or an offline build (``tiny-ip-adapter…``:
+:func:`build_offline_ip_adapter`) for tests and the demo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Offline IP-Adapter sources start with this: random weights, the pinned UNet's layout.
+OFFLINE_PREFIX = "tiny-ip-adapter"
+#: The weights file of an IP-Adapter directory (offline builds; a real one names its own).
+WEIGHT_NAME = "ip-adapter.safetensors"
+#: Image tokens of a plain IP-Adapter's image projection (the paper's 4; diffusers reads it so).
+IMAGE_TOKENS = 4
+#: Standard deviation of the offline build's key/value projections: drawn large enough that the
+#: reference image visibly steers the tiny model's images (PyTorch's default init barely does).
+OFFLINE_KV_STD = 0.5
+#: The offline image encoder: a 2-layer CLIP vision tower on 32² inputs with 16-dim embeddings.
+OFFLINE_ENCODER = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "image_size": 32, "patch_size": 8, "projection_dim": 16}
+
+
+@dataclass(frozen=True)
+class IPAdapterSource:
+    """Where one IP-Adapter comes from: ``path`` (a directory, or a hub id), the weights file's
+    ``subfolder`` and ``weight_name`` in it, and its image encoder's folder (relative to ``path``)."""
+
+    path: str
+    subfolder: str = ""
+    weight_name: str = WEIGHT_NAME
+    image_encoder_folder: str = "image_encoder"
+
+
+def build_offline_ip_adapter(name: str, pipe, cache_dir: Path) -> Path:
+    """An offline random-weight IP-Adapter for ``pipe``'s UNet, saved once under ``cache_dir``
+    (``ip-adapters/<model hash>/<name>/``: :data:`WEIGHT_NAME` and ``image_encoder/``); returns the
+    directory.
+
+    The image encoder is a tiny ``CLIPVisionModelWithProjection`` (:data:`OFFLINE_ENCODER`); the
+    image projection maps its embedding to :data:`IMAGE_TOKENS` tokens of the UNet's
+    ``cross_attention_dim``; each cross-attention gets ``to_k_ip``/``to_v_ip`` of its own shape,
+    numbered as diffusers numbers them (1, 3, 5, … over the UNet's attention processors in order).
+    Every weight is drawn under a seed derived from ``name`` (projections from
+    N(0, :data:`OFFLINE_KV_STD`²)), so a name always builds the same adapter.
+
+    Raises:
+        ValueError: ``pipe`` has no ``UNet2DConditionModel`` (diffusers' IP-Adapter loader needs one).
+    """
+    import torch
+    from diffusers import UNet2DConditionModel
+    from safetensors.torch import save_file
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    unet = getattr(pipe, "unet", None)
+    if not isinstance(unet, UNet2DConditionModel):
+        raise ValueError(f"offline IP-Adapter {name!r} is made for a UNet; {type(pipe).__name__} has none")
+    model = str(getattr(pipe, "_renderfarm_model", type(pipe).__name__))
+    final = Path(cache_dir) / "ip-adapters" / hashlib.sha256(model.encode()).hexdigest()[:16] / name
+    if (final / WEIGHT_NAME).is_file():
+        return final
+    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+    generator = torch.Generator().manual_seed(seed)
+    cross = int(unet.config.cross_attention_dim)
+    embed = OFFLINE_ENCODER["projection_dim"]
+
+    def draw(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(shape, generator=generator) * std).contiguous()
+
+    tensors = {"image_proj.proj.weight": draw(IMAGE_TOKENS * cross, embed, std=embed ** -0.5),
+               "image_proj.proj.bias": torch.zeros(IMAGE_TOKENS * cross),
+               "image_proj.norm.weight": torch.ones(cross), "image_proj.norm.bias": torch.zeros(cross)}
+    key_id = 1
+    for proc_name in unet.attn_processors:
+        if proc_name.endswith("attn1.processor"):
+            continue
+        attn = unet.get_submodule(proc_name.removesuffix(".processor"))
+        for proj in ("to_k", "to_v"):
+            rows = getattr(attn, proj).weight.shape[0]
+            tensors[f"ip_adapter.{key_id}.{proj}_ip.weight"] = draw(rows, cross, std=OFFLINE_KV_STD)
+        key_id += 2
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(**OFFLINE_ENCODER))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=final.parent))
+    try:
+        encoder.save_pretrained(tmp / "image_encoder", safe_serialization=True)
+        save_file(tensors, str(tmp / WEIGHT_NAME))
+        if not final.exists():  # another process may have built it meanwhile: keep theirs
+            os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+class IPAdapters:
+    """The IP-Adapters one pinned pipeline may apply, each loaded once and kept in memory.
+
+    Args:
+        pipe: the pinned pipeline (SD 1/2 or SDXL: a UNet with cross-attention).
+        sources: adapter name → source: an offline name (``tiny-ip-adapter…``), an
+            :class:`IPAdapterSource`, or a directory / hub id in :class:`IPAdapterSource`'s default layout.
+        cache_dir: where offline builds are saved.
+    Raises:
+        KeyError: (from :meth:`applied`) a name not in ``sources``.
+    """
+
+    def __init__(self, pipe, sources: dict[str, str | IPAdapterSource], cache_dir: Path):
+        self.pipe = pipe
+        self.sources = dict(sources)
+        self.cache_dir = Path(cache_dir)
+        self._loaded: dict[str, tuple[dict, Any, Any]] = {}
+
+    def _source(self, name: str) -> IPAdapterSource:
+        source = self.sources[name]
+        if isinstance(source, IPAdapterSource):
+            return source
+        if source.startswith(OFFLINE_PREFIX):
+            return IPAdapterSource(str(build_offline_ip_adapter(source, self.pipe, self.cache_dir)))
+        return IPAdapterSource(source)
+
+    def _load(self, name: str) -> tuple[dict, Any, Any]:
+        """The adapter's state dict (``image_proj``, ``ip_adapter``), image encoder (in the UNet's
+        dtype and device) and feature extractor, read once."""
+        if name not in self._loaded:
+            from diffusers.models.model_loading_utils import load_state_dict
+            from huggingface_hub import hf_hub_download
+            from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
+
+            source = self._source(name)
+            root = Path(source.path)
+            if root.is_dir():
+                weights = root / source.subfolder / source.weight_name
+                encoder_dir = str(root / source.image_encoder_folder)
+            else:  # a hub id
+                weights = Path(hf_hub_download(source.path, source.weight_name, subfolder=source.subfolder or None))
+                encoder_dir = str(Path(hf_hub_download(source.path, "config.json",
+                                                       subfolder=source.image_encoder_folder)).parent)
+            flat = load_state_dict(str(weights))
+            state: dict[str, dict[str, Any]] = {"image_proj": {}, "ip_adapter": {}}
+            for key, value in flat.items():
+                part, _, rest = key.partition(".")
+                state[part][rest] = value
+            unet = self.pipe.unet
+            encoder = CLIPVisionModelWithProjection.from_pretrained(encoder_dir).to(unet.device, unet.dtype).eval()
+            size = encoder.config.image_size
+            self._loaded[name] = (state, encoder, CLIPImageProcessor(size=size, crop_size=size))
+        return self._loaded[name]
+
+    @contextlib.contextmanager
+    def applied(self, name: str, scale: float) -> Iterator[Any]:
+        """Within the block ``self.pipe`` carries adapter ``name`` at ``scale`` (0 = no effect, 1 = the
+        adapter's strength); yields the pipeline. Afterwards the adapter is unloaded and the UNet's
+        own attention processors are back, whatever the block raised.
+
+        Raises:
+            KeyError: ``name`` is not declared.
+        """
+        state, encoder, extractor = self._load(name)
+        pipe, unet = self.pipe, self.pipe.unet
+        own = dict(unet.attn_processors)
+        pipe.register_modules(image_encoder=encoder, feature_extractor=extractor)
+        try:
+            pipe.load_ip_adapter(state, subfolder="", weight_name="")
+            pipe.set_ip_adapter_scale(scale)
+            yield pipe
+        finally:
+            pipe.unload_ip_adapter()
+            unet.set_attn_processor(own)
+            pipe.register_modules(image_encoder=None, feature_extractor=None)
+
+    def image_embeds(self, name: str, image: Any, guidance: bool) -> list[Any]:
+        """``ip_adapter_image_embeds`` for one call with reference ``image`` (a PIL image): a list
+        with one tensor of shape (2 if ``guidance`` else 1, 1, embed dim), the unconditional half
+        (zeros, as diffusers makes it) first, in the UNet's dtype.
+
+        One reference per call: diffusers' SD and SDXL pipelines repeat the given embedding over the
+        call's batch (``prepare_ip_adapter_image_embeds`` with ``batch_size × num_images_per_prompt``),
+        so requests with different references cannot share a call; a batch dimension here would be
+        taken as more image tokens for every sample.
+
+        Raises:
+            KeyError: ``name`` is not declared.
+        """
+        import torch
+
+        _, encoder, extractor = self._load(name)
+        pixels = extractor(images=[image], return_tensors="pt").pixel_values
+        with torch.no_grad():
+            embeds = encoder(pixels.to(encoder.device, encoder.dtype)).image_embeds[:, None, :]
+        if guidance:
+            embeds = torch.cat([torch.zeros_like(embeds), embeds])
+        return [embeds]

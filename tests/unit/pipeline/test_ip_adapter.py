@@ -1,0 +1,87 @@
+"""IP-Adapter on the warm tiny pipeline: an offline adapter (random weights, the tiny UNet's
+layout, a tiny CLIP image encoder) loaded through diffusers' ``load_ip_adapter`` around one call,
+the reference image steering the image, scale 0 rendering the plain image, one reference per call
+(diffusers repeats it over the batch), and the pinned
+pipeline left as it was (its own attention processors, no image projection) after the call,
+even one that raised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.control_images import shapes
+
+SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def adapters(offline_cache):
+    from pipeline.ip_adapter import IPAdapters
+    from pipeline.models import load_pipeline
+
+    pipe = load_pipeline("tiny", cache_dir=offline_cache)
+    return IPAdapters(pipe, {"style": "tiny-ip-adapter-style"}, cache_dir=offline_cache)
+
+
+def _render(pipe, embeds=None) -> np.ndarray:
+    import torch
+
+    extra = {} if embeds is None else {"ip_adapter_image_embeds": embeds}
+    out = pipe("a bottle on a beach", height=SIZE, width=SIZE, num_inference_steps=3, guidance_scale=7.5,
+               generator=torch.Generator().manual_seed(5), output_type="np", **extra)
+    return out.images[0].astype(np.float64) * 255
+
+
+def _styled(adapters, reference, scale: float = 1.0) -> np.ndarray:
+    with adapters.applied("style", scale) as pipe:
+        return _render(pipe, adapters.image_embeds("style", reference, guidance=True))
+
+
+def test_the_reference_image_steers_the_image_and_scale_0_does_not(adapters):
+    plain = _render(adapters.pipe)
+    a, again, b = _styled(adapters, shapes(1)), _styled(adapters, shapes(1)), _styled(adapters, shapes(7))
+    assert np.array_equal(a, again)  # one reference, one seed: one image
+    assert np.abs(a - b).mean() > 1.0, np.abs(a - b).mean()  # another reference, another image
+    assert np.abs(a - plain).mean() > 1.0
+    assert np.abs(_styled(adapters, shapes(1), scale=0.0) - plain).max() < 0.5  # no effect at scale 0
+
+
+def test_the_pinned_pipeline_is_left_as_it_was_even_after_a_failed_call(adapters):
+    pipe = adapters.pipe
+    own = dict(pipe.unet.attn_processors)
+    before = _render(pipe)
+    with pytest.raises(RuntimeError, match="mid-call"), adapters.applied("style", 0.7):
+        assert pipe.unet.encoder_hid_proj is not None and pipe.image_encoder is not None
+        raise RuntimeError("mid-call")
+    assert pipe.unet.encoder_hid_proj is None and pipe.image_encoder is None
+    assert all(pipe.unet.attn_processors[k] is v for k, v in own.items())  # the very same processors
+    assert np.array_equal(_render(pipe), before)
+
+
+def test_one_reference_conditions_every_sample_of_a_call(adapters):
+    """diffusers repeats the embedding over the call's batch: two prompts, two seeds, one reference."""
+    import torch
+
+    with adapters.applied("style", 1.0) as pipe:
+        embeds = adapters.image_embeds("style", shapes(1), guidance=True)
+        assert embeds[0].shape[:2] == (2, 1)  # the unconditional half, then the reference
+        out = pipe(["a bottle on a beach"] * 2, height=SIZE, width=SIZE, num_inference_steps=3,
+                   generator=[torch.Generator().manual_seed(s) for s in (5, 6)], output_type="np",
+                   ip_adapter_image_embeds=embeds).images.astype(np.float64) * 255
+    assert np.abs(out[0] - _styled(adapters, shapes(1))).max() < 0.5  # as the call of one, same seed
+    assert np.abs(out[0] - out[1]).mean() > 1.0  # its own seed
+
+
+def test_undeclared_adapters_and_pipelines_without_a_unet_are_refused(adapters, offline_cache):
+    from pipeline.ip_adapter import build_offline_ip_adapter
+
+    with pytest.raises(KeyError):
+        with adapters.applied("mood-board", 1.0):
+            pass
+
+    class NoUNet:
+        transformer = object()
+
+    with pytest.raises(ValueError, match="made for a UNet"):
+        build_offline_ip_adapter("tiny-ip-adapter-x", NoUNet(), offline_cache)
