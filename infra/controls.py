@@ -1,5 +1,6 @@
-"""ControlNet units per request: what a request asks (:class:`ControlUnit`), what a pool declares
-(:class:`ControlSpec`), and the submission checks between the two (:func:`control_errors`).
+"""Control units per request (ControlNet, and IP-Adapter image prompts): what a request asks
+(:class:`ControlUnit`), what a pool declares (:class:`ControlSpec`), and the submission checks
+between the two (:func:`control_errors`).
 
 Place in the data flow: producer → ``RenderRequest.controls`` (validated here, pydantic) → routing
 (:mod:`infra.routing`: each unit's ``type`` must be a ControlNet the pool declares, at most its
@@ -115,17 +116,48 @@ class ControlUnit(BaseModel):
 
 
 class ControlSpec(BaseModel):
-    """One ControlNet a pool allows: the ``name`` requests use as a unit's ``type``, and its
-    ``source``: a hub id or local directory (diffusers' ``ControlNetModel.from_pretrained``), a
-    single checkpoint file (``from_single_file``), ``s3://<key>`` of such a file in the farm's
-    bucket, or an offline build name (``tiny-controlnet…``: made from the pinned model's UNet with
-    ``ControlNetModel.from_unet``, random weights)."""
+    """One control a pool allows: the ``name`` requests use as a unit's ``type``, its ``kind`` and
+    its ``source``.
+
+    ``kind="controlnet"`` (the default): a hub id or local directory (diffusers'
+    ``ControlNetModel.from_pretrained``), a single checkpoint file (``from_single_file``),
+    ``s3://<key>`` of such a file in the farm's bucket, or an offline build name
+    (``tiny-controlnet…``: made from the pinned model's UNet with ``ControlNetModel.from_unet``,
+    random weights).
+
+    ``kind="ip-adapter"``: an IP-Adapter (Ye et al. 2023; diffusers' ``load_ip_adapter``): a local
+    directory or hub id holding ``weight_name`` in ``subfolder`` and the CLIP image encoder in
+    ``image_encoder_folder`` (``h94/IP-Adapter``: ``subfolder="models"``,
+    ``weight_name="ip-adapter_sd15.safetensors"``, ``image_encoder_folder="models/image_encoder"``),
+    or an offline build name (``tiny-ip-adapter…``). A unit of this type is an image prompt: its
+    ``weight`` is the adapter's scale, its image is not preprocessed, and it conditions every step.
+
+    Raises:
+        pydantic.ValidationError: IP-Adapter fields on a ControlNet, or an ``s3://`` IP-Adapter.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                       description="The name requests use (controls[].type).")
     source: str = Field(min_length=1, max_length=1000, description="Hub id, local path, s3://<key> or offline name.")
+    kind: Literal["controlnet", "ip-adapter"] = Field("controlnet", description="controlnet or ip-adapter.")
+    subfolder: str = Field("", max_length=200, description="ip-adapter: the weights file's folder in source.")
+    weight_name: str | None = Field(None, max_length=200, description="ip-adapter: the weights file "
+                                    "(default ip-adapter.safetensors).")
+    image_encoder_folder: str = Field("image_encoder", max_length=200, description="ip-adapter: the CLIP image "
+                                      "encoder's folder in source.")
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "ControlSpec":
+        if self.kind == "controlnet":
+            given = [f for f in ("subfolder", "weight_name", "image_encoder_folder")
+                     if getattr(self, f) != type(self).model_fields[f].default]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply to kind 'ip-adapter' only; {self.name!r} is a controlnet")
+        elif self.source.startswith("s3://"):
+            raise ValueError(f"IP-Adapter {self.name!r}: a local directory, hub id or offline name, not an s3:// key")
+        return self
 
 
 def control_errors(request: Any, allowed: Sequence[ControlSpec], where: str,
@@ -141,9 +173,30 @@ def control_errors(request: Any, allowed: Sequence[ControlSpec], where: str,
     if len(units) > max_controls:
         errors.append({"type": "too_many_controls", "field": "controls", "input": len(units),
                        "msg": f"{where} allows at most {max_controls} control unit(s) per request, got {len(units)}"})
-    names = {spec.name for spec in allowed}
+    kinds = {spec.name: spec.kind for spec in allowed}
     errors += [{"type": "unknown_control", "field": "controls", "input": unit.type,
-                "msg": f"{where} has no ControlNet {unit.type!r} (it has: "
-                       f"{', '.join(map(repr, sorted(names))) or 'none'})"}
-               for unit in units if unit.type not in names]
+                "msg": f"{where} has no ControlNet or IP-Adapter {unit.type!r} (it has: "
+                       f"{', '.join(map(repr, sorted(kinds))) or 'none'})"}
+               for unit in units if unit.type not in kinds]
+    return errors + _ip_adapter_errors([u for u in units if kinds.get(u.type) == "ip-adapter"])
+
+
+def _ip_adapter_errors(units: Sequence[ControlUnit]) -> list[dict[str, Any]]:
+    """What an IP-Adapter unit cannot do: more than one per request (one adapter is loaded around
+    a call), a preprocessor (its image is a reference, not a map), a guidance range other than
+    0…1 (diffusers applies the adapter at every step)."""
+    errors: list[dict[str, Any]] = []
+    if len(units) > 1:
+        errors.append({"type": "too_many_ip_adapters", "field": "controls", "input": [u.type for u in units],
+                       "msg": f"at most one IP-Adapter unit per request, got {len(units)}"})
+    for unit in units:
+        if unit.preprocess != "none":
+            errors.append({"type": "ip_adapter_preprocess", "field": "controls", "input": unit.preprocess,
+                           "msg": f"IP-Adapter unit {unit.type!r} takes its reference image as it is: "
+                                  f"preprocess must be 'none', not {unit.preprocess!r}"})
+        if (unit.guidance_start, unit.guidance_end) != (0.0, 1.0):
+            errors.append({"type": "ip_adapter_guidance", "field": "controls",
+                           "input": [unit.guidance_start, unit.guidance_end],
+                           "msg": f"IP-Adapter unit {unit.type!r} conditions every step: guidance_start 0 and "
+                                  f"guidance_end 1, not {unit.guidance_start:g}…{unit.guidance_end:g}"})
     return errors

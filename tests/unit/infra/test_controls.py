@@ -80,7 +80,7 @@ def test_routing_checks_the_pools_declared_controls():
     assert router.route_all([_request(CANNY, {**CANNY, "type": "depth"})]) == ["cn"]
     unknown = _refusal(router, _request({**CANNY, "type": "pose"}))
     assert unknown["type"] == "unknown_control" and unknown["field"] == "controls"
-    assert "pool 'cn' has no ControlNet 'pose' (it has: 'canny', 'depth')" in unknown["msg"]
+    assert "pool 'cn' has no ControlNet or IP-Adapter 'pose' (it has: 'canny', 'depth')" in unknown["msg"]
     many = _refusal(router, _request(CANNY, CANNY, CANNY))
     assert many["type"] == "too_many_controls" and "at most 2 control unit(s) per request, got 3" in many["msg"]
     family = _refusal(router, _request(CANNY).model_copy(update={"model": "tiny-ernie-image"}))
@@ -100,7 +100,7 @@ def test_without_declared_pools_the_settings_list_applies(monkeypatch):
     assert router.route_all([_request(CANNY, CANNY, CANNY)]) == ["tiny"]
     assert "RENDERFARM_CONTROLS (no pool is declared) allows at most 3" in _refusal(
         router, _request(CANNY, CANNY, CANNY, CANNY))["msg"]
-    assert "has no ControlNet 'canny' (it has: none)" in _refusal(Router(), _request(CANNY))["msg"]
+    assert "has no ControlNet or IP-Adapter 'canny' (it has: none)" in _refusal(Router(), _request(CANNY))["msg"]
 
 
 def test_a_pool_declares_controls_as_it_declares_adapters():
@@ -121,3 +121,23 @@ def test_the_infotext_carries_each_unit_as_sd_webui_controlnet_writes_it():
     assert params["ControlNet 1"].startswith("Module: none, Model: depth, Weight: 1, Resize Mode: Crop and Resize, "
                                              "Guidance Start: 0.2")
     assert params["Seed"] == "1"  # the fields after the units still parse
+
+
+def test_ip_adapter_declarations_and_the_units_they_refuse():
+    pool = PoolSpec(name="ip", model="tiny", max_controls=3, controls=[
+        ControlSpec(name="canny", source="tiny-controlnet-canny"),
+        ControlSpec(name="style", source="h94/IP-Adapter", kind="ip-adapter", subfolder="models",
+                    weight_name="ip-adapter_sd15.safetensors", image_encoder_folder="models/image_encoder")])
+    router = Router([pool])
+    style = {"type": "style", "image": "inputs/mood.png"}
+    assert router.route_all([_request(CANNY, style)]) == ["ip"]
+    two = _refusal(router, _request(style, {**style, "image": "inputs/other.png"}))
+    assert two["type"] == "too_many_ip_adapters" and "at most one IP-Adapter unit per request, got 2" in two["msg"]
+    edges = _refusal(router, _request({**style, "preprocess": "canny"}))
+    assert edges["type"] == "ip_adapter_preprocess" and "preprocess must be 'none', not 'canny'" in edges["msg"]
+    late = _refusal(router, _request({**style, "guidance_start": 0.5}))
+    assert late["type"] == "ip_adapter_guidance" and "conditions every step" in late["msg"]
+    with pytest.raises(ValidationError, match="apply to kind 'ip-adapter' only"):
+        ControlSpec(name="canny", source="lllyasviel/sd-controlnet-canny", weight_name="x.safetensors")
+    with pytest.raises(ValidationError, match="not an s3:// key"):
+        ControlSpec(name="style", source="s3://adapters/ip.safetensors", kind="ip-adapter")
