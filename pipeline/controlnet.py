@@ -237,11 +237,30 @@ class ControlNets:
         return model.to(device).eval()
 
 
+def controlnet_pipeline(controlnets: "ControlNets | None", pipe, mode: str, types: Sequence[str]):
+    """The pipeline for one call: ``pipe`` (the mode's) without ControlNet units, else the mode's
+    ControlNet pipeline with the ControlNets ``types`` name.
+
+    Raises:
+        ValueError: units but no ``controlnets`` declared on this worker.
+    """
+    if not types:
+        return pipe
+    if controlnets is None:
+        raise ValueError(f"this worker declares no ControlNets; the request names {list(types)}")
+    return controlnets.pipeline(mode, list(types))
+
+
 def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.Image] | None,
-                      kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[list[PIL.Image.Image]], list[float]]:
+                      kwargs: dict[str, Any], controlnet_units: Sequence[int] | None = None,
+                      ) -> tuple[dict[str, Any], list[list[PIL.Image.Image]], list[float]]:
     """``kwargs`` (one call of the ControlNet pipeline ``pipe`` for a group sharing its units and
     their settings) with the control maps and the units' scales added, the maps (per request, one
     RGB width × height image per unit) and the seconds each request's maps took to read and make.
+
+    ``controlnet_units``: the indexes of the units that are ControlNets (None: all); only they go
+    into the call. The others (IP-Adapter units, :mod:`pipeline.ip_adapter`) still get their map,
+    their reference image fitted to the render's size, so that map N is unit N's image.
 
     The maps go in as ``image`` (txt2img) or ``control_image`` (img2img, whose ``image`` is the
     init image): one float tensor per unit, (requests, 3, height, width) in 0…1, as diffusers'
@@ -265,11 +284,15 @@ def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.
     import torch
 
     units = requests[0].controls
+    indexes = range(len(units)) if controlnet_units is None else controlnet_units
+    if not indexes:
+        return kwargs, maps, seconds
+    units = [units[n] for n in indexes]
     field = "control_image" if "control_image" in call_parameters(pipe) else "image"
     # one (batch, 3, height, width) tensor in 0…1 per unit: what the pipelines' control image processor
     # makes of PIL images (pixels / 255), in the one layout the txt2img and img2img pipelines both take
     per_unit = [torch.from_numpy(np.stack([np.asarray(m[n], dtype=np.float32) / 255.0 for m in maps]))
-                .permute(0, 3, 1, 2) for n in range(len(units))]
+                .permute(0, 3, 1, 2) for n in indexes]
     ranges = [(u.guidance_start, u.guidance_end) if u.guidance_start < u.guidance_end else (0.0, 1.0) for u in units]
     out = {**kwargs, field: per_unit,
            "controlnet_conditioning_scale": [u.weight if u.guidance_start < u.guidance_end else 0.0 for u in units],

@@ -30,10 +30,10 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 #: Offline IP-Adapter sources start with this: random weights, the pinned UNet's layout.
 OFFLINE_PREFIX = "tiny-ip-adapter"
@@ -220,3 +220,43 @@ class IPAdapters:
         if guidance:
             embeds = torch.cat([torch.zeros_like(embeds), embeds])
         return [embeds]
+
+
+@contextlib.contextmanager
+def applied_for_call(adapters: IPAdapters | None, units: Sequence[Any], pipe, kwargs: dict[str, Any],
+                     load: Callable[[str], Any] | None) -> Iterator[None]:
+    """Around one call of ``pipe`` (the pinned pipeline or one made from it with ``from_pipe``,
+    sharing its UNet): the IP-Adapter among the call's control ``units`` (``infra.controls.ControlUnit``;
+    none: nothing to do) applied at its ``weight``, and its reference image's embedding (read with
+    ``load``) added to ``kwargs`` as ``ip_adapter_image_embeds``, the unconditional half included
+    when the call uses classifier-free guidance.
+
+    Raises:
+        ValueError: no ``load``.
+        KeyError: a unit naming an undeclared adapter.
+    """
+    unit = next((u for u in units if is_ip_adapter(adapters, u.type)), None)
+    if unit is None:
+        yield
+        return
+    if load is None:
+        raise ValueError(f"IP-Adapter unit {unit.type!r} needs its image, and this renderer has no input loader")
+    adapters = cast(IPAdapters, adapters)
+    guidance = kwargs.get("guidance_scale", 1.0) > 1 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
+    with adapters.applied(unit.type, unit.weight):
+        kwargs["ip_adapter_image_embeds"] = adapters.image_embeds(unit.type, load(unit.image), guidance)
+        yield
+
+
+def is_ip_adapter(adapters: IPAdapters | None, unit_type: str) -> bool:
+    """Whether a control unit's ``type`` names one of ``adapters`` (else it is a ControlNet)."""
+    return adapters is not None and unit_type in adapters.sources
+
+
+def call_settings(request: Any, adapters: IPAdapters | None) -> tuple:
+    """What one call's requests must share beyond the compat key: the ControlNet units' scales and
+    ranges (:func:`pipeline.controlnet.control_settings`) and the IP-Adapter unit's reference
+    image (diffusers repeats one embedding over the call's batch)."""
+    from pipeline.controlnet import control_settings
+
+    return control_settings(request), tuple(u.image for u in request.controls if is_ip_adapter(adapters, u.type))

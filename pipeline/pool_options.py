@@ -26,4 +26,4 @@ class PoolOptions:
     sizes: tuple[tuple[int, int], ...] = ()  # (width, height) its jobs ask for; () = the family's native square
     guidance_scale: float | None = None  # its jobs' usual guidance (None: the request default where taken)
     lora_adapters: bool = False  # the pool declares LoRA adapters (the denoiser must stay in PyTorch)
-    controlnets: bool = False  # the pool declares ControlNets (the denoiser must stay in PyTorch)
+    controlnets: bool = False  # the pool declares ControlNets or IP-Adapters (the denoiser must stay in PyTorch)

@@ -29,8 +29,9 @@ from pipeline.buckets import split
 from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.compat import CompatKey as CompatKey
 from pipeline.compat import compat_key as compat_key
-from pipeline.controlnet import attach_maps, control_arguments, control_settings
+from pipeline.controlnet import attach_maps, control_arguments, controlnet_pipeline
 from pipeline.invariance import PER_SAMPLE, make_batch_invariant, make_per_sample
+from pipeline.ip_adapter import applied_for_call, call_settings, is_ip_adapter
 from pipeline.memory import guard_vae_decode
 from pipeline.models.families import denoiser_of, detect_family
 from pipeline.modes import InputLoader, ModePipelines, mode_arguments
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     import subprocess
 
     from pipeline.controlnet import ControlNets
+    from pipeline.ip_adapter import IPAdapters
     from pipeline.lora import AdapterCache
     from pipeline.memory import BatchLimits
     from pipeline.pool_options import PoolOptions
@@ -90,6 +92,9 @@ class Renderer:
     #: The ControlNets control units may name (:class:`pipeline.controlnet.ControlNets`, set by the
     #: worker; None: none).
     controlnets: ControlNets | None = None
+    #: The IP-Adapters control units may name (:class:`pipeline.ip_adapter.IPAdapters`, set by the
+    #: worker; None: none).
+    ip_adapters: IPAdapters | None = None
 
     def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
                  batch_invariant: bool | None = None, use_pe: bool = False, upscale=None) -> None:
@@ -194,8 +199,8 @@ class Renderer:
 
         if self._zeros_for_empty_negative() and len({bool(r.negative_prompt) for r in requests}) > 1:
             return self._render_apart(requests, on_step, lambda r: bool(r.negative_prompt))
-        if first.controls and len({control_settings(r) for r in requests}) > 1:
-            return self._render_apart(requests, on_step, control_settings)
+        if first.controls and len({call_settings(r, self.ip_adapters) for r in requests}) > 1:
+            return self._render_apart(requests, on_step, lambda r: call_settings(r, self.ip_adapters))
         chunks = split(requests, self.buckets) if self.buckets else [list(requests)]
         images: list[PIL.Image.Image] = []
         for i, chunk in enumerate(chunks):
@@ -218,11 +223,8 @@ class Renderer:
         first = requests[0]
         self._prepare()
         pipe = self.modes.for_mode(first.mode)
-        if first.controls:
-            if self.controlnets is None:
-                raise ValueError(f"this worker declares no ControlNets; the request names "
-                                 f"{[u.type for u in first.controls]}")
-            pipe = self.controlnets.pipeline(first.mode, [u.type for u in first.controls])
+        units = [i for i, u in enumerate(first.controls) if not is_ip_adapter(self.ip_adapters, u.type)]
+        pipe = controlnet_pipeline(self.controlnets, pipe, first.mode, [first.controls[i].type for i in units])
         if self.adapters is not None:
             self.adapters.apply(first.loras)
         elif first.loras:
@@ -241,9 +243,10 @@ class Renderer:
         kwargs = mode_arguments(pipe, requests, self.input_loader, base=kwargs)
         maps: tuple[list, list[float]] | None = None
         if first.controls:
-            kwargs, control_maps, seconds = control_arguments(pipe, requests, self.input_loader, kwargs)
+            kwargs, control_maps, seconds = control_arguments(pipe, requests, self.input_loader, kwargs, units)
             maps = (control_maps, seconds)
-        with torch.inference_mode(), compile_count.observed() as calls:
+        with (applied_for_call(self.ip_adapters, first.controls, pipe, kwargs, self.input_loader),
+              torch.inference_mode(), compile_count.observed() as calls):
             result = pipe(**kwargs)
         self._count(calls)
         images = list(result.images)

@@ -51,6 +51,7 @@ def make_controlnets(renderer, specs: Sequence[ControlSpec], storage: Storage, s
     """A :class:`pipeline.controlnet.ControlNets` for ``renderer``'s pipeline with ``specs`` (loaded
     on first use, LRU-bounded by :data:`MAX_CONTROLNETS` and :data:`MAX_CONTROLNET_BYTES`), or None
     when none is declared (a request with control units then fails: the API refuses it first)."""
+    specs = [s for s in specs if s.kind == "controlnet"]
     if not specs or getattr(renderer, "pipe", None) is None:
         return None
     from pipeline.controlnet import ControlNets
@@ -59,6 +60,20 @@ def make_controlnets(renderer, specs: Sequence[ControlSpec], storage: Storage, s
     return ControlNets(renderer.pipe, {s.name: s.source for s in specs}, max_count=MAX_CONTROLNETS,
                        max_bytes=MAX_CONTROLNET_BYTES, cache_dir=Path(settings.cache_dir), fetch=fetch,
                        prepare=getattr(renderer, "prepare_controlnet", None))
+
+
+def make_ip_adapters(renderer, specs: Sequence[ControlSpec], settings: Settings):
+    """A :class:`pipeline.ip_adapter.IPAdapters` for ``renderer``'s pipeline with the IP-Adapters
+    among ``specs`` (each read on first use and kept), or None when none is declared."""
+    specs = [s for s in specs if s.kind == "ip-adapter"]
+    if not specs or getattr(renderer, "pipe", None) is None:
+        return None
+    from pipeline.ip_adapter import OFFLINE_PREFIX, WEIGHT_NAME, IPAdapters, IPAdapterSource
+
+    sources = {s.name: s.source if s.source.startswith(OFFLINE_PREFIX) else
+               IPAdapterSource(s.source, s.subfolder, s.weight_name or WEIGHT_NAME, s.image_encoder_folder)
+               for s in specs}
+    return IPAdapters(renderer.pipe, sources, cache_dir=Path(settings.cache_dir))
 
 
 def _fetcher(storage: Storage, folder: Path, file_name: str):

@@ -68,7 +68,7 @@ from worker.consumer import Consumer
 from worker.errors import credentials_problem
 from worker.faults import wrap_renderer
 from worker.heartbeat import Heartbeat
-from worker.inputs import make_adapters, make_controlnets
+from worker.inputs import make_adapters, make_controlnets, make_ip_adapters
 from worker.observe import CeleryHeartbeat
 from worker.runner import BatchRunner
 from worker.warmup import StartupState, StartupTimes, WarmUp, load_renderer, size_renderer
@@ -104,8 +104,9 @@ def _attach_inputs(renderer: Any, spec: PoolSpec | None, storage: Storage, setti
     if hasattr(inner, "input_loader"):
         inner.input_loader = functools.partial(load_input, storage, max_pixels=settings.input_max_pixels)
         inner.adapters = make_adapters(inner, spec.loras if spec is not None else settings.loras, storage, settings)
-        inner.controlnets = make_controlnets(inner, spec.controls if spec is not None else settings.controls,
-                                             storage, settings)
+        controls = spec.controls if spec is not None else settings.controls
+        inner.controlnets = make_controlnets(inner, controls, storage, settings)
+        inner.ip_adapters = make_ip_adapters(inner, controls, settings)
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -85,3 +85,65 @@ def test_undeclared_adapters_and_pipelines_without_a_unet_are_refused(adapters, 
 
     with pytest.raises(ValueError, match="made for a UNet"):
         build_offline_ip_adapter("tiny-ip-adapter-x", NoUNet(), offline_cache)
+
+
+# ---- through the renderer: IP-Adapter units in requests -------------------------------------------
+
+INPUTS = {"ref-a.png": shapes(1), "ref-b.png": shapes(7), "edges.png": shapes(3)}
+
+
+@pytest.fixture(scope="module")
+def renderer(offline_cache):
+    from pipeline.controlnet import ControlNets
+    from pipeline.ip_adapter import IPAdapters
+    from pipeline.models import load_pipeline
+    from pipeline.render import Renderer
+
+    made = Renderer(load_pipeline("tiny", cache_dir=offline_cache), model="tiny")
+    made.input_loader = INPUTS.__getitem__
+    made.controlnets = ControlNets(made.pipe, {"canny": "tiny-controlnet-canny"}, cache_dir=offline_cache,
+                                   prepare=made.prepare_controlnet)
+    made.ip_adapters = IPAdapters(made.pipe, {"style": "tiny-ip-adapter-style"}, cache_dir=offline_cache)
+    return made
+
+
+def _request(*units: dict, seed: int = 5):
+    from infra.schemas import RenderRequest
+
+    return RenderRequest(prompt="a bottle on a beach", model="tiny", width=SIZE, height=SIZE, num_inference_steps=3,
+                         seed=seed, controls=list(units))
+
+
+def _px(image) -> np.ndarray:
+    return np.asarray(image, dtype=np.float64)
+
+
+STYLE_A = {"type": "style", "image": "ref-a.png"}
+STYLE_B = {"type": "style", "image": "ref-b.png"}
+CANNY = {"type": "canny", "image": "edges.png", "preprocess": "canny"}
+
+
+def test_a_group_with_two_references_is_rendered_as_each_alone(renderer):
+    from infra.controls import CONTROL_MAPS_INFO
+
+    alone_a, alone_b = renderer.render([_request(STYLE_A)])[0], renderer.render([_request(STYLE_B, seed=6)])[0]
+    together = renderer.render([_request(STYLE_A), _request(STYLE_B, seed=6)])
+    assert np.abs(_px(together[0]) - _px(alone_a)).max() <= 1 and np.abs(_px(together[1]) - _px(alone_b)).max() <= 1
+    plain = renderer.render([_request()])[0]
+    assert np.abs(_px(alone_a) - _px(plain)).mean() > 1.0  # the reference steers it
+    weightless = renderer.render([_request({**STYLE_A, "weight": 0.0})])[0]
+    assert np.abs(_px(weightless) - _px(plain)).max() <= 1  # weight 0: the plain image
+    (reference_map,) = together[0].info[CONTROL_MAPS_INFO]  # the unit's image, as the render's size
+    assert reference_map.size == (SIZE, SIZE)
+    assert renderer.pipe.unet.encoder_hid_proj is None  # unloaded after each call
+
+
+def test_an_ip_adapter_and_a_controlnet_in_one_request(renderer):
+    from infra.controls import CONTROL_MAPS_INFO
+
+    both = renderer.render([_request(CANNY, STYLE_A)])[0]
+    canny_only = renderer.render([_request(CANNY)])[0]
+    style_only = renderer.render([_request(STYLE_A)])[0]
+    assert np.abs(_px(both) - _px(canny_only)).mean() > 1.0 and np.abs(_px(both) - _px(style_only)).mean() > 1.0
+    edge_map, reference = both.info[CONTROL_MAPS_INFO]
+    assert set(np.unique(np.asarray(edge_map))) <= {0, 255} and len(np.unique(np.asarray(reference))) > 2
