@@ -1,6 +1,7 @@
-"""ControlNet units through the real farm: SeaweedFS uploads, the status API's checks, a ``tiny``
-worker with offline tiny ControlNets (``RENDERFARM_CONTROLS``), and the real ``webuiapi`` client's
-``ControlNetUnit`` on the A1111 front door. The bad-unit table: each case a clear 4xx naming its
+"""ControlNet and IP-Adapter units through the real farm: SeaweedFS uploads, the status API's
+checks, a ``tiny`` worker with offline tiny ControlNets and an offline tiny IP-Adapter
+(``RENDERFARM_CONTROLS``), and the real ``webuiapi`` client's ``ControlNetUnit`` on the A1111 front
+door. The bad-unit table: each case a clear 4xx naming its
 field, nothing recorded. The renders: weight 0 is the plain image within 1/255, another control
 image another image, the control maps stored beside the image, the units in the PNG infotext."""
 
@@ -24,7 +25,8 @@ from tests.control_images import shapes
 pytestmark = pytest.mark.integration
 DB = 10
 SIZE = 64
-CONTROLS = [{"name": "canny", "source": "tiny-controlnet-canny"}, {"name": "depth", "source": "tiny-controlnet-depth"}]
+CONTROLS = [{"name": "canny", "source": "tiny-controlnet-canny"}, {"name": "depth", "source": "tiny-controlnet-depth"},
+            {"name": "style", "source": "tiny-ip-adapter-style", "kind": "ip-adapter"}]
 
 
 def png(image: Image.Image) -> bytes:
@@ -74,7 +76,9 @@ def test_bad_units_get_a_clear_4xx_and_record_nothing(http, keys, redis_server):
     canny = {"type": "canny", "image": a}
     not_image = http.post("/v1/uploads", files={"file": ("x.png", b"%PDF-1.7 not an image")})
     cases = {
-        "unknown type": (_job({**canny, "type": "pose"}), "no ControlNet 'pose'"),
+        "unknown type": (_job({**canny, "type": "pose"}), "no ControlNet or IP-Adapter 'pose'"),
+        "two IP-Adapter units": (_job({"type": "style", "image": a}, {"type": "style", "image": a}),
+                                 "at most one IP-Adapter unit per request"),
         "more units than allowed": (_job(canny, canny, canny, canny), "at most 3 control unit(s)"),
         "weight out of range": (_job({**canny, "weight": 2.5}), "less than or equal to 2"),
         "guidance_start > guidance_end": (_job({**canny, "guidance_start": 0.9, "guidance_end": 0.1}),
@@ -144,8 +148,9 @@ def webui(api, worker):
 def test_webuiapi_controlnet_units(webui, http):
     from webuiapi import ControlNetUnit
 
-    assert webui.controlnet_model_list() == ["canny", "depth"]
-    assert webui.controlnet_module_list() == ["none", "canny"]
+    assert webui.controlnet_model_list() == ["canny", "depth", "style"]
+    assert webui.controlnet_module_list()[:2] == ["none", "canny"] and "ip-adapter_clip_sd15" in \
+        webui.controlnet_module_list()
     units = [ControlNetUnit(image=shapes(1), module="canny", model="canny [d14c016b]", weight=0.8,
                             resize_mode="Just Resize", threshold_a=50, threshold_b=150, pixel_perfect=True),
              ControlNetUnit(image=shapes(7), module="none", model="depth", guidance_end=0.5)]
@@ -162,9 +167,35 @@ def test_webuiapi_controlnet_units(webui, http):
     assert "ControlNet 0" not in parse_parameters(disabled.info["infotexts"][0])
 
 
+def test_ip_adapter_units_through_the_farm_and_the_a1111_door(worker, env, keys, webui, s3_server):
+    from webuiapi import ControlNetUnit
+
+    a, b = keys["a"], keys["b"]
+    jobs = [_job(), _job({"type": "style", "image": a}), _job({"type": "style", "image": b}),
+            _job({"type": "style", "image": a, "weight": 0.0}),
+            _job({"type": "canny", "image": b, "preprocess": "canny"}, {"type": "style", "image": a})]
+    with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
+        done = client.wait(client.submit_batch(jobs).batch_id, timeout=600)
+        assert [j.state for j in done] == ["succeeded"] * len(jobs), [j.error for j in done]
+        plain, style_a, style_b, zero, both = (_pixels(client.fetch_bytes(j)) for j in done)
+    assert np.abs(style_a - style_b).mean() > 0.5 and np.abs(style_a - plain).mean() > 0.5  # the reference steers it
+    assert np.abs(zero - plain).max() <= 1.0  # weight 0: the plain render
+    assert np.abs(both - style_a).mean() > 0.5  # with a ControlNet unit too
+    s3 = s3_server.client()
+    reference = s3.get_object(Bucket=env["RENDERFARM_S3_BUCKET"], Key=done[1].result.control_maps[0])["Body"].read()
+    assert Image.open(io.BytesIO(reference)).size == (SIZE, SIZE) and len(done[4].result.control_maps) == 2
+    unit = ControlNetUnit(image=shapes(1), module="ip-adapter_clip_sd15", model="style [0123abcd]", weight=0.9)
+    result = webui.txt2img(prompt="a bottle on a beach", seed=9, width=SIZE, height=SIZE, steps=3,
+                           controlnet_units=[unit])
+    fields = parse_parameters(result.info["infotexts"][0])
+    assert fields["ControlNet 0"].startswith("Module: none, Model: style, Weight: 0.9"), fields
+
+
 @pytest.mark.parametrize(("unit", "field", "words"), [
     ({"module": "depth_midas"}, "module", "preprocessor 'depth_midas' is not available"),
-    ({"model": "pose"}, "alwayson_scripts", "no ControlNet 'pose'"),
+    ({"model": "style", "module": "canny", "pixel_perfect": True}, "alwayson_scripts",
+     "preprocess must be 'none', not 'canny'"),
+    ({"model": "pose"}, "alwayson_scripts", "no ControlNet or IP-Adapter 'pose'"),
     ({"model": "None"}, "model", "name a ControlNet"),
     ({"control_mode": "ControlNet is more important"}, "control_mode", "only Balanced"),
     ({"module": "canny", "processor_res": 512}, "processor_res", "send 64, -1 or pixel_perfect true"),

@@ -16,8 +16,12 @@ The script's key is accepted as ``controlnet``, ``ControlNet`` or ``controlNet``
   img2img: the init image, as the extension uses it.
 - ``module``: ``none`` or ``canny`` (the farm's preprocessors); ``threshold_a`` / ``threshold_b``
   are canny's low / high thresholds (the extension ignores them for ``none``, and so does the farm).
-- ``model``: a ControlNet the pool declares, with or without the extension's `` [hash]`` suffix
-  (``GET /controlnet/model_list``).
+  An IP-Adapter unit names one of the extension's CLIP-encoder modules (``ip-adapter_clip_sd15``,
+  ``ip-adapter_clip_sdxl``, ``ip-adapter_clip_sdxl_plus_vith``, ``ip-adapter-auto``): the farm's
+  unit then takes the image as it is (``preprocess`` none) and its worker encodes it with the
+  adapter's own image encoder.
+- ``model``: a ControlNet or IP-Adapter the pool declares, with or without the extension's
+  `` [hash]`` suffix (``GET /controlnet/model_list``).
 - ``weight``, ``guidance_start``, ``guidance_end``: the unit's.
 - ``resize_mode``: ``Just Resize`` (0), ``Crop and Resize`` (1) or ``Resize and Fill`` (2).
 - ``processor_res``: the farm runs the preprocessor at the render's size (the extension's pixel
@@ -49,6 +53,9 @@ SCRIPT_KEYS = ("controlnet", "ControlNet", "controlNet")
 RESIZE_MODES = {0: "resize", 1: "crop", 2: "fill", "just resize": "resize", "crop and resize": "crop",
                 "resize and fill": "fill"}
 #: Fields whose value does not change the image (memory use, UI state, hires fix, which the farm refuses).
+#: sd-webui-controlnet's IP-Adapter modules (its CLIP image encoders), as a unit's ``module``.
+IP_ADAPTER_MODULES = ("ip-adapter_clip_sd15", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith",
+                      "ip-adapter-auto")
 NEUTRAL_FIELDS = frozenset({"low_vram", "lowvram", "hr_option", "save_detected_map", "is_ui"})
 #: ControlNet unit field → the A1111 field that fills it (for error locations).
 A1111_UNIT_FIELD = {"type": "model", "preprocess": "module", "low_threshold": "threshold_a",
@@ -110,12 +117,19 @@ def _unit_image(unit: UnitArgs) -> tuple[str | None, str | None]:
     return image or None, unit.mask or None
 
 
+def _module(unit: UnitArgs) -> str:
+    """The farm's preprocessor for a unit's ``module``: an IP-Adapter encoder module is ``none``."""
+    module = unit.module.strip().lower()
+    return "none" if module in IP_ADAPTER_MODULES else module
+
+
 def _problems(unit: UnitArgs, width: int, height: int) -> list[tuple[str, str]]:
     """``(field, reason)`` for each value of ``unit`` the farm cannot honour."""
     out = []
-    module = unit.module.strip().lower()
+    module = _module(unit)
     if module not in PREPROCESSORS:
-        out.append(("module", f"preprocessor {unit.module!r} is not available; this farm has {list(PREPROCESSORS)}"))
+        out.append(("module", f"preprocessor {unit.module!r} is not available; this farm has "
+                              f"{[*PREPROCESSORS, *IP_ADAPTER_MODULES]}"))
     if unit.model.strip() in ("", "None"):
         out.append(("model", "name a ControlNet this farm serves (GET /controlnet/model_list)"))
     resize = unit.resize_mode.strip().lower() if isinstance(unit.resize_mode, str) else unit.resize_mode
@@ -137,7 +151,7 @@ def _problems(unit: UnitArgs, width: int, height: int) -> list[tuple[str, str]]:
 
 def unit_fields(unit: UnitArgs, image_key: str) -> dict[str, Any]:
     """The :class:`~infra.controls.ControlUnit` fields of a checked unit whose image is stored at ``image_key``."""
-    module = unit.module.strip().lower()
+    module = _module(unit)
     resize = unit.resize_mode.strip().lower() if isinstance(unit.resize_mode, str) else unit.resize_mode
     fields: dict[str, Any] = {"type": _HASH_SUFFIX.sub("", unit.model.strip()), "image": image_key,
                               "weight": unit.weight, "guidance_start": unit.guidance_start,
@@ -213,9 +227,10 @@ def module_list(tenant: Tenant) -> dict[str, Any]:
     canny's thresholds in its ``module_detail`` shape."""
     canny_sliders = [{"name": "Low Threshold", "value": 100, "min": 0, "max": 255},
                      {"name": "High Threshold", "value": 200, "min": 0, "max": 255}]
-    return {"module_list": list(PREPROCESSORS),
+    return {"module_list": [*PREPROCESSORS, *IP_ADAPTER_MODULES],
             "module_detail": {"none": {"model_free": False, "sliders": []},
-                              "canny": {"model_free": False, "sliders": canny_sliders}}}
+                              "canny": {"model_free": False, "sliders": canny_sliders},
+                              **{m: {"model_free": False, "sliders": []} for m in IP_ADAPTER_MODULES}}}
 
 
 @router.get("/version")
