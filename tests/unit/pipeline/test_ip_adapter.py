@@ -147,3 +147,26 @@ def test_an_ip_adapter_and_a_controlnet_in_one_request(renderer):
     assert np.abs(_px(both) - _px(canny_only)).mean() > 1.0 and np.abs(_px(both) - _px(style_only)).mean() > 1.0
     edge_map, reference = both.info[CONTROL_MAPS_INFO]
     assert set(np.unique(np.asarray(edge_map))) <= {0, 255} and len(np.unique(np.asarray(reference))) > 2
+
+
+def test_sdxl_takes_an_ip_adapter_too(offline_cache):
+    """The tiny SDXL pipeline (two text encoders, text_time embedding) with an offline adapter made
+    for its UNet: weight 0 is the plain render, a reference changes it."""
+    from pipeline.ip_adapter import IPAdapters
+    from pipeline.models import load_pipeline
+    from pipeline.render import Renderer
+
+    sdxl = Renderer(load_pipeline("tiny-sdxl", cache_dir=offline_cache), model="tiny-sdxl")
+    sdxl.input_loader = INPUTS.__getitem__
+    sdxl.ip_adapters = IPAdapters(sdxl.pipe, {"style": "tiny-ip-adapter-style"}, cache_dir=offline_cache)
+
+    def render(*units: dict) -> np.ndarray:
+        from infra.schemas import RenderRequest
+
+        request = RenderRequest(prompt="a bottle", model="tiny-sdxl", width=SIZE, height=SIZE, num_inference_steps=2,
+                                seed=3, controls=list(units))
+        return _px(sdxl.render([request])[0])
+
+    plain = render()
+    assert np.abs(render({**STYLE_A, "weight": 0.0}) - plain).max() <= 1.0
+    assert np.abs(render(STYLE_A) - plain).mean() > 0.5
