@@ -8,7 +8,10 @@ again on the promoted replica, Sentinel's detection and failover included):
 - s1: the primary killed mid-run, under load; nothing restarted by hand;
 - s2: the primary killed right after a burst of 202s with ``RENDERFARM_DURABLE_ACK=replicas``:
   every acknowledged job is on a replica before its 202, so every one finishes;
-- s3: one of the three sentinels killed mid-run: nothing changes.
+- s3: one of the three sentinels killed mid-run: nothing changes;
+- s4: the primary partitioned (SIGSTOP) while a replica is promoted, then back as a replica;
+- s5: the primary killed while both replicas lag, with each durable-ack mode: what ``local``
+  acknowledged is lost, ``replicas`` acknowledged nothing it could lose.
 
 Runs twice are counted by the workers in the same Redis (``RENDERFARM_TEST_COUNTERS``), so a
 counter write the promoted replica never received is not seen; the jobs' own states and the
@@ -179,3 +182,56 @@ def test_s4_the_primary_partitioned_then_back_as_a_replica(sentinel_farm, group)
     row = farm.account("s4. the primary partitioned (SIGSTOP), then back as a replica", job_ids, recovery,
                        succeeded_before_stop=done)
     assert row["lost"] == 0 and row["run_twice"] == 0 and row["succeeded"] == 96, row
+
+
+@pytest.mark.parametrize("mode", ["local", "replicas"])
+def test_s5_kill_9_the_primary_while_its_replicas_lag(mode, group, fault_s3, run_dir, cache_dir):
+    """What each durable-ack mode promises when the replicas lag: both replicas stopped (SIGSTOP)
+    and their replication links closed by the primary (``CLIENT KILL TYPE replica``), three
+    batches submitted, the primary killed, the replicas resumed and one promoted. ``local``
+    answered 202 for batches only the dead primary had: they are gone. ``replicas`` answered 503
+    (no replica confirmed), and the client's retries with the same idempotency keys land on the
+    promoted replica: nothing it was told was accepted is lost."""
+    farm = FaultFarm(f"s5-{mode}", group, fault_s3, run_dir, cache_dir, RENDERFARM_DURABLE_ACK=mode,
+                     RENDERFARM_DURABLE_ACK_TIMEOUT_MS="1000").start()
+    try:
+        for replica in group.replicas:
+            replica.send_signal(signal.SIGSTOP)
+        # and their links cut: a stopped replica's kernel would still buffer what the primary sends
+        group.primary.client().client_kill_filter(_type="replica")
+        bodies = [{"jobs": [request(100 * b + i).model_dump(mode="json", exclude_none=True) for i in range(10)],
+                   "idempotency_key": f"s5-{mode}-{b}"} for b in range(3)]
+        answers = [httpx.post(f"{farm.api.url}/v1/batches", json=body, timeout=60) for body in bodies]
+        acknowledged = [j for a in answers if a.status_code == 202 for j in a.json()["job_ids"]]
+        victim = group.primary
+        victim.kill()
+        for replica in group.replicas:
+            replica.send_signal(signal.SIGCONT)
+        farm.wait_for(lambda: group.primary_port() != victim.port, timeout=60)
+        farm.add_workers(1, batch_size=8, step_delay_s=0.05)
+        retried = [farm.wait_for(lambda body=body: _retry(farm, body), timeout=60) for body in bodies]
+        lost = sum(1 for s in farm.statuses(acknowledged) if s is None)
+        retried_ids = [j for r in retried for j in r.json()["job_ids"]]
+        farm.wait(retried_ids, timeout=120)
+        row = farm.account(f"s5. kill -9 the primary while both replicas lag (durable ack: {mode})", retried_ids,
+                           None, first_codes=[a.status_code for a in answers], acknowledged=len(acknowledged),
+                           acknowledged_then_lost=lost)
+    finally:
+        for replica in group.replicas:
+            if replica.running:
+                replica.send_signal(signal.SIGCONT)
+        farm.stop()
+    if mode == "local":  # 202s for what only the dead primary held: the loss this mode allows
+        assert row["first_codes"] == [202] * 3 and lost == 30, row
+    else:  # no 202 without a replica: nothing acknowledged, nothing lost, the retries land
+        assert row["first_codes"] == [503] * 3 and lost == 0 and len(acknowledged) == 0, row
+    assert row["succeeded"] == 30 and row["lost"] == 0 and row["run_twice"] == 0, row
+
+
+def _retry(farm: FaultFarm, body: dict):
+    """The client's retry of a batch with its idempotency key: the response once it is a 202."""
+    try:
+        answer = httpx.post(f"{farm.api.url}/v1/batches", json=body, timeout=30)
+    except httpx.HTTPError:
+        return None
+    return answer if answer.status_code == 202 else None
