@@ -114,6 +114,30 @@ class FaultFarm:
         """Submit one batch through the API; returns its job ids."""
         return self.client.submit_batch(list(requests), **kwargs).job_ids
 
+    def burst_of_202s(self, threads: int = 4, batches: int = 5, size: int = 10) -> list[str]:
+        """``threads`` clients each POST ``batches`` batches of ``size`` jobs at once, asserting
+        every answer is a 202; returns the accepted job ids (as fast as the API answers)."""
+        import httpx
+
+        accepted: list[str] = []
+        lock = threading.Lock()
+
+        def burst(t: int) -> None:
+            for k in range(batches):
+                body = {"jobs": [request(t * 1000 + k * 100 + i).model_dump(mode="json", exclude_none=True)
+                                 for i in range(size)]}
+                resp = httpx.post(f"{self.api.url}/v1/batches", json=body, timeout=60)
+                assert resp.status_code == 202, resp.text
+                with lock:
+                    accepted.extend(resp.json()["job_ids"])
+
+        workers = [threading.Thread(target=burst, args=(t,)) for t in range(threads)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        return accepted
+
     def statuses(self, job_ids: Sequence[str]) -> list[JobStatus | None]:
         return self.store.get_jobs(job_ids)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -207,23 +206,7 @@ def test_h_kill_9_redis_right_after_a_burst_of_202s(fault_farm, fault_redis):
     assert fault_redis.appendonly and fault_redis.appendfsync == "everysec"
     ack = "waitaof" if DurableAck(farm.redis, "local").has_waitaof() else "everysec-sleep"
     farm.add_workers(2, batch_size=8, step_delay_s=0.4)  # 1.6 s a batch: most jobs still queued at the kill
-    accepted: list[str] = []
-    lock = threading.Lock()
-
-    def burst(t: int) -> None:
-        for k in range(5):
-            body = {"jobs": [request(t * 1000 + k * 100 + i, steps=4).model_dump(mode="json", exclude_none=True)
-                             for i in range(10)]}
-            resp = httpx.post(f"{farm.api.url}/v1/batches", json=body, timeout=60)
-            assert resp.status_code == 202, resp.text
-            with lock:
-                accepted.extend(resp.json()["job_ids"])
-
-    threads = [threading.Thread(target=burst, args=(t,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    accepted = farm.burst_of_202s()  # 4 clients × 5 batches × 10 jobs
     fault_redis.kill()  # right after the last 202: no SIGTERM flush
     fault_redis.start().wait_ready()
     back = time.monotonic()

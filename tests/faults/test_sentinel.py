@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,23 +111,7 @@ def test_s1_kill_9_the_primary_under_load(sentinel_farm, group):
 def test_s2_kill_9_the_primary_right_after_a_burst_of_202s(sentinel_farm, group):
     farm = sentinel_farm
     farm.add_workers(2, batch_size=8, step_delay_s=0.4)  # 1.6 s a batch: most jobs still queued at the kill
-    accepted: list[str] = []
-    lock = threading.Lock()
-
-    def burst(t: int) -> None:
-        for k in range(5):
-            body = {"jobs": [request(t * 1000 + k * 100 + i).model_dump(mode="json", exclude_none=True)
-                             for i in range(10)]}
-            resp = httpx.post(f"{farm.api.url}/v1/batches", json=body, timeout=60)
-            assert resp.status_code == 202, resp.text
-            with lock:
-                accepted.extend(resp.json()["job_ids"])
-
-    threads = [threading.Thread(target=burst, args=(t,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    accepted = farm.burst_of_202s()  # 4 clients × 5 batches × 10 jobs
     failover = _kill_primary_and_time_recovery(farm, group, accepted)
     missing = sum(1 for s in farm.statuses(accepted) if s is None)
     farm.wait(accepted, timeout=180)
