@@ -291,8 +291,11 @@ class WorkerProcess(ManagedProcess):
         return argv + self.extra_args
 
     def _redis_url(self) -> str:
+        """The state store the worker registers in, read from the environment it gets (its own
+        variables over this process's: a state store named only in ``os.environ`` counts too)."""
+        env = self.child_env()
         for name in ("RENDERFARM_STATE_REDIS_URL", "RENDERFARM_REDIS_URL"):  # the registry is in the state store
-            if url := self.env.get(name):
+            if url := env.get(name):
                 return url
         from infra.settings import Settings
 

@@ -30,3 +30,17 @@ def test_a_sentinel_or_cluster_url_is_never_a_redis_the_stack_would_start(tmp_pa
         assert [option for _, option in stack.ports()] == ["--api-port", "--s3-port"], url
     local = LocalStack(workers=0, run_dir=tmp_path, redis_url="redis://127.0.0.1:1/0")  # nothing answers there
     assert (1, "--redis-url") in local.ports()
+
+
+def test_a_worker_is_awaited_in_the_state_store_its_environment_names(monkeypatch, tmp_path):
+    """The worker child gets ``os.environ`` under its own variables, so a state store named only in
+    ``os.environ`` is where it registers, and where the stack waits for it (not the broker)."""
+    from infra.localstack import WorkerProcess
+
+    worker = WorkerProcess("null", {"RENDERFARM_REDIS_URL": "redis://127.0.0.1:1/0"}, "w", 1, run_dir=tmp_path)
+    monkeypatch.delenv("RENDERFARM_STATE_REDIS_URL", raising=False)
+    assert worker._redis_url() == "redis://127.0.0.1:1/0"
+    monkeypatch.setenv("RENDERFARM_STATE_REDIS_URL", "redis://127.0.0.1:2/0")
+    assert worker._redis_url() == "redis://127.0.0.1:2/0"
+    worker.env["RENDERFARM_STATE_REDIS_URL"] = "redis://127.0.0.1:3/0"  # its own variable wins
+    assert worker._redis_url() == "redis://127.0.0.1:3/0"
