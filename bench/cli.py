@@ -233,6 +233,9 @@ def _register_redis(sub) -> None:
     r.add_argument("--jobs", type=int, default=2000)
     r.add_argument("--batch-size", type=int, default=64)
     r.add_argument("--rounds", type=int, default=1)
+    r.add_argument("--split-state", action="store_true",
+                   help="the job-state store on a redis-server of its own: Redis CPU per job for the broker and "
+                        "for the state store apart")
     r.add_argument("--json", default=None, help="write the result here")
     r.set_defaults(func=lambda args: sys.exit(handlers.redis(args)))
 

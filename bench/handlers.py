@@ -164,7 +164,7 @@ def redis(args: argparse.Namespace) -> int:
     from bench.farm.saturation import run_saturation, saturation_table
 
     config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
-                             submit_jobs=0, bare=False).resolved()
+                             submit_jobs=0, bare=False, split_state=args.split_state).resolved()
     return run_and_report("bench redis", lambda log: run_saturation(config, args.workers, log=log),
                           lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
 

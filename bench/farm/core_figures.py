@@ -21,7 +21,7 @@ from __future__ import annotations
 
 #: processes of the local stack that are not the farm's own host cost
 APART = ("seaweedfs",)
-SHARED = ("api", "redis")
+SHARED = ("api", "redis", "redis-state")
 
 
 def per_core(cpu_ms_per_job: dict[str, float], gpu_ms_per_image: tuple[float, ...]) -> dict:

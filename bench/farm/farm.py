@@ -37,8 +37,10 @@ Times are wall seconds on a machine other processes share; the load average is r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -84,6 +86,9 @@ class FarmBenchConfig:
     submit_appendfsync: tuple[str, ...] = ()
     #: GPU speeds (ms per image) the per-core rows size a node for (bench/farm/core_figures.py)
     gpu_ms_per_image: tuple[float, ...] = (10.0, 30.0, 100.0)
+    #: the job-state store on a redis-server of its own (``RENDERFARM_STATE_REDIS_URL``), so that
+    #: Redis's CPU per job splits into the broker's (``redis``) and the state store's (``redis-state``)
+    split_state: bool = False
 
     @property
     def null(self) -> bool:
@@ -100,6 +105,8 @@ class FarmBenchConfig:
         """Defaults filled in."""
         from dataclasses import replace
 
+        if self.split_state and self.submit_jobs:
+            raise ValueError("a split state store is measured over the rounds only: pass --submit-jobs 0")
         side = 64 if self.null else 256
         return replace(self, jobs=self.jobs or (2000 if self.null else 16),
                        batch_size=self.batch_size or (64 if self.null else 4),
@@ -203,13 +210,17 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
            "RENDERFARM_RECIPE": config.recipe,
            "RENDERFARM_NULL_RENDER_MS_PER_IMAGE": str(config.render_ms_per_image)}
     result: dict = {"benchmark": "farm", "config": asdict(config)}
-    with patched_environ(env):
+    with contextlib.ExitStack() as apart:
+        state = apart.enter_context(_state_redis()) if config.split_state else None
+        if state is not None:
+            env["RENDERFARM_STATE_REDIS_URL"] = state.url
+        apart.enter_context(patched_environ(env))
         stack = LocalStack(workers=config.workers, model=config.model, batch_size=config.batch_size,
                            redis_url=f"redis://127.0.0.1:{free_port()}/0",
                            appendonly=bool(config.submit_appendfsync))
         log(f"starting a private stack in {stack.run_dir} ({config.workers} worker(s) of {config.model}) …")
         with stack, patched_environ(stack.env), RenderClient(api_url=stack.api.url, timeout_s=600) as client:
-            counter = _measure_rounds(client, stack, config, result, log)
+            counter = _measure_rounds(client, stack, config, result, log, state)
             for worker in stack.workers:  # submission alone: nobody consumes
                 worker.stop()
             if config.submit_jobs:
@@ -220,7 +231,17 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
     return result
 
 
-def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log) -> RedisCounter:
+@contextlib.contextmanager
+def _state_redis():
+    """A redis-server of its own for the job-state store (``split_state``), named ``redis-state``."""
+    from infra.localstack import RedisServer
+
+    with tempfile.TemporaryDirectory(prefix="rf-bench-state-") as tmp, \
+            RedisServer(name="redis-state", run_dir=tmp) as server:
+        yield server
+
+
+def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log, state=None) -> RedisCounter:
     """Warm up, then ``config.rounds`` farm and bare runs in alternating order; fills ``result``'s
     throughput, Redis, memory, overhead and CPU figures. Returns the Redis counter (reset after the
     warm-up) the submission test goes on reading."""
@@ -236,10 +257,15 @@ def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log) -
     timing_before = farm_timing(client)  # after the warm-up's batches
     counter = RedisCounter(stack.redis_url)
     counter.reset()
-    farm_runs, bare_runs, cpu = _rounds(client, stack, config, bare, log)
+    state_counter = RedisCounter(state.url) if state is not None else None
+    if state_counter is not None:
+        state_counter.reset()
+    farm_runs, bare_runs, cpu = _rounds(client, stack, config, bare, log, extra=[state] if state else [])
     timing_after = farm_timing(client)
     rounds_end = time.time()
     result["redis"] = counter.read(config.jobs * config.rounds)
+    if state_counter is not None:  # then "redis" is the broker's alone
+        result["redis_state"] = state_counter.read(config.jobs * config.rounds)
     result["worker_memory"] = worker_memory(client, stack.workers, since=rounds_end)
     result["full_path"] = _summary(farm_runs)
     if bare_runs:
@@ -260,9 +286,11 @@ def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log) -
     return counter
 
 
-def _rounds(client, stack, config: FarmBenchConfig, bare, log) -> tuple[list[dict], list[dict], dict[str, float]]:
+def _rounds(client, stack, config: FarmBenchConfig, bare, log,
+            extra=()) -> tuple[list[dict], list[dict], dict[str, float]]:
     """The measured rounds: farm runs, bare runs (none without ``bare``) and the CPU seconds each
-    farm process spent in the farm runs, by process name."""
+    farm process (the stack's, and ``extra`` processes) spent in the farm runs, by process name."""
+    processes = [*stack.processes, *extra]
     assert config.jobs is not None  # a resolved config
     farm_runs, bare_runs = [], []
     cpu: dict[str, float] = {}
@@ -270,9 +298,9 @@ def _rounds(client, stack, config: FarmBenchConfig, bare, log) -> tuple[list[dic
         order = ("bare", "farm") if r % 2 == 0 else ("farm", "bare")
         for what in order:
             if what == "farm":
-                before = cpu_snapshot(stack.processes)
+                before = cpu_snapshot(processes)
                 run = _run_farm(client, config, config.jobs, offset=r * config.jobs)
-                for name, seconds in cpu_snapshot(stack.processes).items():
+                for name, seconds in cpu_snapshot(processes).items():
                     cpu[name] = cpu.get(name, 0.0) + seconds - before.get(name, seconds)
                 farm_runs.append(run)
                 log(f"round {r + 1} farm: {run['images_per_s']:.3f} img/s end to end, "

@@ -36,28 +36,39 @@ def run_saturation(config, workers: tuple[int, ...], log=print) -> dict:
         rows.append({"workers": n, "jobs_per_s": jobs_per_s, "worker_span_jobs_per_s": full["worker_images_per_s"],
                      "redis_cpu_ms_per_job": cpu.get("redis"),
                      "redis_core_share": round((cpu.get("redis") or 0) * jobs_per_s / 1000, 3),
+                     "redis_state_cpu_ms_per_job": cpu.get("redis-state"),
+                     "redis_state_commands_per_job": result.get("redis_state", {}).get("commands_per_job"),
                      "cpu_ms_per_job_total": cpu["total"],
                      "redis_commands_per_job": result.get("redis", {}).get("commands_per_job"),
                      "load_average_after": result["machine"]["load_average_after"][0]})
         log(f"{n} worker(s): {jobs_per_s:.1f} jobs/s, redis at {100 * rows[-1]['redis_core_share']:.1f} % of a core")
-    return {"benchmark": "redis-saturation", "config": {"jobs": config.jobs, "batch_size": config.batch_size},
+    return {"benchmark": "redis-saturation", "config": {"jobs": config.jobs, "batch_size": config.batch_size,
+                                                        "split_state": config.split_state},
             "machine": {"cpu": cpu_summary()}, "rows": rows}
 
 
 def saturation_table(result: dict, nproc: int):
-    """A rich Table of :func:`run_saturation`."""
+    """A rich Table of :func:`run_saturation` (with the state store apart: the broker's and the
+    state store's Redis CPU and commands per job in columns of their own)."""
     from rich.table import Table
 
     cpu = result.get("machine", {}).get("cpu")
-    table = Table(title=f"one redis-server as null workers grow (0 ms renders, {result['config']['jobs']} jobs, "
+    split = result["config"].get("split_state")
+    what = "a broker and a state-store redis-server" if split else "one redis-server"
+    table = Table(title=f"{what} as null workers grow (0 ms renders, {result['config']['jobs']} jobs, "
                         f"batch {result['config']['batch_size']}; {nproc} cores shared by every process)",
                   caption=f"{cpu['name']} ({cpu['isa']})" if cpu else None)
-    for col in ("workers", "jobs/s end to end", "jobs/s on the workers", "Redis CPU ms/job", "Redis core share",
-                "CPU ms/job all", "Redis cmds/job", "load after"):
+    redis = ("broker Redis" if split else "Redis")
+    columns = ["workers", "jobs/s end to end", "jobs/s on the workers", f"{redis} CPU ms/job", f"{redis} core share",
+               "CPU ms/job all", f"{redis} cmds/job"]
+    columns += ["state Redis CPU ms/job", "state Redis cmds/job"] if split else []
+    for col in (*columns, "load after"):
         table.add_column(col, justify="right")
     for r in result["rows"]:
-        table.add_row(str(r["workers"]), f"{r['jobs_per_s']:.1f}", f"{r['worker_span_jobs_per_s']:.1f}",
-                      f"{r['redis_cpu_ms_per_job']:.3f}", f"{100 * r['redis_core_share']:.1f} %",
-                      f"{r['cpu_ms_per_job_total']:.2f}", f"{r['redis_commands_per_job']}",
-                      f"{r['load_average_after']}")
+        cells = [str(r["workers"]), f"{r['jobs_per_s']:.1f}", f"{r['worker_span_jobs_per_s']:.1f}",
+                 f"{r['redis_cpu_ms_per_job']:.3f}", f"{100 * r['redis_core_share']:.1f} %",
+                 f"{r['cpu_ms_per_job_total']:.2f}", f"{r['redis_commands_per_job']}"]
+        if split:
+            cells += [f"{r['redis_state_cpu_ms_per_job']:.3f}", f"{r['redis_state_commands_per_job']}"]
+        table.add_row(*cells, f"{r['load_average_after']}")
     return table
