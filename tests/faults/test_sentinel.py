@@ -11,7 +11,8 @@ again on the promoted replica, Sentinel's detection and failover included):
 - s3: one of the three sentinels killed mid-run: nothing changes;
 - s4: the primary partitioned (SIGSTOP) while a replica is promoted, then back as a replica;
 - s5: the primary killed while both replicas lag, with each durable-ack mode: what ``local``
-  acknowledged is lost, ``replicas`` acknowledged nothing it could lose.
+  acknowledged is lost, ``replicas`` acknowledged nothing it could lose;
+- s6: ``renderfarm up --redis-url sentinel://…`` through a failover (its supervisor restarts nothing).
 
 Runs twice are counted by the workers in the same Redis (``RENDERFARM_TEST_COUNTERS``), so a
 counter write the promoted replica never received is not seen; the jobs' own states and the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,9 +35,11 @@ import httpx
 import pytest
 import redis
 
-from infra.localstack import SeaweedS3
+from infra.localstack import ManagedProcess, SeaweedS3, free_port
+from infra.localstack.services import cli_command
+from infra.state.job_store import JobStore
 
-from .farm import FaultFarm, request
+from .farm import FAULT_SETTINGS, FaultFarm, request
 from .sentinel import SentinelGroupServers
 
 pytestmark = [pytest.mark.faults, pytest.mark.long]
@@ -218,3 +222,46 @@ def _retry(farm: FaultFarm, body: dict):
     except httpx.HTTPError:
         return None
     return answer if answer.status_code == 202 else None
+
+
+def test_s6_renderfarm_up_on_a_sentinel_group_follows_a_failover(group, tmp_path, cache_dir):
+    """``renderfarm up --redis-url sentinel://…``: the stack uses the group (starts no Redis of its
+    own), and its API and worker follow a failover with nothing restarted by its supervisor."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
+    env.update(FAULT_SETTINGS, RENDERFARM_CACHE_DIR=str(cache_dir), RENDERFARM_ENV_FILE="", COLUMNS="200",
+               RENDERFARM_TEST_STEP_DELAY_S="0.2")
+    log = tmp_path / "up" / "up.log"
+    up = ManagedProcess("up", cli_command("up", "--workers", "1", "--model", "null", "--redis-url", group.db_url(3),
+                                          "--api-port", str(free_port()), "--s3-port", str(free_port())),
+                        env=env, run_dir=tmp_path / "up", cwd=tmp_path,
+                        ready=lambda: "Ctrl-C stops everything" in log.read_text(), ready_timeout=300)
+    with up:
+        output = log.read_text()
+        assert "reused: already running" in output and "sentinel://" in output, output  # no Redis of its own
+        api = re.search(r"^export RENDERFARM_API_URL=(\S+)$", output, flags=re.M).group(1)
+        body = {"jobs": [request(i).model_dump(mode="json", exclude_none=True) for i in range(48)]}
+        job_ids = httpx.post(f"{api}/v1/batches", json=body, timeout=60).json()["job_ids"]
+        store = JobStore(group.client(3))
+
+        def succeeded() -> int:
+            try:
+                return sum(1 for s in store.get_jobs(job_ids) if s is not None and s.state == "succeeded")
+            except redis.RedisError:
+                return 0
+
+        wait_until(lambda: succeeded() >= 8, timeout=60)
+        victim = group.current_primary()
+        victim.kill()
+        wait_until(lambda: succeeded() == len(job_ids), timeout=180)
+        after = log.read_text()
+        up.send_signal(signal.SIGTERM)
+        assert up.proc.wait(timeout=120) == 0, up.log_tail()
+    assert group.primary_port() != victim.port
+    assert "restarting in" not in after and "restarted" not in after, after[-3000:]  # the supervisor did nothing
+
+
+def wait_until(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout} s"
+        time.sleep(0.2)
