@@ -143,10 +143,24 @@ def test_the_rendered_redis_requires_the_secrets_password(chart_redis):
     api_env = Manifests(chart_redis.docs, NAMESPACE).environment(api_spec["containers"][0], "farm-api", api_spec, {})
     url = re.sub(r"@[^/]+:6379/", f"@127.0.0.1:{chart_redis.port}/", api_env["RENDERFARM_REDIS_URL"])
     assert redis.Redis.from_url(url, decode_responses=True).get("rf:chart-auth") == "1"
-    # the readiness probe authenticates with REDISCLI_AUTH from the container's environment
-    probe = subprocess.run(["redis-cli", "-p", str(chart_redis.port), "ping"], capture_output=True, text=True,
-                           timeout=30, env={"PATH": "/usr/bin:/bin", "REDISCLI_AUTH": chart_redis.env["REDISCLI_AUTH"]})
-    assert probe.stdout.strip() == "PONG", probe
+    # the rendered readiness probe passes with REDISCLI_AUTH from the container's environment, and
+    # fails with another password (redis-cli itself exits 0 on the WRONGPASS reply)
+    assert _probe(chart_redis, chart_redis.env["REDISCLI_AUTH"]).returncode == 0
+    wrong = _probe(chart_redis, "not-the-password")
+    assert wrong.returncode != 0, wrong
+    bare = subprocess.run(["redis-cli", "-p", str(chart_redis.port), "ping"], capture_output=True, text=True,
+                          timeout=30, env={"PATH": "/usr/bin:/bin", "REDISCLI_AUTH": "not-the-password"})
+    assert bare.returncode == 0 and "PONG" not in bare.stdout, bare  # why the probe reads the answer
+
+
+def _probe(chart_redis: ChartRedis, password: str) -> subprocess.CompletedProcess:
+    """The StatefulSet's readiness probe as the kubelet runs it, ``redis-cli`` pointed at this
+    server's port (the host's adjustment), with ``password`` as REDISCLI_AUTH."""
+    (sts,) = by_kind(chart_redis.docs, "StatefulSet")
+    command = sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
+    command = [part.replace("redis-cli", f"redis-cli -p {chart_redis.port}") for part in command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "REDISCLI_AUTH": password})
 
 
 def documented() -> tuple[int, str]:

@@ -38,6 +38,8 @@ import redis
 from infra.localstack import ManagedProcess, SeaweedS3, free_port
 from infra.localstack.services import cli_command
 from infra.state.job_store import JobStore
+from tests.fault_table import account_row, record_row
+from worker.faults import read_counters
 
 from .farm import FAULT_SETTINGS, FaultFarm, request
 from .sentinel import SentinelGroupServers
@@ -254,9 +256,17 @@ def test_s6_renderfarm_up_on_a_sentinel_group_follows_a_failover(group, tmp_path
         victim.kill()
         wait_until(lambda: succeeded() == len(job_ids), timeout=180)
         after = log.read_text()
+        statuses = [httpx.get(f"{api}/v1/jobs/{j}", timeout=10).json() for j in job_ids]
+        stored = {s["result"]["key"] for s in statuses if s.get("state") == "succeeded"
+                  and httpx.get(s["result"]["url"], timeout=30).content[:4] == b"\x89PNG"}
+        renders, writes = read_counters(group.client(3))
         up.send_signal(signal.SIGTERM)
         assert up.proc.wait(timeout=120) == 0, up.log_tail()
+    row = account_row("s6. renderfarm up --redis-url sentinel://…, primary kill -9 mid-run", job_ids,
+                      store.get_jobs(job_ids), stored, renders, writes, None)
+    record_row(row)
     assert group.primary_port() != victim.port
+    assert row["succeeded"] == len(job_ids) and row["lost"] == 0 and row["run_twice"] == 0, row
     assert "restarting in" not in after and "restarted" not in after, after[-3000:]  # the supervisor did nothing
 
 
