@@ -98,9 +98,9 @@ def chart_redis(render, tmp_path_factory) -> Iterator[ChartRedis]:
     mounts: dict[str, Path] = {}
     for mount in container["volumeMounts"]:
         folder = root / mount["name"]
-        if mount["name"] in volumes:
+        if "emptyDir" not in volumes.get(mount["name"], {"emptyDir": {}}):
             manifests.volume_files(volumes[mount["name"]], folder)
-        else:  # the StatefulSet's volumeClaimTemplate: an empty volume
+        else:  # an emptyDir, or the StatefulSet's volumeClaimTemplate: an empty volume
             folder.mkdir()
         mounts[mount["mountPath"]] = folder
     pattern = re.compile("|".join(rf"(?<![\w/]){re.escape(p)}(?=/|\s|$)" for p in mounts))
@@ -116,7 +116,7 @@ def chart_redis(render, tmp_path_factory) -> Iterator[ChartRedis]:
     secret = next(s for s in by_kind(docs, "Secret") if s["metadata"]["labels"].get("app.kubernetes.io/component")
                   == "redis")
     password = base64.b64decode(secret["data"]["redis-password"]).decode()
-    process = ManagedProcess("chart-redis", argv, ready=lambda: _answers(port), run_dir=root,
+    process = ManagedProcess("chart-redis", argv, env=env, ready=lambda: _answers(port), run_dir=root,
                              stop_timeout=float(spec["terminationGracePeriodSeconds"]), ready_timeout=30)
     with process:
         yield ChartRedis(process, port, password, env, command + args, [(r, h) for r, h in lines if r != h],
@@ -124,9 +124,15 @@ def chart_redis(render, tmp_path_factory) -> Iterator[ChartRedis]:
 
 
 def test_only_the_mount_paths_were_adjusted(chart_redis):
-    """What the host changed in the rendered config, and that the argv is the pod's, expanded."""
+    """What the host changed in the rendered config, and that the argv is the pod's, expanded:
+    a shell that writes the config with the password into the in-memory volume and runs
+    redis-server on it; the password is in no argument (``ps`` shows every process's argv)."""
     assert chart_redis.adjusted == [("dir /data", f"dir {chart_redis.data_dir}")]
-    assert chart_redis.pod_argv == ["redis-server", "/etc/redis/redis.conf", "--requirepass", chart_redis.password]
+    assert chart_redis.pod_argv[:2] == ["sh", "-c"] and chart_redis.pod_argv[3:] == ["redis-server"]
+    assert "exec redis-server /run/redis/redis.conf" in chart_redis.pod_argv[2]
+    assert not any(chart_redis.password in arg for arg in chart_redis.pod_argv)
+    with open(f"/proc/{chart_redis.process.pid}/cmdline", "rb") as f:  # the running server's own argv
+        assert chart_redis.password.encode() not in f.read()
 
 
 def test_the_rendered_redis_requires_the_secrets_password(chart_redis):
