@@ -188,6 +188,7 @@ class IPAdapters:
         state, encoder, extractor = self._load(name)
         pipe, unet = self.pipe, self.pipe.unet
         own = dict(unet.attn_processors)
+        plain_attribute = "encoder_hid_proj" in vars(unet)  # None set in __init__: not a submodule slot
         pipe.register_modules(image_encoder=encoder, feature_extractor=extractor)
         try:
             pipe.load_ip_adapter(state, subfolder="", weight_name="")
@@ -196,6 +197,7 @@ class IPAdapters:
         finally:
             pipe.unload_ip_adapter()
             unet.set_attn_processor(own)
+            _restore_plain_attribute(unet, "encoder_hid_proj", plain_attribute)
             pipe.register_modules(image_encoder=None, feature_extractor=None)
 
     def image_embeds(self, name: str, image: Any, guidance: bool) -> list[Any]:
@@ -220,6 +222,17 @@ class IPAdapters:
         if guidance:
             embeds = torch.cat([torch.zeros_like(embeds), embeds])
         return [embeds]
+
+
+def _restore_plain_attribute(module, name: str, was_plain: bool) -> None:
+    """Put ``name`` back as the plain ``None`` attribute it was before a submodule took its place:
+    ``unload_ip_adapter`` sets ``encoder_hid_proj = None`` into the submodule slot the adapter's
+    image projection occupied, and TorchDynamo's guards on a compiled UNet, built while it was a
+    plain attribute, would then fail for every later call (they ran eagerly on a held worker)."""
+    modules = vars(module)["_modules"]
+    if was_plain and name in modules and modules[name] is None:
+        del modules[name]
+        object.__setattr__(module, name, None)
 
 
 @contextlib.contextmanager

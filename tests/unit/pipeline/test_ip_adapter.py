@@ -170,3 +170,38 @@ def test_sdxl_takes_an_ip_adapter_too(offline_cache):
     plain = render()
     assert np.abs(render({**STYLE_A, "weight": 0.0}) - plain).max() <= 1.0
     assert np.abs(render(STYLE_A) - plain).mean() > 0.5
+
+
+def test_on_a_compiled_unet_the_adapters_call_runs_eager_and_the_next_plain_one_compiled(offline_cache):
+    """A compiled UNet (TorchDynamo; its eager backend: which graph serves a call is decided by the
+    guards whatever the backend, tests/unit/pipeline/test_compile_count.py) held after warm-up: the
+    IP-Adapter call meets other processors and runs eagerly, nothing compiles, and the next plain
+    call is served by the warm-up's graph again (the pinned UNet's state exactly restored)."""
+    import torch
+
+    from pipeline import compile_count
+    from pipeline.ip_adapter import IPAdapters
+    from pipeline.models import load_pipeline
+    from pipeline.render import Renderer
+
+    compiled = Renderer(load_pipeline("tiny", cache_dir=offline_cache), model="tiny", batch_invariant=False)
+    compiled.input_loader = INPUTS.__getitem__
+    compiled.ip_adapters = IPAdapters(compiled.pipe, {"style": "tiny-ip-adapter-style"}, cache_dir=offline_cache)
+    torch._dynamo.reset()
+    compile_count.install()
+    compiled.pipe.unet.compile(dynamic=False, backend="eager")
+    try:
+        compiled.render([_request()])  # the warm-up's graph for this shape
+        compile_count.hold_compiled()
+        before = compile_count.compiles()
+        calls = []
+        for request in (_request(), _request(STYLE_A), _request(), _request(STYLE_B), _request()):
+            with compile_count.observed() as seen:
+                compiled.render([request])
+            calls.append((seen.compiled > 0, seen.eager > 0))
+        assert compile_count.compiles() == before
+        plain, styled = (True, False), (False, True)
+        assert calls == [plain, styled, plain, styled, plain], calls
+    finally:
+        compile_count.release_compiled()
+        torch._dynamo.reset()
