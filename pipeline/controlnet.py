@@ -32,10 +32,6 @@ group (:func:`control_settings`). A unit with ``guidance_start == guidance_end``
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -80,14 +76,15 @@ def build_offline_controlnet(name: str, pipe, cache_dir: Path) -> Path:
     import torch
     from diffusers import ControlNetModel, UNet2DConditionModel
 
+    from pipeline.models.build import addon_build_dir, name_seed, published_once
+
     unet = getattr(pipe, "unet", None)
     if not isinstance(unet, UNet2DConditionModel):
         raise ValueError(f"offline ControlNet {name!r} is made from a UNet; {type(pipe).__name__} has none")
-    model = str(getattr(pipe, "_renderfarm_model", type(pipe).__name__))
-    final = Path(cache_dir) / "controlnets" / hashlib.sha256(model.encode()).hexdigest()[:16] / name
+    final = addon_build_dir(cache_dir, "controlnets", pipe, name)
     if (final / "config.json").is_file():
         return final
-    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+    seed = name_seed(name)
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.manual_seed(seed)
         net = ControlNetModel.from_unet(unet, load_weights_from_unet=False).to(torch.float32)
@@ -98,14 +95,8 @@ def build_offline_controlnet(name: str, pipe, cache_dir: Path) -> Path:
                 param.copy_(torch.randn(param.shape, generator=generator) * OFFLINE_ZERO_CONV_STD)
             if param_name.startswith("controlnet_cond_embedding.") and param_name.endswith(".weight"):
                 param.mul_(OFFLINE_COND_GAIN)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=final.parent))
-    try:
+    with published_once(final) as tmp:  # another process may build it meanwhile: theirs is kept
         net.save_pretrained(tmp, safe_serialization=True)
-        if not final.exists():  # another process may have built it meanwhile: keep theirs
-            os.rename(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

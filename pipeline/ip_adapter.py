@@ -26,10 +26,6 @@ hub id with ``subfolder``/``weight_name``; or an offline build (``tiny-ip-adapte
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,14 +76,15 @@ def build_offline_ip_adapter(name: str, pipe, cache_dir: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
+    from pipeline.models.build import addon_build_dir, name_seed, published_once
+
     unet = getattr(pipe, "unet", None)
     if not isinstance(unet, UNet2DConditionModel):
         raise ValueError(f"offline IP-Adapter {name!r} is made for a UNet; {type(pipe).__name__} has none")
-    model = str(getattr(pipe, "_renderfarm_model", type(pipe).__name__))
-    final = Path(cache_dir) / "ip-adapters" / hashlib.sha256(model.encode()).hexdigest()[:16] / name
+    final = addon_build_dir(cache_dir, "ip-adapters", pipe, name)
     if (final / WEIGHT_NAME).is_file():
         return final
-    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+    seed = name_seed(name)
     generator = torch.Generator().manual_seed(seed)
     cross = int(unet.config.cross_attention_dim)
     embed = OFFLINE_ENCODER["projection_dim"]
@@ -110,15 +107,9 @@ def build_offline_ip_adapter(name: str, pipe, cache_dir: Path) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(**OFFLINE_ENCODER))
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=final.parent))
-    try:
+    with published_once(final) as tmp:  # another process may build it meanwhile: theirs is kept
         encoder.save_pretrained(tmp / "image_encoder", safe_serialization=True)
         save_file(tensors, str(tmp / WEIGHT_NAME))
-        if not final.exists():  # another process may have built it meanwhile: keep theirs
-            os.rename(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -167,6 +169,34 @@ def build_offline_model(name: str, cache_dir: Path) -> Path:
                 shutil.rmtree(stale, ignore_errors=True)
         log.warning("built offline model %r in %.1f s", name, time.perf_counter() - started)
     return final
+
+
+def addon_build_dir(cache_dir: Path, kind: str, pipe, name: str) -> Path:
+    """Where an offline add-on ``name`` (a ControlNet, an IP-Adapter) made for ``pipe``'s model is
+    kept: ``cache_dir/kind/<first 16 hex digits of the SHA-256 of the model's name>/name``."""
+    model = str(getattr(pipe, "_renderfarm_model", type(pipe).__name__))
+    return Path(cache_dir) / kind / hashlib.sha256(model.encode()).hexdigest()[:16] / name
+
+
+def name_seed(name: str) -> int:
+    """The random seed of an offline add-on build: the first 4 bytes of the SHA-256 of its
+    ``name``, so that a name always builds the same weights."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
+
+
+@contextlib.contextmanager
+def published_once(final: Path) -> Iterator[Path]:
+    """A temporary directory beside ``final`` to write a build into. When the block ends without
+    an error it is renamed to ``final`` unless another process published one meanwhile (theirs is
+    kept); either way nothing of it is left behind."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.build-", dir=final.parent))
+    try:
+        yield tmp
+        if not final.exists():
+            os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _stamp_matches(directory: Path, spec: OfflineModel) -> bool:

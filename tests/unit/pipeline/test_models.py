@@ -91,3 +91,23 @@ def test_tiny_kolors_batches_chinese_prompts_with_chatglm(offline_cache):
     assert [im.size for im in images] == [(64, 64)] * 2
     alone = renderer.render(requests[1:])[0]
     assert np.array_equal(np.asarray(alone), np.asarray(images[1]))  # batch invariance holds for Kolors too
+
+
+def test_an_offline_addon_build_is_published_once_and_leaves_nothing_behind(tmp_path):
+    from pipeline.models.build import addon_build_dir, name_seed, published_once
+
+    class Pipe:
+        _renderfarm_model = "tiny"
+
+    final = addon_build_dir(tmp_path, "controlnets", Pipe(), "tiny-controlnet-canny")
+    assert final.parent.parent == tmp_path / "controlnets" and final.name == "tiny-controlnet-canny"
+    assert name_seed("a") == name_seed("a") != name_seed("b")
+    with published_once(final) as tmp:
+        (tmp / "config.json").write_text("mine")
+    assert (final / "config.json").read_text() == "mine"
+    with published_once(final) as tmp:  # another build of the same name came second: the first is kept
+        (tmp / "config.json").write_text("second")
+    assert (final / "config.json").read_text() == "mine"
+    with pytest.raises(RuntimeError), published_once(final.with_name("broken")) as tmp:
+        raise RuntimeError("the save failed")
+    assert sorted(p.name for p in final.parent.iterdir()) == ["tiny-controlnet-canny"]  # no temp dir, no half build
