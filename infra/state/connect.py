@@ -118,12 +118,18 @@ class SentinelGroup:
                    username=unquote(user) or None, password=unquote(password) or None,
                    sentinel_password=query.get("sentinel_password", [None])[0], tls=SENTINEL_SCHEMES[scheme])
 
+    def sentinel_options(self) -> dict[str, Any]:
+        """The options of a connection to a sentinel (not to the primary): TLS and the sentinels'
+        own password, each only when the URL asks for it (redis-py's and kombu's ``sentinel_kwargs``)."""
+        options: dict[str, Any] = {"ssl": True} if self.tls else {}
+        if self.sentinel_password:
+            options["password"] = self.sentinel_password
+        return options
+
     def sentinel(self, **kwargs: Any) -> Sentinel:
         """A redis-py :class:`Sentinel` over this group's sentinels; ``kwargs`` (timeouts,
         ``decode_responses``) go to the connections to the primary."""
-        sentinel_kwargs: dict[str, Any] = {"ssl": self.tls} if self.tls else {}
-        if self.sentinel_password:
-            sentinel_kwargs["password"] = self.sentinel_password
+        sentinel_kwargs = self.sentinel_options()
         for timeout in ("socket_timeout", "socket_connect_timeout"):
             if timeout in kwargs:
                 sentinel_kwargs[timeout] = kwargs[timeout]
@@ -212,9 +218,6 @@ def celery_broker(url: str) -> CeleryBroker:
         return CeleryBroker(url, {})
     group = SentinelGroup.parse(url)
     options: dict[str, Any] = {"master_name": group.master_name}
-    sentinel_kwargs: dict[str, Any] = {"ssl": True} if group.tls else {}
-    if group.sentinel_password:
-        sentinel_kwargs["password"] = group.sentinel_password
-    if sentinel_kwargs:
+    if sentinel_kwargs := group.sentinel_options():
         options["sentinel_kwargs"] = sentinel_kwargs
     return CeleryBroker(group.kombu_url(), options, {"ssl_cert_reqs": ssl.CERT_REQUIRED} if group.tls else None)

@@ -52,10 +52,10 @@ from infra.storage.input_images import InputRefused
 SCRIPT_KEYS = ("controlnet", "ControlNet", "controlNet")
 RESIZE_MODES = {0: "resize", 1: "crop", 2: "fill", "just resize": "resize", "crop and resize": "crop",
                 "resize and fill": "fill"}
-#: Fields whose value does not change the image (memory use, UI state, hires fix, which the farm refuses).
 #: sd-webui-controlnet's IP-Adapter modules (its CLIP image encoders), as a unit's ``module``.
 IP_ADAPTER_MODULES = ("ip-adapter_clip_sd15", "ip-adapter_clip_sdxl", "ip-adapter_clip_sdxl_plus_vith",
                       "ip-adapter-auto")
+#: Fields whose value does not change the image (memory use, UI state, hires fix, which the farm refuses).
 NEUTRAL_FIELDS = frozenset({"low_vram", "lowvram", "hr_option", "save_detected_map", "is_ui"})
 #: ControlNet unit field → the A1111 field that fills it (for error locations).
 A1111_UNIT_FIELD = {"type": "model", "preprocess": "module", "low_threshold": "threshold_a",
