@@ -52,6 +52,17 @@ def request(i: int, *, prompt: str = "fault test", steps: int = 4) -> RenderRequ
                          seed=i)
 
 
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1):
+    """Poll ``predicate()`` until it returns something truthy; returns it (TimeoutError after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"condition not met within {timeout}s")
+
+
 class FaultFarm:
     """One scenario's farm: flushed Redis, a fresh bucket, an API with the reaper, and workers.
 
@@ -156,14 +167,8 @@ class FaultFarm:
         return self.statuses(job_ids)
 
     def wait_for(self, predicate, timeout: float = 60.0, interval: float = 0.1):
-        """Poll ``predicate()`` until it returns something truthy; returns it (TimeoutError after ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(interval)
-        raise TimeoutError(f"condition not met within {timeout}s")
+        """:func:`wait_for` (kept as a method: the scenarios read ``farm.wait_for``)."""
+        return wait_for(predicate, timeout, interval)
 
     def registry_entry(self, worker_name: str) -> dict:
         """The worker's registry entry (heartbeat), or {} when it is not registered."""

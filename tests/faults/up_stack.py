@@ -2,9 +2,10 @@
 would, read through what it prints (the exports and the pids of its services), and accounted for
 through its own Redis, S3 and API.
 
-Used by ``test_up_scenarios.py`` only. The workers pin the ``null`` model behind the
-fault-injection wrapper (``worker/faults.py``: a step delay, and the render and write counters
-that measure "run twice"), with the fault farm's short leases (:data:`tests.faults.farm.FAULT_SETTINGS`).
+Used by ``test_up_scenarios.py`` and the Sentinel scenario s6 (``test_sentinel.py``). The
+workers pin the ``null`` model behind the fault-injection wrapper (``worker/faults.py``: a step
+delay, and the render and write counters that measure "run twice"), with the fault farm's short
+leases (:data:`tests.faults.farm.FAULT_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import redis
 from infra import keys
 from infra.localstack import ManagedProcess
 from infra.localstack.services import cli_command
+from infra.state.connect import redis_client
 from infra.state.job_store import JobStore
 from tests.fault_table import TERMINAL, account_row, record_row
 from worker.faults import read_counters
@@ -34,19 +36,21 @@ STEP_DELAY_S = 0.1
 
 class UpRun:
     """One ``renderfarm up --model null`` on ``data`` and fixed ports, with ``workers`` workers
-    (``settings``: more ``RENDERFARM_*`` variables for every process of it).
+    (``redis_url``: ``--redis-url``, a Redis it uses instead of starting its own; ``settings``: more
+    ``RENDERFARM_*`` variables for every process of it).
 
     After :meth:`start`: :attr:`env` holds the exports it printed; :meth:`pids` the pid of each
     service from its ``✓`` lines and restarts.
     """
 
     def __init__(self, tmp_path: Path, run: str, data: Path, cache_dir: Path, api_port: int, s3_port: int,
-                 workers: int = 2, **settings: str):
+                 workers: int = 2, redis_url: str | None = None, **settings: str):
         env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
-        env.update(FAULT_SETTINGS, RENDERFARM_CACHE_DIR=str(cache_dir), RENDERFARM_ENV_FILE="", COLUMNS="200",
-                   RENDERFARM_TEST_STEP_DELAY_S=str(STEP_DELAY_S), **settings)
+        env.update(FAULT_SETTINGS, RENDERFARM_CACHE_DIR=str(cache_dir), RENDERFARM_ENV_FILE="", COLUMNS="200")
+        env.update({"RENDERFARM_TEST_STEP_DELAY_S": str(STEP_DELAY_S), **settings})  # settings may set the delay
         argv = cli_command("up", "--workers", str(workers), "--model", "null", "--batch-size", "8",
-                           "--data-dir", str(data), "--api-port", str(api_port), "--s3-port", str(s3_port))
+                           "--data-dir", str(data), "--api-port", str(api_port), "--s3-port", str(s3_port),
+                           *(("--redis-url", redis_url) if redis_url else ()))
         self.log = tmp_path / run / "up.log"
         self.process = ManagedProcess("up", argv, env=env, run_dir=tmp_path / run, cwd=tmp_path,
                                       ready=lambda: "Ctrl-C stops everything" in self.output(),
@@ -78,9 +82,8 @@ class UpRun:
 
     @property
     def redis(self) -> redis.Redis:
-        if self._redis is None:
-            self._redis = redis.Redis.from_url(self.env["RENDERFARM_REDIS_URL"], decode_responses=True,
-                                               socket_timeout=5, socket_connect_timeout=2)
+        if self._redis is None:  # a client that follows a Sentinel group's failovers too
+            self._redis = redis_client(self.env["RENDERFARM_REDIS_URL"], socket_timeout=5, socket_connect_timeout=2)
         return self._redis
 
     def s3(self):
@@ -137,7 +140,7 @@ class UpRun:
 
         self.wait_until(done, timeout, interval=0.5)
 
-    def account(self, scenario: str, job_ids: Sequence[str], recovery_s: float, **extra) -> dict:
+    def account(self, scenario: str, job_ids: Sequence[str], recovery_s: float | None, **extra) -> dict:
         """Record the scenario's row: states from Redis, objects from S3, and the images fetched
         through the API (``fetched``: those whose presigned URL answers a PNG)."""
         statuses = JobStore(self.redis, lease_s=LEASE_S).get_jobs(list(job_ids))
