@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -35,16 +34,22 @@ import httpx
 import pytest
 import redis
 
-from infra.localstack import ManagedProcess, SeaweedS3, free_port
-from infra.localstack.services import cli_command
-from infra.state.job_store import JobStore
-from tests.fault_table import account_row, record_row
-from worker.faults import read_counters
+from infra.localstack import SeaweedS3, free_port
 
-from .farm import FAULT_SETTINGS, FaultFarm, request
+from .farm import FaultFarm, request, wait_for
 from .sentinel import SentinelGroupServers
+from .up_stack import UpRun
 
 pytestmark = [pytest.mark.faults, pytest.mark.long]
+
+#: How long a worker may go unheard in these scenarios: its jobs' lease and its heartbeat's TTL.
+#: Both must outlast the failover (Sentinel's detection, the election, the clients' reconnection),
+#: or the reaper takes the worker for dead and a running batch is requeued and rendered again:
+#: with the fault farm's 3 s heartbeat TTL, a loaded machine re-rendered 8 jobs of 200 in s2 (the
+#: reaper "requeued 40 job(s) whose worker stopped renewing its lease"). 10 s keeps the margin
+#: production has (RENDERFARM_LEASE_S and RENDERFARM_HEARTBEAT_TTL_S 20 s against the chart's 10 s
+#: down-after-milliseconds) over this group's 1 s.
+LEASE = {"RENDERFARM_LEASE_S": "10", "RENDERFARM_HEARTBEAT_TTL_S": "10"}
 
 
 @pytest.fixture
@@ -63,7 +68,7 @@ def sentinel_farm(request, group: SentinelGroupServers, fault_s3: SeaweedS3, run
     if not fault_s3.running:
         fault_s3.start().wait_ready()
     farm = FaultFarm(request.node.name.removeprefix("test_")[:12].replace("_", "-"), group, fault_s3, run_dir,
-                     cache_dir, **(marker.kwargs if marker else {}))
+                     cache_dir, **LEASE, **(marker.kwargs if marker else {}))
     try:
         yield farm.start()
     finally:
@@ -181,7 +186,7 @@ def test_s5_kill_9_the_primary_while_its_replicas_lag(mode, group, fault_s3, run
     answered 202 for batches only the dead primary had: they are gone. ``replicas`` answered 503
     (no replica confirmed), and the client's retries with the same idempotency keys land on the
     promoted replica: nothing it was told was accepted is lost."""
-    farm = FaultFarm(f"s5-{mode}", group, fault_s3, run_dir, cache_dir, RENDERFARM_DURABLE_ACK=mode,
+    farm = FaultFarm(f"s5-{mode}", group, fault_s3, run_dir, cache_dir, **LEASE, RENDERFARM_DURABLE_ACK=mode,
                      RENDERFARM_DURABLE_ACK_TIMEOUT_MS="1000").start()
     try:
         for replica in group.replicas:
@@ -229,49 +234,22 @@ def _retry(farm: FaultFarm, body: dict):
 def test_s6_renderfarm_up_on_a_sentinel_group_follows_a_failover(group, tmp_path, cache_dir):
     """``renderfarm up --redis-url sentinel://…``: the stack uses the group (starts no Redis of its
     own), and its API and worker follow a failover with nothing restarted by its supervisor."""
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("RENDERFARM_", "AWS_"))}
-    env.update(FAULT_SETTINGS, RENDERFARM_CACHE_DIR=str(cache_dir), RENDERFARM_ENV_FILE="", COLUMNS="200",
-               RENDERFARM_TEST_STEP_DELAY_S="0.2")
-    log = tmp_path / "up" / "up.log"
-    up = ManagedProcess("up", cli_command("up", "--workers", "1", "--model", "null", "--redis-url", group.db_url(3),
-                                          "--api-port", str(free_port()), "--s3-port", str(free_port())),
-                        env=env, run_dir=tmp_path / "up", cwd=tmp_path,
-                        ready=lambda: "Ctrl-C stops everything" in log.read_text(), ready_timeout=300)
-    with up:
-        output = log.read_text()
-        assert "reused: already running" in output and "sentinel://" in output, output  # no Redis of its own
-        api = re.search(r"^export RENDERFARM_API_URL=(\S+)$", output, flags=re.M).group(1)
-        body = {"jobs": [request(i).model_dump(mode="json", exclude_none=True) for i in range(48)]}
-        job_ids = httpx.post(f"{api}/v1/batches", json=body, timeout=60).json()["job_ids"]
-        store = JobStore(group.client(3))
-
-        def succeeded() -> int:
-            try:
-                return sum(1 for s in store.get_jobs(job_ids) if s is not None and s.state == "succeeded")
-            except redis.RedisError:
-                return 0
-
-        wait_until(lambda: succeeded() >= 8, timeout=60)
+    up = UpRun(tmp_path, "up", tmp_path / "data", cache_dir, free_port(), free_port(), workers=1,
+               redis_url=group.db_url(3), RENDERFARM_TEST_STEP_DELAY_S="0.2", **LEASE)
+    try:
+        up.start()
+        assert "reused: already running" in up.output() and "sentinel://" in up.output()  # no Redis of its own
+        job_ids = up.submit(48, 0)
+        wait_for(lambda: up.succeeded(job_ids) >= 8, timeout=60)
         victim = group.current_primary()
         victim.kill()
-        wait_until(lambda: succeeded() == len(job_ids), timeout=180)
-        after = log.read_text()
-        statuses = [httpx.get(f"{api}/v1/jobs/{j}", timeout=10).json() for j in job_ids]
-        stored = {s["result"]["key"] for s in statuses if s.get("state") == "succeeded"
-                  and httpx.get(s["result"]["url"], timeout=30).content[:4] == b"\x89PNG"}
-        renders, writes = read_counters(group.client(3))
-        up.send_signal(signal.SIGTERM)
-        assert up.proc.wait(timeout=120) == 0, up.log_tail()
-    row = account_row("s6. renderfarm up --redis-url sentinel://…, primary kill -9 mid-run", job_ids,
-                      store.get_jobs(job_ids), stored, renders, writes, None)
-    record_row(row)
+        wait_for(lambda: up.succeeded(job_ids) == len(job_ids), timeout=180)
+        after = up.output()
+        row = up.account("s6. renderfarm up --redis-url sentinel://…, primary kill -9 mid-run", job_ids, None)
+        assert up.interrupt() == 0, up.process.log_tail()
+    finally:
+        up.close()
     assert group.primary_port() != victim.port
-    assert row["succeeded"] == len(job_ids) and row["lost"] == 0 and row["run_twice"] == 0, row
+    assert row["succeeded"] == len(job_ids) == row["fetched"] and row["lost"] == 0 and row["run_twice"] == 0, row
     assert "restarting in" not in after and "restarted" not in after, after[-3000:]  # the supervisor did nothing
 
-
-def wait_until(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout} s"
-        time.sleep(0.2)
