@@ -241,6 +241,8 @@ class PoolSpec(BaseModel):
     controls: tuple[ControlSpec, ...] = Field((), description="ControlNets its workers load on request "
                                               "(controls[].type names one); a request naming another is refused "
                                               "at submit.")
+    broker: str | None = Field(None, description="The broker shard its Celery queue lives on, a name in "
+                               "RENDERFARM_BROKERS (None: the farm's broker, RENDERFARM_REDIS_URL).")
     max_controls: int = Field(DEFAULT_MAX_CONTROLS, ge=1, le=MAX_CONTROLS, description="Most control units one "
                               "request may carry (each is one more ControlNet pass per denoising step).")
 
@@ -290,6 +292,24 @@ def check_unique(pools: Sequence[PoolSpec]) -> list[PoolSpec]:
             raise ValueError(f"pool {pool.name!r} is declared twice")
         seen.add(pool.name)
     return list(pools)
+
+
+def check_brokers(brokers: dict[str, str], pools: Sequence[PoolSpec]) -> None:
+    """Check the broker shards (``RENDERFARM_BROKERS``: name → URL) against the pools naming them.
+
+    Raises:
+        ValueError: a shard name that is not a pool-style name, an empty URL, a Redis Cluster
+            URL (kombu's Redis transport cannot use one), or a pool naming an undeclared shard.
+    """
+    for name, url in brokers.items():
+        if not POOL_NAME_RE.match(name):
+            raise ValueError(f"broker shard name must be 1–100 of a-z, 0-9, '.', '_', '-'; got {name!r}")
+        if not url.strip() or url.partition("://")[0].lower().endswith("+cluster"):
+            raise ValueError(f"broker shard {name!r} needs one Redis or a sentinel:// group, not {url!r}")
+    for pool in pools:
+        if pool.broker is not None and pool.broker not in brokers:
+            raise ValueError(f"pool {pool.name!r} names broker shard {pool.broker!r}, which RENDERFARM_BROKERS "
+                             f"does not declare (declared: {', '.join(sorted(brokers)) or 'none'})")
 
 
 class PoolConfigError(ValueError):

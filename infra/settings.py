@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -29,7 +29,7 @@ from pydantic_settings import (
 )
 
 from infra.controls import ControlSpec
-from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec, check_unique
+from infra.pools import OFFLINE_UPSCALERS, LoraSpec, PoolSpec, check_brokers, check_unique
 
 #: The variable naming the client settings file ("" = none); read before any setting.
 ENV_FILE_VAR = "RENDERFARM_ENV_FILE"
@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     pools: Annotated[list[PoolSpec], NoDecode] = Field(
         default_factory=list, description="Declared worker pools, a JSON list of {name, model, device_class, "
                                           "max_pixels, max_batch, queue}; empty = one pool per model.")
+    brokers: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, description="Broker shards, a JSON object {name: Redis or sentinel:// URL}: a pool "
+        "naming one (its broker field) has its Celery queue there instead of on RENDERFARM_REDIS_URL.")
     upscalers: str = Field(",".join(OFFLINE_UPSCALERS), description="Comma-separated upscaler specs a request may "
                            "name while no pool is declared (a declared pool lists its own); the default is the "
                            "offline builds, so no request makes a worker download a file it names.")
@@ -274,24 +277,27 @@ class Settings(BaseSettings):
         return {"aws_access_key_id": self.aws_access_key_id,
                 "aws_secret_access_key": self.aws_secret_access_key.get_secret_value()}
 
-    @field_validator("loras", "controls", mode="before")
+    @field_validator("loras", "controls", "pools", "brokers", mode="before")
     @classmethod
-    def _loras_json(cls, v: Any) -> Any:
-        if isinstance(v, str):  # RENDERFARM_LORAS, RENDERFARM_CONTROLS: a JSON list; empty means none
-            return json.loads(v) if v.strip() else []
-        return v
-
-    @field_validator("pools", mode="before")
-    @classmethod
-    def _pools_json(cls, v: Any) -> Any:
-        if isinstance(v, str):  # RENDERFARM_POOLS: a JSON list; empty means none declared
-            return json.loads(v) if v.strip() else []
+    def _json(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, str):  # RENDERFARM_LORAS, _CONTROLS, _POOLS: a JSON list; _BROKERS: an object; empty: none
+            return json.loads(v) if v.strip() else ({} if info.field_name == "brokers" else [])
         return v
 
     @field_validator("pools", mode="after")
     @classmethod
     def _unique_pools(cls, v: list[PoolSpec]) -> list[PoolSpec]:
         return check_unique(v)
+
+    @model_validator(mode="after")
+    def _pool_brokers(self) -> "Settings":
+        check_brokers(self.brokers, self.pools)
+        return self
+
+    def pool_broker_url(self, pool: str) -> str:
+        """The broker URL of the pool named ``pool``: its shard's when it names one, else :attr:`redis_url`."""
+        shard = next((p.broker for p in self.pools if p.name == pool), None)
+        return self.redis_url if shard is None else self.brokers[shard]
 
 
 @lru_cache(maxsize=1)

@@ -151,7 +151,7 @@ def run_worker(args: argparse.Namespace) -> int:
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
     _attach_inputs(renderer, spec, storage, settings)
-    app = make_celery(settings)
+    app = make_celery(settings, settings.pool_broker_url(pool))  # its pool's broker shard, else the farm's
     # the parts beat the heartbeat (started above) through lambdas
     breaker = ConsumerBreaker(settings.breaker_failures, settings.breaker_cooldown_s, queue,
                               credentials_problem=functools.partial(credentials_problem, storage),

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from infra.api.auth import KeyStore, current_tenant
 from infra.api.limits import RateLimiter
 from infra.broker.app import make_celery
+from infra.broker.shards import Brokers
 from infra.routing import NoPoolError
 from infra.schemas import BatchAccepted, JobStatus, RenderRequest, is_farm_id
 from infra.settings import Settings
@@ -73,6 +74,8 @@ class Farm:
                               max_attempts=settings.max_attempts)
         self.storage = Storage(settings, max_attempts=2)
         self.celery = make_celery(settings)
+        #: Every broker: the default (``celery``, ``broker_redis``) and the shards pools name.
+        self.brokers = Brokers.from_settings(settings, self.celery, self.broker_redis)
         self.quotas = Quotas(self.redis, max_jobs=settings.quota_outstanding_jobs,
                              max_gpu_s=settings.quota_gpu_seconds, max_bytes=settings.quota_outstanding_bytes,
                              hold_s=settings.quota_hold_s)

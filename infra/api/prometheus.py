@@ -10,7 +10,7 @@ farm-wide totals (the Grafana queries aggregate with ``max by (pool)``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -45,7 +45,8 @@ class FarmCollector:
     ``renderfarm_outstanding_jobs{pool}`` and ``renderfarm_live_workers{pool}`` (from
     :func:`infra.broker.depths.queue_depths`; a pool seen before reads 0 rather than vanishing)."""
 
-    def __init__(self, client: redis.Redis, heartbeat_ttl_s: float = 20.0, broker: redis.Redis | None = None):
+    def __init__(self, client: redis.Redis, heartbeat_ttl_s: float = 20.0,
+                 broker: redis.Redis | Sequence[redis.Redis] | None = None):
         self.client = client
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.broker = broker
@@ -122,9 +123,10 @@ def worker_families(live: list[dict[str, Any]]) -> Iterator[Metric]:
 
 
 def exposition(client: redis.Redis, heartbeat_ttl_s: float = 20.0,
-               broker: redis.Redis | None = None) -> tuple[bytes, str]:
+               broker: redis.Redis | Sequence[redis.Redis] | None = None) -> tuple[bytes, str]:
     """``(body, content type)`` of ``GET /metrics``: every family of :class:`FarmCollector`
-    (``broker``: the broker's Redis when it is not ``client``)."""
+    (``broker``: the broker's Redis when it is not ``client``, or every broker shard's:
+    :func:`infra.broker.depths.queue_depths`)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FarmCollector(client, heartbeat_ttl_s, broker))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -76,9 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.farm = farm = Farm(settings)
         reaper = Reaper(farm.store, farm.celery, interval_s=settings.reaper_interval_s,
                         republish_after_s=settings.republish_after_s, heartbeat_ttl_s=settings.heartbeat_ttl_s,
-                        broker=farm.broker_redis).start() if settings.reaper_enabled else None
+                        brokers=farm.brokers).start() if settings.reaper_enabled else None
         webhooks = WebhookDispatcher.from_settings(settings, farm.redis).start() if settings.webhooks_enabled else None
-        dispatcher = dispatch.from_settings(settings, farm.redis, farm.celery, broker=farm.broker_redis).start()
+        dispatcher = dispatch.from_settings(settings, farm.redis, farm.celery, brokers=farm.brokers).start()
         farm.submitter.on_enqueued = dispatcher.kick
         freeze_startup_objects("api")  # full collections then skip the imports and the Farm
         yield
@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             webhooks.stop()
         if reaper is not None:
             reaper.stop()
-        farm.celery.close()
+        farm.brokers.close()
         farm.dns_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="renderfarm", version="0.1.0", lifespan=lifespan, max_body_size=settings.max_body_bytes,

@@ -58,14 +58,15 @@ def broker_keys(pool: str) -> list[str]:
     return [keys.broker_list(pool, n) for n in sorted(set(PRIORITY_VALUES.values()))]
 
 
-def make_celery(settings: Settings) -> Celery:
-    """A Celery app on the settings' Redis (one Redis, or a Sentinel group's primary:
-    :func:`infra.state.connect.celery_broker`); used by publishers and workers alike.
+def make_celery(settings: Settings, url: str | None = None) -> Celery:
+    """A Celery app on the broker at ``url`` (default: the settings' ``redis_url``; a broker shard's
+    URL, :mod:`infra.broker.shards`), one Redis or a Sentinel group's primary
+    (:func:`infra.state.connect.celery_broker`); used by publishers and workers alike.
 
     Raises:
         ValueError: a broker URL kombu cannot use (a Redis Cluster, a malformed Sentinel URL).
     """
-    broker = celery_broker(settings.redis_url)
+    broker = celery_broker(url or settings.redis_url)
     app = Celery("renderfarm", broker=broker.url, set_as_current=False)
     app.conf.update(
         task_serializer="json", accept_content=["json"], result_serializer="json",

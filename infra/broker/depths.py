@@ -22,8 +22,9 @@ the worker's prefetch buffer (reserved) or renders (running). So per pool:
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import redis
@@ -32,6 +33,8 @@ from infra import keys
 from infra.background import server_time
 from infra.broker.kombu_redis import message_job_id
 from infra.broker.lanes import backlog
+
+log = logging.getLogger("renderfarm.depths")
 
 
 def _loads(raw: str | bytes) -> Any:
@@ -108,8 +111,8 @@ def _queued_since(client: redis.Redis, candidates: list[tuple[str, str]]) -> lis
     return out
 
 
-def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
-                 pools: Iterable[str] | None = None, broker: redis.Redis | None = None) -> list[dict[str, Any]]:
+def queue_depths(client: redis.Redis, workers: list[dict[str, Any]], pools: Iterable[str] | None = None,
+                 broker: redis.Redis | Sequence[redis.Redis] | None = None) -> list[dict[str, Any]]:
     """Per pool: ``queued``, ``reserved``, ``running``, ``outstanding`` (jobs; see the module
     docstring), ``workers`` (live) and ``oldest_wait_s`` (seconds). Sorted by pool name.
 
@@ -117,24 +120,36 @@ def queue_depths(client: redis.Redis, workers: list[dict[str, Any]],
         client: Redis with ``decode_responses=True``.
         workers: the live workers (:func:`infra.state.registry.live_workers`).
         pools: pools listed even when idle; None = the declared pools of the settings.
-        broker: the broker's Redis (its queue lists and ``unacked``); None: ``client``.
+        broker: the broker's Redis (its queue lists and ``unacked``), or every broker's when pools
+            name broker shards (:mod:`infra.broker.shards`: a pool's queue is on one of them, so
+            their counts add up); None: ``client``.
 
     Raises:
-        redis.RedisError: Redis is unreachable.
+        redis.RedisError: the state store is unreachable, or the one broker is (with several, one
+            that cannot be reached is logged and left out).
     """
     if pools is None:
         from infra.settings import get_settings
 
         pools = [p.name for p in get_settings().pools]
     now = server_time(client)
-    broker = broker if broker is not None else client
+    brokers = [client] if broker is None else list(broker) if isinstance(broker, (list, tuple)) else [broker]
     lanes = backlog(client)  # jobs the dispatcher still holds
     queued: Counter[str] = Counter({pool: n for pool, (n, _) in lanes.items()})
     waits = [(pool, oldest) for pool, (_, oldest) in lanes.items() if oldest is not None]
-    in_lists, listed = _broker_lists(broker)
-    queued.update(in_lists)
-    unacked, pulled = _pulled(broker)
-    waits += _queued_since(client, listed + pulled)
+    unacked: Counter[str] = Counter()
+    for one in brokers:
+        try:
+            in_lists, listed = _broker_lists(one)
+            pulled_here, pulled = _pulled(one)
+        except redis.RedisError as exc:  # a broker shard that is down: its pools' lanes still count
+            if len(brokers) == 1:
+                raise
+            log.warning("a broker cannot be reached; its queues are left out of the depths: %s", exc)
+            continue
+        queued.update(in_lists)
+        unacked.update(pulled_here)
+        waits += _queued_since(client, listed + pulled)
     waiting_since: dict[str, float] = {}
     for pool, since in waits:
         if pool not in waiting_since or since < waiting_since[pool]:

@@ -63,6 +63,7 @@ from infra.background import PeriodicLoop, RedisLock, server_time
 from infra.broker.app import broker_keys
 from infra.broker.lanes import entry_job
 from infra.broker.publish import publish_jobs
+from infra.broker.shards import BROKER_ERRORS, Brokers
 from infra.settings import Settings
 from infra.state import registry, shards
 from infra.state.lua import CALL_CHUNKED
@@ -205,14 +206,15 @@ class Dispatcher:
         heartbeat_ttl_s: a worker not heard from for this long is gone (as in the registry).
         broker: the broker's Redis, where the Celery queues are measured (default ``client``:
             one Redis for both; on Redis Cluster the broker is a plain Redis of its own).
+        brokers: the farm's brokers when pools name broker shards (:mod:`infra.broker.shards`;
+            None: ``app`` and ``broker`` serve every pool).
     """
 
     def __init__(self, client: redis.Redis, app: Celery, *, interval_s: float = 0.2, depth: float = 2.0,
                  aging_s: float = 300.0, heartbeat_ttl_s: float = 20.0, max_skip: int = 5_000,
-                 broker: redis.Redis | None = None):
+                 broker: redis.Redis | None = None, brokers: Brokers | None = None):
         self.r = client
-        self.broker = broker if broker is not None else client
-        self.app = app
+        self.brokers = brokers or Brokers.single(app, broker if broker is not None else client)
         self.interval_s = interval_s
         self.depth = depth
         self.aging_s = aging_s
@@ -321,26 +323,33 @@ class Dispatcher:
         with self._locks.hold(keys.dispatch_lock(pool), LOCK_MS) as held:
             if not held:
                 return 0
-            ids = self.pop(pool, target - broker_depth(self.broker, pool))
+            broker = self.brokers.for_pool(pool)
+            ids = self.pop(pool, target - broker_depth(broker.client, pool))
             if ids:
-                publish_jobs(self.app, [(job_id, pool) for job_id in ids], priority=DISPATCH_PRIORITY)
+                publish_jobs(broker.app, [(job_id, pool) for job_id in ids], priority=DISPATCH_PRIORITY)
             return len(ids)
 
     # ---- every pool -------------------------------------------------------------------------
     def tick(self) -> dict[str, int]:
         """One pass over the pools with waiting jobs; returns, per pool, the messages published.
         A pool with no live healthy worker gets none: its jobs wait in their lanes (and count as
-        outstanding, so the autoscaler starts a worker); only its canceled heads are dropped."""
+        outstanding, so the autoscaler starts a worker); only its canceled heads are dropped. A
+        pool whose broker cannot be reached is logged and skipped (its jobs wait in their lanes),
+        so that a broker shard that is down stops its own pools only."""
         pools = self.r.smembers(keys.WAIT_POOLS)
         if not pools:
             return {}
         capacity = batch_capacity(registry.live_workers(self.r, self.heartbeat_ttl_s))
         published = {}
         for pool in sorted(pools):
-            if capacity[pool] > 0:
-                published[pool] = self.dispatch_pool(pool, capacity[pool])
-            else:
+            if capacity[pool] <= 0:
                 self.prune(pool)
+                continue
+            try:
+                published[pool] = self.dispatch_pool(pool, capacity[pool])
+            except BROKER_ERRORS as exc:
+                log.warning("pool %s: its broker %s cannot be reached; its jobs wait: %s", pool,
+                            self.brokers.for_pool(pool).name or "(default)", exc)
         return published
 
     def kick(self, pools: Iterable[str] = ()) -> None:
@@ -358,8 +367,10 @@ class Dispatcher:
 
 
 def from_settings(settings: Settings, client: redis.Redis, app: Celery,
-                  broker: redis.Redis | None = None) -> Dispatcher:
-    """A dispatcher configured by :class:`infra.settings.Settings` (``broker``: see :class:`Dispatcher`)."""
+                  broker: redis.Redis | None = None, brokers: Brokers | None = None) -> Dispatcher:
+    """A dispatcher configured by :class:`infra.settings.Settings` (``broker``, ``brokers``: see
+    :class:`Dispatcher`)."""
     return Dispatcher(client, app, interval_s=settings.dispatch_interval_s, depth=settings.dispatch_depth,
-                      aging_s=settings.priority_aging_s, heartbeat_ttl_s=settings.heartbeat_ttl_s, broker=broker)
+                      aging_s=settings.priority_aging_s, heartbeat_ttl_s=settings.heartbeat_ttl_s, broker=broker,
+                      brokers=brokers)
 

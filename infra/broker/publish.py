@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from celery import Celery
 from kombu import Producer
@@ -18,6 +19,9 @@ from infra import keys
 from infra.broker.app import PRIORITY_VALUES, TASK_NAME
 from infra.broker.kombu_redis import publish_by_template
 from infra.state.job_store import JobStore
+
+if TYPE_CHECKING:
+    from infra.broker.shards import Brokers
 
 
 def _send(app: Celery, producer: Producer, job_id: str, pool: str, priority: int) -> None:
@@ -53,15 +57,26 @@ def publish_jobs(app: Celery, jobs: Iterable[tuple[str, str]], priority: str = "
     return sum(len(ids) for ids in by_pool.values())
 
 
-def republish(store: JobStore, app: Celery, job_ids: Iterable[str], priority: str | None = None) -> int:
+def republish(store: JobStore, app: "Celery | Brokers", job_ids: Iterable[str], priority: str | None = None) -> int:
     """Publish a fresh message for each job that is still ``queued``, at ``priority`` (default:
-    its batch's), and note the time in ``rf:pending``. Returns the number of messages published."""
+    its batch's), and note the time in ``rf:pending``. ``app``: one Celery app for every job, or
+    the farm's brokers (:class:`infra.broker.shards.Brokers`: each job to its pool's broker; the
+    jobs of a broker that cannot be reached stay pending, and the reaper republishes them once
+    ``republish_after_s`` has passed). Returns the number of messages published.
+
+    Raises:
+        kombu / redis errors: with one Celery app, its broker is unreachable.
+    """
     by_priority: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for job_id, state, pool, job_priority in store.routes(list(job_ids)):
         if state == "queued":
             by_priority[priority or job_priority].append((job_id, pool))
     n = 0
     for level, jobs in by_priority.items():
-        n += publish_jobs(app, jobs, priority=level)
+        if isinstance(app, Celery):
+            publish_jobs(app, jobs, priority=level)
+        else:  # a shard that is down keeps its jobs pending: the reaper publishes them again later
+            jobs = app.publish(jobs, priority=level)
         store.mark_published([job_id for job_id, _ in jobs])
+        n += len(jobs)
     return n

@@ -49,6 +49,7 @@ from infra import keys
 from infra.background import PeriodicLoop, RedisLock
 from infra.broker.kombu_redis import message_job_id
 from infra.broker.publish import republish
+from infra.broker.shards import BROKER_ERRORS, Brokers
 from infra.settings import Settings
 from infra.state import registry
 from infra.state.connect import redis_client, state_client
@@ -107,14 +108,17 @@ class Reaper:
             seconds, and is in no queue nor held by a live worker, is republished.
         heartbeat_ttl_s: a worker not heard from for this long is dead (as in the registry).
         broker: the broker's Redis (its queue lists and ``unacked``); None: the store's.
+        brokers: the farm's brokers when pools name broker shards (:mod:`infra.broker.shards`):
+            every broker's queues and ``unacked`` are swept, and each job goes back to its pool's
+            broker; None: ``app`` and ``broker`` serve every pool.
     """
 
     def __init__(self, store: JobStore, app: Celery, *, interval_s: float = 5.0,
-                 republish_after_s: float = 30.0, heartbeat_ttl_s: float = 20.0, broker: redis.Redis | None = None):
+                 republish_after_s: float = 30.0, heartbeat_ttl_s: float = 20.0, broker: redis.Redis | None = None,
+                 brokers: Brokers | None = None):
         self.store = store
         self.r = store.r
-        self.broker = broker if broker is not None else store.r
-        self.app = app
+        self.brokers = brokers or Brokers.single(app, broker if broker is not None else store.r)
         self.interval_s = interval_s
         self.republish_after_s = republish_after_s
         self.heartbeat_ttl_s = heartbeat_ttl_s
@@ -149,7 +153,7 @@ class Reaper:
         for job_id, (state, _pool) in self.store.requeue_expired(expired).items():
             (report.requeued if state == "queued" else report.failed).append(job_id)
         if report.requeued:
-            republish(self.store, self.app, report.requeued, priority=RECOVERY_PRIORITY)
+            republish(self.store, self.brokers, report.requeued, priority=RECOVERY_PRIORITY)
             log.warning("requeued %d job(s) whose worker stopped renewing its lease", len(report.requeued))
         if report.failed:
             log.error("%d job(s) failed after their last attempt's worker was lost: %s", len(report.failed),
@@ -166,24 +170,42 @@ class Reaper:
         stale = self.store.stale_pending(self.republish_after_s)
         if not stale:
             return
-        routes = {job_id: state for job_id, state, _, _ in self.store.routes(stale)}
+        routes = {job_id: (state, pool) for job_id, state, pool, _ in self.store.routes(stale)}
         for job_id in stale:
             if job_id not in routes:
                 self.store.forget(job_id)  # its record expired
-        seen = queued_job_ids(self.broker) | self._held_by_live_workers()
-        lost = [j for j in stale if routes.get(j) == "queued" and j not in seen]
+        seen = self._held_by_live_workers()
+        unreachable: set[str | None] = set()  # brokers whose queues cannot be read now: their jobs wait
+        for broker in self.brokers.all():
+            try:
+                seen |= queued_job_ids(broker.client)
+            except BROKER_ERRORS as exc:
+                unreachable.add(broker.name)
+                log.warning("broker %s cannot be reached; its lost messages wait: %s", broker.name or "(default)", exc)
+        lost = [j for j in stale if routes.get(j, ("", ""))[0] == "queued" and j not in seen
+                and self.brokers.for_pool(routes[j][1]).name not in unreachable]
         self.store.mark_published([j for j in stale if j in seen])
         if lost:
-            republish(self.store, self.app, lost, priority=RECOVERY_PRIORITY)
+            republish(self.store, self.brokers, lost, priority=RECOVERY_PRIORITY)
             report.republished = lost
             log.warning("republished %d queued job(s) whose message was lost", len(lost))
 
     def _remove_orphans(self, report: SweepReport) -> None:
-        entries = self.broker.hgetall(keys.UNACKED)
+        for broker in self.brokers.all():
+            try:
+                report.orphans_removed += self._remove_orphans_of(broker.client)
+            except BROKER_ERRORS as exc:
+                log.warning("broker %s cannot be reached; its unacked entries wait: %s", broker.name or "(default)",
+                            exc)
+        if report.orphans_removed:
+            log.info("removed %d orphaned unacked message(s)", report.orphans_removed)
+
+    def _remove_orphans_of(self, broker: redis.Redis) -> int:
+        entries = broker.hgetall(keys.UNACKED)
         if not entries:
-            return
+            return 0
         tags = list(entries)
-        delivered = dict(zip(tags, self.broker.zmscore(keys.UNACKED_INDEX, tags)))
+        delivered = dict(zip(tags, broker.zmscore(keys.UNACKED_INDEX, tags)))
         job_of = {tag: message_job_id(raw) for tag, raw in entries.items()}
         states = {job_id: state for job_id, state, _, _ in self.store.routes([j for j in job_of.values() if j])}
         held = self._held_by_live_workers()
@@ -198,12 +220,11 @@ class Reaper:
             elif job_id not in held and (delivered.get(tag) or 0) < old:
                 orphans.append(tag)
         if orphans:
-            pipe = self.broker.pipeline(transaction=True)
+            pipe = broker.pipeline(transaction=True)
             pipe.hdel(keys.UNACKED, *orphans)
             pipe.zrem(keys.UNACKED_INDEX, *orphans)
             pipe.execute()
-            report.orphans_removed = len(orphans)
-            log.info("removed %d orphaned unacked message(s)", len(orphans))
+        return len(orphans)
 
     # ---- running ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -223,17 +244,16 @@ class Reaper:
 def from_settings(settings: Settings, client: redis.Redis | None = None, app: Celery | None = None,
                   broker: redis.Redis | None = None) -> Reaper:
     """A reaper configured by :class:`infra.settings.Settings` (its own state-store client,
-    broker client and Celery app unless given)."""
-    from infra.broker.app import make_celery
-
+    broker client and Celery app unless given, and every broker shard a pool names)."""
     client = client or state_client(settings.state_url)
     if broker is None:
         broker = redis_client(settings.redis_url) if settings.state_redis_url else client
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
-    return Reaper(store, app or make_celery(settings), interval_s=settings.reaper_interval_s,
+    brokers = Brokers.from_settings(settings, app, broker)
+    return Reaper(store, brokers.default.app, interval_s=settings.reaper_interval_s,
                   republish_after_s=settings.republish_after_s, heartbeat_ttl_s=settings.heartbeat_ttl_s,
-                  broker=broker)
+                  brokers=brokers)
 
 
 def run_reaper(args: argparse.Namespace) -> int:

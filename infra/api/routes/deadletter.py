@@ -39,5 +39,5 @@ def retry_dead_letter(job_id: str, farm: FarmDep, tenant: Tenant) -> RetryAccept
     if pool is None:
         now = farm.store.get_job(job_id)
         raise HTTPException(409, f"job {job_id!r} is {now.state if now else 'gone'}, not failed")
-    republish(farm.store, farm.celery, [job_id])
+    republish(farm.store, farm.brokers, [job_id])
     return RetryAccepted(job_id=job_id)

@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1/queues", tags=["farm"], dependencies=[Depends(cur
 
 def _rows(farm: Farm) -> list[dict]:
     return queue_depths(farm.redis, farm.live_workers(), pools=[p.name for p in farm.settings.pools],
-                        broker=farm.broker_redis)
+                        broker=farm.brokers.clients())
 
 
 @router.get("", response_model=list[QueueDepth])

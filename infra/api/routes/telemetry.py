@@ -40,7 +40,7 @@ def _exposition(request: Request, farm: Farm) -> Cached:
     cached = getattr(request.app.state, "metrics_exposition", None)
     if cached is None:
         cached = request.app.state.metrics_exposition = Cached(
-            lambda: read_side.exposition(farm.redis, farm.settings.heartbeat_ttl_s, farm.broker_redis),
+            lambda: read_side.exposition(farm.redis, farm.settings.heartbeat_ttl_s, farm.brokers.clients()),
             farm.settings.metrics_cache_s)
     return cached
 
