@@ -96,12 +96,14 @@ class FaultFarm:
         self.client = RenderClient(api_url=self.api.url)
         return self
 
-    def add_workers(self, count: int, *, batch_size: int = 8, step_delay_s: float = 0.1,
+    def add_workers(self, count: int, *, batch_size: int = 8, step_delay_s: float = 0.1, pool: str | None = None,
                     **env: str) -> list[WorkerProcess]:
-        """Start ``count`` null-model workers and wait until they are registered."""
+        """Start ``count`` null-model workers (of the declared ``pool``, when given) and wait until
+        they are registered."""
         base = len(self.workers)
         worker_env = {**self.env, "RENDERFARM_TEST_STEP_DELAY_S": str(step_delay_s), **env}
-        new = [WorkerProcess("null", worker_env, f"{self.name}-w{base + i + 1}", batch_size, run_dir=self.run_dir)
+        new = [WorkerProcess("null", worker_env, f"{self.name}-w{base + i + 1}", batch_size, run_dir=self.run_dir,
+                             extra_args=["--pool", pool] if pool else [])
                for i in range(count)]
         self.workers += new
         for worker in new:  # the null model builds nothing: all start at once
