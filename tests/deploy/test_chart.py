@@ -236,6 +236,17 @@ def test_external_redis_url_replaces_the_bundled_one(render):
     assert env["RENDERFARM_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "redis-cred", "key": "redis-url"}
 
 
+def test_broker_shards_reach_every_process_from_a_secret(render):
+    docs = render("default", "--set", "redis.brokerShards.secretName=broker-shards")
+    for d in by_kind(docs, "Deployment"):
+        env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RENDERFARM_BROKERS"] == {"name": "RENDERFARM_BROKERS", "valueFrom": {"secretKeyRef": {
+            "name": "broker-shards", "key": "brokers.json"}}}, d["metadata"]["name"]
+    docs = render("default")
+    assert all("RENDERFARM_BROKERS" not in {e["name"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+               for d in by_kind(docs, "Deployment"))
+
+
 def s3_secrets(docs: list[dict]) -> list[dict]:
     """The chart's Secrets other than the bundled Redis's password and the API's scrape token."""
     return [d for d in by_kind(docs, "Secret")

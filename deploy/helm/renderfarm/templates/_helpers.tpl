@@ -211,6 +211,13 @@ tcp-keepalive 60
 - name: RENDERFARM_REDIS_URL
   value: {{ $url | quote }}
 {{- end }}
+{{- with .Values.redis.brokerShards.secretName }}
+- name: RENDERFARM_BROKERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.redis.brokerShards.key }}
+{{- end }}
 {{- with (include "renderfarm.s3SecretName" .) }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
