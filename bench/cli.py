@@ -236,6 +236,9 @@ def _register_redis(sub) -> None:
     r.add_argument("--split-state", action="store_true",
                    help="the job-state store on a redis-server of its own: Redis CPU per job for the broker and "
                         "for the state store apart")
+    r.add_argument("--broker-shards", type=int, choices=(1, 2), default=1,
+                   help="2: two pools, the second's queue on a broker redis-server of its own, the jobs alternating "
+                        "between them (even worker counts: half of the workers on each)")
     r.add_argument("--json", default=None, help="write the result here")
     r.set_defaults(func=lambda args: sys.exit(handlers.redis(args)))
 

@@ -163,10 +163,14 @@ def redis(args: argparse.Namespace) -> int:
     from bench.farm.farm import FarmBenchConfig
     from bench.farm.saturation import run_saturation, saturation_table
 
-    config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
-                             submit_jobs=0, bare=False, split_state=args.split_state).resolved()
-    return run_and_report("bench redis", lambda log: run_saturation(config, args.workers, log=log),
-                          lambda result: saturation_table(result, os.cpu_count() or 0), args.json)
+    def run(log) -> dict:  # a bad option is a ValueError here: run_and_report prints it, exit 2
+        config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,
+                                 submit_jobs=0, bare=False, split_state=args.split_state,
+                                 broker_shards=args.broker_shards).resolved()
+        return run_saturation(config, args.workers, log=log)
+
+    return run_and_report("bench redis", run, lambda result: saturation_table(result, os.cpu_count() or 0),
+                          args.json)
 
 
 def durable(args: argparse.Namespace) -> int:

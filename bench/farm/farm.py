@@ -38,6 +38,7 @@ Times are wall seconds on a machine other processes share; the load average is r
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import tempfile
@@ -45,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from bench.farm.readings import cpu_snapshot, farm_timing, overhead, rss_kib, worker_memory
+from bench.farm.readings import cpu_snapshot, farm_timing, overhead, worker_memory
 from bench.farm.redis_stats import RedisCounter
 from infra.schemas import OutputFormat, RenderRequest
 
@@ -89,6 +90,9 @@ class FarmBenchConfig:
     #: the job-state store on a redis-server of its own (``RENDERFARM_STATE_REDIS_URL``), so that
     #: Redis's CPU per job splits into the broker's (``redis``) and the state store's (``redis-state``)
     split_state: bool = False
+    #: 2: two pools of null workers, the second on a broker shard of its own (a redis-server named
+    #: ``redis-broker-2``, ``RENDERFARM_BROKERS``), the jobs alternating between them; 1: one broker
+    broker_shards: int = 1
 
     @property
     def null(self) -> bool:
@@ -105,19 +109,39 @@ class FarmBenchConfig:
         """Defaults filled in."""
         from dataclasses import replace
 
-        if self.split_state and self.submit_jobs:
-            raise ValueError("a split state store is measured over the rounds only: pass --submit-jobs 0")
+        if (self.split_state or self.broker_shards > 1) and self.submit_jobs:
+            raise ValueError("a split state store or broker shards are measured over the rounds only: "
+                             "pass --submit-jobs 0")
+        if self.broker_shards not in (1, 2) or (self.broker_shards == 2 and not self.null):
+            raise ValueError("--broker-shards is 1 or 2, and 2 needs the null model")
         side = 64 if self.null else 256
         return replace(self, jobs=self.jobs or (2000 if self.null else 16),
                        batch_size=self.batch_size or (64 if self.null else 4),
                        width=self.width or side, height=self.height or side)
 
 
-def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[RenderRequest]:
-    """``n`` requests (prompt i ↔ seed i) of the configured size, steps and guidance (a resolved config)."""
+#: The pools of ``broker_shards=2``: ``null-b`` (its queue on the shard) takes the requests 8 pixels
+#: wider than ``null-a``'s (routing picks the smallest pool that fits), every second request.
+SHARD_POOLS = ("null-a", "null-b")
+SHARD_NAME = "broker-2"
+
+
+def shard_pools(config: FarmBenchConfig) -> list[dict]:
+    """``RENDERFARM_POOLS`` of ``broker_shards=2`` (a resolved config)."""
     assert config.width is not None and config.height is not None, "expects a resolved config"
-    return [RenderRequest(prompt=PROMPTS[i % len(PROMPTS)], seed=i, model=config.model, width=config.width,
-                          height=config.height, num_inference_steps=config.steps,
+    a = config.width * config.height
+    return [{"name": SHARD_POOLS[0], "model": config.model, "max_pixels": a},
+            {"name": SHARD_POOLS[1], "model": config.model, "max_pixels": a + 8 * config.height,
+             "broker": SHARD_NAME}]
+
+
+def requests_for(config: FarmBenchConfig, n: int, offset: int = 0) -> list[RenderRequest]:
+    """``n`` requests (prompt i ↔ seed i) of the configured size, steps and guidance (a resolved
+    config); with two broker shards every odd one 8 pixels wider (pool ``null-b``'s)."""
+    assert config.width is not None and config.height is not None, "expects a resolved config"
+    wider = 8 if config.broker_shards > 1 else 0
+    return [RenderRequest(prompt=PROMPTS[i % len(PROMPTS)], seed=i, model=config.model,
+                          width=config.width + wider * (i % 2), height=config.height, num_inference_steps=config.steps,
                           guidance_scale=config.guidance_scale, output_format=config.output_format)
             for i in range(offset, offset + n)]
 
@@ -201,6 +225,8 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
 
     config = config.resolved()
     assert config.jobs is not None and config.batch_size is not None  # resolved() fills both
+    if config.broker_shards > 1 and config.workers % 2:
+        raise ValueError(f"two broker shards need an even number of workers (half on each), not {config.workers}")
     load_before = load_average()
     started = time.time()
     # the bench's own knobs for its private stack: no rate limits, the recipe under test, and a
@@ -211,20 +237,27 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
            "RENDERFARM_NULL_RENDER_MS_PER_IMAGE": str(config.render_ms_per_image)}
     result: dict = {"benchmark": "farm", "config": asdict(config)}
     with contextlib.ExitStack() as apart:
-        state = apart.enter_context(_state_redis()) if config.split_state else None
+        state = apart.enter_context(_own_redis("redis-state")) if config.split_state else None
         if state is not None:
             env["RENDERFARM_STATE_REDIS_URL"] = state.url
+        shard = apart.enter_context(_own_redis(f"redis-{SHARD_NAME}")) if config.broker_shards > 1 else None
+        if shard is not None:
+            env.update(RENDERFARM_POOLS=json.dumps(shard_pools(config)),
+                       RENDERFARM_BROKERS=json.dumps({SHARD_NAME: shard.url}))
         apart.enter_context(patched_environ(env))
         stack = LocalStack(workers=config.workers, model=config.model, batch_size=config.batch_size,
                            redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                           appendonly=bool(config.submit_appendfsync))
+                           appendonly=bool(config.submit_appendfsync), pools=SHARD_POOLS if shard else ())
         log(f"starting a private stack in {stack.run_dir} ({config.workers} worker(s) of {config.model}) …")
         with stack, patched_environ(stack.env), RenderClient(api_url=stack.api.url, timeout_s=600) as client:
-            counter = _measure_rounds(client, stack, config, result, log, state)
+            counter = _measure_rounds(client, stack, config, result, log,
+                                      {k: v for k, v in (("redis_state", state), ("redis_shard", shard)) if v})
             for worker in stack.workers:  # submission alone: nobody consumes
                 worker.stop()
             if config.submit_jobs:
-                _measure_submission(client, stack, config, counter, result, log)
+                from bench.farm.farm_submission import measure_submission
+
+                measure_submission(client, stack, config, counter, result, log)
     result["machine"] = {"cpu": cpu_summary(), "load_average_before": load_before,
                          "load_average_after": load_average(), "nproc": os.cpu_count()}
     result["seconds"] = round(time.time() - started, 1)
@@ -232,19 +265,20 @@ def run_farm_bench(config: FarmBenchConfig, log=print) -> dict:
 
 
 @contextlib.contextmanager
-def _state_redis():
-    """A redis-server of its own for the job-state store (``split_state``), named ``redis-state``."""
+def _own_redis(name: str):
+    """A redis-server of its own named ``name``: the job-state store's (``split_state``,
+    ``redis-state``) or the broker shard's (``broker_shards``)."""
     from infra.localstack import RedisServer
 
-    with tempfile.TemporaryDirectory(prefix="rf-bench-state-") as tmp, \
-            RedisServer(name="redis-state", run_dir=tmp) as server:
+    with tempfile.TemporaryDirectory(prefix=f"rf-bench-{name}-") as tmp, RedisServer(name=name, run_dir=tmp) as server:
         yield server
 
 
-def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log, state=None) -> RedisCounter:
+def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log, others=None) -> RedisCounter:
     """Warm up, then ``config.rounds`` farm and bare runs in alternating order; fills ``result``'s
-    throughput, Redis, memory, overhead and CPU figures. Returns the Redis counter (reset after the
-    warm-up) the submission test goes on reading."""
+    throughput, Redis, memory, overhead and CPU figures. ``others``: the redis-servers beside the
+    stack's, by result key (``redis_state``, ``redis_shard``), each counted as ``result["redis"]`` is.
+    Returns the Redis counter (reset after the warm-up) the submission test goes on reading."""
     from bench.farm.core_figures import per_core
 
     assert config.jobs is not None and config.batch_size is not None  # a resolved config
@@ -255,17 +289,17 @@ def _measure_rounds(client, stack, config: FarmBenchConfig, result: dict, log, s
     if bare is not None:
         _run_bare(bare, config, config.batch_size, offset=10_000_000)  # same warm-up as the workers
     timing_before = farm_timing(client)  # after the warm-up's batches
+    others = others or {}
     counter = RedisCounter(stack.redis_url)
-    counter.reset()
-    state_counter = RedisCounter(state.url) if state is not None else None
-    if state_counter is not None:
-        state_counter.reset()
-    farm_runs, bare_runs, cpu = _rounds(client, stack, config, bare, log, extra=[state] if state else [])
+    counters = {key: RedisCounter(server.url) for key, server in others.items()}
+    for one in (counter, *counters.values()):
+        one.reset()
+    farm_runs, bare_runs, cpu = _rounds(client, stack, config, bare, log, extra=list(others.values()))
     timing_after = farm_timing(client)
     rounds_end = time.time()
     result["redis"] = counter.read(config.jobs * config.rounds)
-    if state_counter is not None:  # then "redis" is the broker's alone
-        result["redis_state"] = state_counter.read(config.jobs * config.rounds)
+    for key, other in counters.items():  # with a state store apart, "redis" is the broker's alone
+        result[key] = other.read(config.jobs * config.rounds)
     result["worker_memory"] = worker_memory(client, stack.workers, since=rounds_end)
     result["full_path"] = _summary(farm_runs)
     if bare_runs:
@@ -312,63 +346,9 @@ def _rounds(client, stack, config: FarmBenchConfig, bare, log,
     return farm_runs, bare_runs, cpu
 
 
-def _measure_submission(client, stack, config: FarmBenchConfig, counter: RedisCounter, result: dict, log) -> None:
-    """The submission test, workers stopped: ``result["submission"]`` with the API's RSS around it,
-    and Redis's bytes per queued job and one job hash's ``MEMORY USAGE``."""
-    api_pid = stack.api.pid
-    assert api_pid is not None, "the local stack's API is not running"
-    rss_before = rss_kib(api_pid)
-    memory_before = counter.used_memory()
-    result["submission"] = _submission(client, config, log, stack.redis_url)
-    queued = config.submit_jobs * config.submit_repeats * max(1, len(config.submit_appendfsync))
-    result["redis"]["bytes_per_queued_job"] = round((counter.used_memory() - memory_before) / queued, 1)
-    result["redis"]["job_hash_memory_usage_bytes"] = counter.job_memory(result["submission"].pop("_key"))
-    rss_after = rss_kib(api_pid)
-    result["submission"]["api_rss_mib"] = {
-        "before": round(rss_before["VmRSS"] / 1024, 1), "after": round(rss_after["VmRSS"] / 1024, 1),
-        "peak_after": round(rss_after["VmHWM"] / 1024, 1),
-        "peak_growth": round((rss_after["VmHWM"] - rss_before["VmRSS"]) / 1024, 1)}
-
-
 def _summary(runs: list[dict]) -> dict:
     key = "images_per_s"
     out = {"runs": runs, key: round(statistics.median(r[key] for r in runs), 4)}
     if runs and "worker_images_per_s" in runs[0]:
         out["worker_images_per_s"] = round(statistics.median(r["worker_images_per_s"] for r in runs), 4)
-    return out
-
-
-def _submission(client, config: FarmBenchConfig, log, redis_url: str) -> dict:
-    """Median seconds of ``submit_repeats`` single-request submissions of ``submit_jobs`` jobs;
-    with ``submit_appendfsync``, that per policy too (``by_appendfsync``: each repeat submits
-    once under each policy, set live with ``CONFIG SET appendfsync``, the order alternating)."""
-    import redis
-
-    from infra import keys
-
-    policies: list[str | None] = list(config.submit_appendfsync) or [None]
-    seconds: dict[str | None, list[float]] = {policy: [] for policy in policies}
-    admin = redis.Redis.from_url(redis_url)
-    n = 0
-    for r in range(config.submit_repeats):
-        for policy in policies if r % 2 == 0 else policies[::-1]:
-            if policy is not None:
-                admin.config_set("appendfsync", policy)
-            requests = requests_for(config, config.submit_jobs, offset=20_000_000 + n * config.submit_jobs)
-            n += 1
-            t0 = time.perf_counter()
-            accepted = client.submit_batch(requests)
-            seconds[policy].append(round(time.perf_counter() - t0, 4))
-            log(f"submitted {config.submit_jobs} jobs in {seconds[policy][-1]:.3f} s"
-                + (f" (appendfsync {policy})" if policy else "") + f" (load {load_average()[0]})")
-    admin.close()
-    first = seconds[policies[0]]
-    median = statistics.median(first)
-    out = {"jobs": config.submit_jobs, "runs_s": first, "median_s": round(median, 4),
-           "jobs_per_s": round(config.submit_jobs / median, 1), "_key": keys.job(accepted.job_ids[0])}
-    if config.submit_appendfsync:
-        out["by_appendfsync"] = {
-            policy: {"runs_s": runs, "median_s": round(statistics.median(runs), 4),
-                     "ms_per_job": round(1000 * statistics.median(runs) / config.submit_jobs, 4)}
-            for policy, runs in seconds.items()}
     return out

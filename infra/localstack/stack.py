@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -130,6 +130,9 @@ class LocalStack:
     a killed one's children are stopped, workers first, before the next starts
     (:mod:`infra.localstack.claim`, :mod:`infra.localstack.guard`).
 
+    ``pools``: the declared pools (``RENDERFARM_POOLS`` in the environment) its workers take in
+    turn, worker i ``--pool pools[i % len(pools)]``; empty: every worker serves ``model``'s pool.
+
     ``start()`` stops whatever it started if any part fails, so it never leaves processes behind.
     """
 
@@ -151,6 +154,7 @@ class LocalStack:
         run_dir: Path | str | None = None,
         data_dir: Path | str | None = None,
         console: Console | None = None,
+        pools: Sequence[str] = (),
     ) -> None:
         from infra.settings import ENV_FILE_VAR, Settings
 
@@ -185,8 +189,9 @@ class LocalStack:
         )
         children = {**self.env, ENV_FILE_VAR: ""}  # its processes read no client settings file either
         self.api.env.update(children)
-        self.workers = [
-            WorkerProcess(model, children, f"{model}-{i + 1}", batch_size, device=device, run_dir=self.run_dir)
+        self.workers = [  # worker i of pools[i % len(pools)] when pools are given (the declared RENDERFARM_POOLS')
+            WorkerProcess(model, children, f"{model}-{i + 1}", batch_size, device=device, run_dir=self.run_dir,
+                          extra_args=["--pool", pools[i % len(pools)]] if pools else [])
             for i in range(workers)
         ]
 

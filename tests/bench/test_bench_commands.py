@@ -147,17 +147,20 @@ def test_bench_farm_simulated_gpu_reports_its_efficiency_at_the_requested_size(t
     assert 0 < worker["rss_mib_at_prefetch_peak"] <= worker["peak_rss_mib"]
 
 
-def test_bench_redis_with_the_state_store_apart_splits_redis_cpu_and_commands(tmp_path, capsys):
+def test_bench_redis_with_the_state_store_and_a_broker_shard_apart_splits_redis_cpu_and_commands(tmp_path, capsys):
     out = tmp_path / "redis-split.json"
-    run_cli(["bench", "redis", "--workers", "1", "--jobs", "64", "--batch-size", "16", "--split-state",
-             "--json", str(out)])
+    run_cli(["bench", "redis", "--workers", "2", "--jobs", "64", "--batch-size", "16", "--split-state",
+             "--broker-shards", "2", "--json", str(out)])
     (row,) = json.loads(out.read_text())["rows"]
-    # the job transitions are the state store's, the messages the broker's: both served commands
-    # per job (counted exactly; their CPU, read from /proc in 10 ms ticks, is measured but too
-    # coarse to assert on 64 jobs)
+    # the job transitions are the state store's, the messages the brokers': every Redis served
+    # commands per job (counted exactly; their CPU, read from /proc in 10 ms ticks, is measured but
+    # too coarse to assert on 64 jobs), and the two brokers about alike, each with every second job
     assert row["redis_state_commands_per_job"] > row["redis_commands_per_job"] > 0, row
-    assert row["redis_cpu_ms_per_job"] is not None and row["redis_state_cpu_ms_per_job"] is not None, row
-    assert "a broker and a state-store redis-server" in capsys.readouterr().out
+    assert row["redis_commands_per_job"] == pytest.approx(row["redis_shard_commands_per_job"], rel=0.5), row
+    assert None not in (row["redis_cpu_ms_per_job"], row["redis_state_cpu_ms_per_job"],
+                        row["redis_shard_cpu_ms_per_job"]), row
+    printed = capsys.readouterr().out
+    assert "a broker and a state-store redis-server and a second broker" in printed
 
 
 def test_bench_farm_encodes_the_requested_output_format(tmp_path, capsys):
