@@ -134,6 +134,9 @@ def _register_pipeline(sub) -> None:
     p.add_argument("--controlnet", type=int, default=1, choices=[0, 1],
                    help="--modes: also a row of txt2img with one canny ControlNet unit (an offline tiny-controlnet "
                         "build: the model's UNet layout) and the canny preprocessing per image (0: none)")
+    p.add_argument("--ip-adapter", type=int, default=1, choices=[0, 1],
+                   help="--modes: also a row of txt2img with one IP-Adapter unit (an offline tiny-ip-adapter build: "
+                        "the model's cross-attention layout, a tiny image encoder) (0: none)")
     p.add_argument("--modes-overrides", default=None,
                    help='--modes: recipe knobs as JSON, e.g. \'{"compile_denoiser": true}\' (adapters then hot-swap)')
     p.set_defaults(func=lambda args: sys.exit(handlers.pipeline(args)))

@@ -60,7 +60,7 @@ def _modes(args: argparse.Namespace) -> int:
     config = ModesConfig(model=args.model, width=args.width, height=args.height, steps=args.steps,
                          strength=args.strength, repeats=args.repeats, device=args.device,
                          adapters=args.adapters, overrides=args.modes_overrides or "",
-                         controlnet=bool(args.controlnet))
+                         controlnet=bool(args.controlnet), ip_adapter=bool(args.ip_adapter))
     return run_and_report("bench pipeline --modes", lambda log: run_modes_bench(config, log=log), modes_table,
                           args.json)
 

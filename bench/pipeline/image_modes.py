@@ -11,17 +11,22 @@ same components (:mod:`pipeline.modes`); per row the same prompt, seeds, size an
   ``tiny-controlnet`` build from the model's UNet: the real layout, random weights): the same
   denoiser calls, plus one ControlNet pass per denoiser call (the ControlNet is the UNet's encoder
   half, so about a third of a UNet's work, the ControlNet paper's estimate). The canny
-  preprocessing of one image at the size is timed apart (``preprocess``).
+  preprocessing of one image at the size is timed apart (``preprocess``);
+* ``ip-adapter``: txt2img with one IP-Adapter unit (:mod:`pipeline.ip_adapter`, an offline
+  ``tiny-ip-adapter`` build: the model's real cross-attention layout with the image tokens' key and
+  value projections, random weights, and a tiny CLIP image encoder, so this row times the added
+  attention and the adapter's load and unload around the call, not a full-size ViT encoder).
 
-Columns: denoiser calls per image (counted by wrapping the denoiser: :func:`bench.pipeline.render_probes.count_render`),
-hot seconds per image (median of ``repeats``; wall time on CPUs, device time on CUDA), and both as
-ratios to txt2img. Then the adapter rows (with ``adapters``, offline random-weight LoRAs,
-:mod:`pipeline.lora`): the first use of an adapter (``load_lora_weights`` + ``set_adapters``),
-a switch to another loaded one, a switch to none, each in seconds, and the TorchDynamo
-compilations they caused (:func:`pipeline.compile_count.compiles`). A recipe that compiles the
-denoiser (``--recipe`` with ``compile_denoiser``) gets the worker's hot-swap slot
-(:mod:`pipeline.lora`), the "how" column says which. Random weights: the pixels mean nothing, the
-costs are the real ones.
+Columns: denoiser calls per image (counted by wrapping the denoiser:
+:func:`bench.pipeline.render_probes.count_render`), hot seconds per image (median and best of
+``repeats`` rounds, each round rendering every mode once, interleaved; wall time on CPUs, device
+time on CUDA), and both as ratios of medians to txt2img. Then the adapter rows (with ``adapters``,
+offline random-weight LoRAs, :mod:`pipeline.lora`): the first use of an adapter
+(``load_lora_weights`` + ``set_adapters``), a switch to another loaded one, a switch to none, each
+in seconds, and the TorchDynamo compilations they caused (:func:`pipeline.compile_count.compiles`).
+A recipe that compiles the denoiser (``--recipe`` with ``compile_denoiser``) gets the worker's
+hot-swap slot (:mod:`pipeline.lora`), the "how" column says which. Random weights: the pixels mean
+nothing, the costs are the real ones.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class ModesConfig:
     adapters: int = 2
     overrides: str = ""
     controlnet: bool = True
+    ip_adapter: bool = True
 
 
 def _inputs(width: int, height: int) -> dict[str, PIL.Image.Image]:
@@ -102,20 +108,14 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
                                                               "preprocess": "canny"}])
         preprocess = _canny_seconds(plan["controlnet"], inputs["photo"], config.repeats)
         log(f"  canny preprocessing: {preprocess}")
-    rows: list[dict[str, Any]] = []
-    for mode, request in plan.items():
-        renderer.render([request])  # warm: the mode's pipeline is made on first use
-        pipe = (renderer.controlnets.pipeline("txt2img", ["canny"]) if request.controls and renderer.controlnets
-                else renderer.modes.for_mode(request.mode))
-        calls = count_render(pipe, functools.partial(renderer.render, [request]), flops=False)
-        seconds = []
-        for _ in range(config.repeats):
-            with DeviceTimer(renderer.device) as timer:
-                renderer.render([request])
-            seconds.append(timer.seconds)
-        rows.append({"mode": mode, "strength": request.effective_strength, "steps": config.steps,
-                     "denoiser_calls": calls.denoiser_calls, "s_per_img": round(statistics.median(seconds), 4)})
-        log(f"  {rows[-1]}")
+    if config.ip_adapter:
+        from infra.settings import get_settings
+        from pipeline.ip_adapter import IPAdapters
+
+        renderer.ip_adapters = IPAdapters(renderer.pipe, {"style": "tiny-ip-adapter-bench"},
+                                          cache_dir=get_settings().cache_dir)
+        plan["ip-adapter"] = RenderRequest(**base, controls=[{"type": "style", "image": "photo", "weight": 0.6}])
+    rows = _mode_rows(renderer, plan, config.repeats, log)
     for row in rows:
         row["calls_vs_txt2img"] = round(row["denoiser_calls"] / rows[0]["denoiser_calls"], 3)
         row["time_vs_txt2img"] = round(row["s_per_img"] / rows[0]["s_per_img"], 3)
@@ -125,6 +125,31 @@ def run_modes_bench(config: ModesConfig, log=print) -> dict:
         machine["cpu"] = cpu_summary()
     return {"config": asdict(config), "device": profile, "machine": machine, "recipe": renderer.recipe.get("name"),
             "rows": rows, "adapters": adapters, "preprocess": preprocess}
+
+
+def _mode_rows(renderer, plan: dict[str, RenderRequest], repeats: int, log) -> list[dict[str, Any]]:
+    """One row per mode of ``plan``: each warmed and its denoiser calls counted, then ``repeats``
+    rounds timing every mode once per round, interleaved (so that a drifting machine load falls on
+    every mode alike); median and best seconds per image."""
+    calls: dict[str, int] = {}
+    for mode, request in plan.items():
+        renderer.render([request])  # warm: the mode's pipeline is made on first use
+        if mode == "ip-adapter":  # txt2img's denoiser calls (the adapter works inside them); the counting
+            calls[mode] = calls["txt2img"]  # wrapper would stand where the adapter sets its processors
+            continue
+        pipe = (renderer.controlnets.pipeline("txt2img", ["canny"]) if mode == "controlnet"
+                else renderer.modes.for_mode(request.mode))
+        calls[mode] = count_render(pipe, functools.partial(renderer.render, [request]), flops=False).denoiser_calls
+    seconds: dict[str, list[float]] = {mode: [] for mode in plan}
+    for r in range(repeats):
+        for mode, request in plan.items():
+            with DeviceTimer(renderer.device) as timer:
+                renderer.render([request])
+            seconds[mode].append(timer.seconds)
+        log(f"  round {r + 1}: " + ", ".join(f"{mode} {s[-1]:.3f} s" for mode, s in seconds.items()))
+    return [{"mode": mode, "strength": request.effective_strength, "steps": request.num_inference_steps,
+             "denoiser_calls": calls[mode], "s_per_img": round(statistics.median(seconds[mode]), 4),
+             "s_per_img_best": round(min(seconds[mode]), 4)} for mode, request in plan.items()]
 
 
 def _canny_seconds(request: RenderRequest, image: PIL.Image.Image, repeats: int) -> dict:
@@ -177,11 +202,12 @@ def modes_table(result: dict):
     c = result["config"]
     table = Table(title=f"bench pipeline --modes: {c['model']} {c['width']}x{c['height']}, {c['steps']} steps, "
                         f"recipe {result['recipe']}, median of {c['repeats']}", title_justify="left")
-    columns = ("mode", "strength", "denoiser_calls", "calls_vs_txt2img", "s_per_img", "time_vs_txt2img")
+    columns = ("mode", "strength", "denoiser_calls", "calls_vs_txt2img", "s_per_img", "s_per_img_best",
+               "time_vs_txt2img")
     for col in columns:
         table.add_column(col.replace("_", " "), justify="left" if col == "mode" else "right")
     for row in result["rows"]:
-        table.add_row(*(str(row[col]) for col in columns))
+        table.add_row(*(str(row.get(col, "–")) for col in columns))
     table.caption = machine_caption(result)
     if result.get("preprocess"):
         p = result["preprocess"]

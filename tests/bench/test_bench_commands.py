@@ -251,3 +251,17 @@ def test_bench_farm_table_states_the_target_of_its_image_size(name, target):
     console.print(result_table(result))
     (line,) = [line for line in console.export_text().splitlines() if "efficiency, end to end" in line]
     assert line.rstrip(" │").endswith(target), line
+
+
+def test_bench_pipeline_modes_rows_count_each_modes_denoiser_calls(tmp_path, capsys):
+    out = tmp_path / "modes.json"
+    run_cli(["bench", "pipeline", "--modes", "--model", "tiny", "--width", "64", "--height", "64", "--steps", "4",
+             "--repeats", "2", "--adapters", "0", "--json", str(out)])
+    result = json.loads(out.read_text())
+    rows = {row["mode"]: row for row in result["rows"]}
+    assert list(rows) == ["txt2img", "img2img", "inpaint", "controlnet", "ip-adapter"]
+    # strength 0.5 runs the schedule's second half; the units add work inside the same denoiser calls
+    assert [rows[m]["denoiser_calls"] for m in rows] == [4, 2, 2, 4, 4], rows
+    assert all(0 < row["s_per_img_best"] <= row["s_per_img"] for row in rows.values()), rows
+    assert result["preprocess"]["canny_s_per_img"] > 0
+    assert "ip-adapter" in capsys.readouterr().out
