@@ -240,12 +240,13 @@ class Renderer:
             return callback_kwargs
 
         kwargs = call_arguments(self.pipe, requests, generators=generators, step_end=step_end, use_pe=self.use_pe)
-        kwargs = mode_arguments(pipe, requests, self.input_loader, base=kwargs)
+        load = read_once(self.input_loader)  # an IP-Adapter's reference is also its unit's stored map
+        kwargs = mode_arguments(pipe, requests, load, base=kwargs)
         maps: tuple[list, list[float]] | None = None
         if first.controls:
-            kwargs, control_maps, seconds = control_arguments(pipe, requests, self.input_loader, kwargs, units)
+            kwargs, control_maps, seconds = control_arguments(pipe, requests, load, kwargs, units)
             maps = (control_maps, seconds)
-        with (applied_for_call(self.ip_adapters, first.controls, pipe, kwargs, self.input_loader),
+        with (applied_for_call(self.ip_adapters, first.controls, pipe, kwargs, load),
               torch.inference_mode(), compile_count.observed() as calls):
             result = pipe(**kwargs)
         self._count(calls)
@@ -300,6 +301,22 @@ class Renderer:
             make_batch_invariant(model)
         elif self.invariance == "per-sample":
             make_per_sample(model)
+
+
+def read_once(load: InputLoader | None) -> InputLoader | None:
+    """``load`` reading each input key at most once (one pipeline call's: an image a call names twice,
+    such as an IP-Adapter's reference, which is also its unit's stored map, is fetched and decoded
+    once). The images it returns are shared: callers make new images from them, never change them."""
+    if load is None:
+        return None
+    read: dict[str, PIL.Image.Image] = {}
+
+    def once(key: str) -> PIL.Image.Image:
+        if key not in read:
+            read[key] = load(key)
+        return read[key]
+
+    return once
 
 
 def _group_progress(on_step: Callable[[int, int], None] | None, index: int,

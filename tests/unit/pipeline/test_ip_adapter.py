@@ -149,6 +149,24 @@ def test_an_ip_adapter_and_a_controlnet_in_one_request(renderer):
     assert set(np.unique(np.asarray(edge_map))) <= {0, 255} and len(np.unique(np.asarray(reference))) > 2
 
 
+def test_each_input_is_read_once_per_call(renderer):
+    from collections import Counter
+
+    reads: Counter[str] = Counter()
+
+    def counting(key: str):
+        reads[key] += 1
+        return INPUTS[key]
+
+    renderer.input_loader = counting
+    try:
+        renderer.render([_request(CANNY, STYLE_A)])
+    finally:
+        renderer.input_loader = INPUTS.__getitem__
+    # the reference is the IP-Adapter's embedding and its unit's stored map: fetched and decoded once
+    assert reads == {"edges.png": 1, "ref-a.png": 1}, reads
+
+
 def test_sdxl_takes_an_ip_adapter_too(offline_cache):
     """The tiny SDXL pipeline (two text encoders, text_time embedding) with an offline adapter made
     for its UNet: weight 0 is the plain render, a reference changes it."""
