@@ -9,7 +9,7 @@ batch's outcome, taken by the worker's consumer for its circuit breaker.
 - Just before a group's upload, who is still ours: a job canceled or taken over (its lease ran
   out) while it rendered is dropped, and no object is written for it. The upload itself is
   write-once (:meth:`infra.storage.s3.Storage.put_once`) and every write is fenced by the
-  attempt; a job canceled during its upload loses its object again.
+  attempt; a job canceled during its upload loses its objects again (image and control maps).
 - A failed upload or state write fails the attempt, not the job (:mod:`worker.attempts`): it
   goes back to the queue until its attempts are spent.
 - At the batch's end its jobs leave the held set (the heartbeat stops renewing their leases),
@@ -150,9 +150,11 @@ class PostStage:
         outcome.dropped += 1
         status = self.attempts.redis(self.store.get_job, job.job_id)
         if stored.written and status is not None and status.state == "canceled":
-            # canceled between the pre-upload check and now: a canceled job keeps no object
-            self.storage.delete(stored.result.key)
-            log.info("job %s was canceled during its upload; object removed", job.job_id)
+            # canceled between the pre-upload check and now: a canceled job keeps no object, nor
+            # the control maps stored beside its image
+            for key in (stored.result.key, *(stored.result.control_maps or ())):
+                self.storage.delete(key)
+            log.info("job %s was canceled during its upload; its objects removed", job.job_id)
         else:
             log.warning("job %s attempt %d is stale; its result was not recorded", job.job_id, job.attempt)
 

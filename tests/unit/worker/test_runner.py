@@ -223,6 +223,36 @@ def test_a_job_canceled_mid_render_loses_its_image_and_the_others_keep_theirs(st
     assert {o["Key"] for o in listed.get("Contents", [])} == {store.get_job(j).result.key for j in (ids[0], ids[2])}
 
 
+def test_a_job_canceled_during_its_upload_keeps_no_image_and_no_control_map(store, storage):
+    """The cancel lands after the pre-upload check, while the objects are written: the image and
+    the control map stored beside it are both removed again."""
+    from infra.controls import CONTROL_MAPS_INFO
+
+    (job_id,) = submit(store, ["canceled while uploading"],
+                       controls=[{"type": "canny", "image": "edges.png", "preprocess": "canny"}])
+
+    class CancelingStorage(Storage):
+        def put_once(self, key, *args, **kwargs):
+            written = super().put_once(key, *args, **kwargs)
+            if ".control-" in key:  # the last object the job writes
+                store.cancel(job_id)
+            return written
+
+    class WithMaps(ScriptedRenderer):
+        def render(self, requests, on_step=None):
+            images = super().render(requests, on_step)
+            for image in images:
+                image.info[CONTROL_MAPS_INFO] = [Image.new("RGB", image.size, (255, 255, 255))]
+            return images
+
+    outcome = runner(store, CancelingStorage(Settings()), WithMaps()).run(messages([job_id]))
+    assert (outcome.succeeded, outcome.dropped) == (0, 1)
+    status = store.get_job(job_id)
+    assert status.state == "canceled" and status.result is None
+    listed = storage.client.list_objects_v2(Bucket=storage.bucket, Prefix=f"{status.batch_id}/")
+    assert [o["Key"] for o in listed.get("Contents", [])] == []
+
+
 def test_a_group_whose_jobs_are_all_canceled_stops_between_steps(store, storage):
     ids = submit(store, ["gone 1", "gone 2"], num_inference_steps=10)
 
