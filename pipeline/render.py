@@ -30,6 +30,7 @@ from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.compat import CompatKey as CompatKey
 from pipeline.compat import compat_key as compat_key
 from pipeline.controlnet import attach_maps, control_arguments, controlnet_pipeline
+from pipeline.controlnet_models import control_encodes_by_mode
 from pipeline.invariance import PER_SAMPLE, make_batch_invariant, make_per_sample
 from pipeline.ip_adapter import applied_for_call, call_settings, is_ip_adapter
 from pipeline.memory import guard_vae_decode
@@ -246,7 +247,7 @@ class Renderer:
             kwargs, control_maps, seconds = control_arguments(pipe, requests, self.input_loader, kwargs, units)
             maps = (control_maps, seconds)
         with (applied_for_call(self.ip_adapters, first.controls, pipe, kwargs, self.input_loader),
-              torch.inference_mode(), compile_count.observed() as calls):
+              control_encodes_by_mode(pipe), torch.inference_mode(), compile_count.observed() as calls):
             result = pipe(**kwargs)
         self._count(calls)
         images = list(result.images)
