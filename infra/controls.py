@@ -122,8 +122,9 @@ class ControlSpec(BaseModel):
     ``kind="controlnet"`` (the default): a hub id or local directory (diffusers'
     ``ControlNetModel.from_pretrained``), a single checkpoint file (``from_single_file``),
     ``s3://<key>`` of such a file in the farm's bucket, or an offline build name
-    (``tiny-controlnet…``: made from the pinned model's UNet with ``ControlNetModel.from_unet``,
-    random weights).
+    (``tiny-controlnet…``: made from the pinned model's denoiser config, random weights). The
+    ControlNet must be of the model family's class: ``ControlNetModel`` (SD 1/2, SDXL),
+    ``SD3ControlNetModel`` (SD3) or ``FluxControlNetModel`` (FLUX.1).
 
     ``kind="ip-adapter"``: an IP-Adapter (Ye et al. 2023; diffusers' ``load_ip_adapter``): a local
     directory or hub id holding ``weight_name`` in ``subfolder`` and the CLIP image encoder in
