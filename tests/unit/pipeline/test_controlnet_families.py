@@ -108,3 +108,28 @@ def test_inpaint_with_a_unit_keeps_the_unmasked_region_and_follows_its_image(ren
             changed[:, repainted].mean(), changed[:, kept].mean())
     assert type(renderer.controlnets.pipeline("inpaint", ["canny"])).__name__ == CLASSES[model][1]
     assert renderer.controlnets.shares_base_weights("inpaint", ["canny"])
+
+
+@pytest.mark.parametrize("model", ["tiny-sd3", "tiny-flux"])
+def test_per_sample_calls_split_the_transformer_controlnet_residuals(offline_cache, model):
+    """Accelerators' batch invariance (per-sample calls of the denoiser and the ControlNets, made
+    here on the CPU): the transformers' ControlNet residual lists (SD3's
+    ``block_controlnet_hidden_states``, FLUX's ``controlnet_block_samples`` and
+    ``controlnet_single_block_samples``) are split tensor by tensor, so two requests rendered
+    together are each the image rendered alone."""
+    from pipeline.controlnet import ControlNets
+    from pipeline.models import load_pipeline
+    from pipeline.render import Renderer
+
+    renderer = Renderer(load_pipeline(model, cache_dir=offline_cache), model=model, batch_invariant=False)
+    renderer.invariance = "per-sample"
+    renderer.input_loader = INPUTS.__getitem__
+    renderer.controlnets = ControlNets(renderer.pipe, {"canny": "tiny-controlnet-canny"}, cache_dir=offline_cache,
+                                       prepare=renderer.prepare_controlnet)
+    requests = [RenderRequest(prompt=prompt, model=model, width=SIZE, height=SIZE, num_inference_steps=2, seed=seed,
+                              guidance_scale=1.0 if "flux" in model else 7.5, controls=[_unit(image)])
+                for prompt, seed, image in (("a bottle", 3, "a.png"), ("a red car on a road", 4, "b.png"))]
+    alone = [np.asarray(renderer.render([r])[0], dtype=np.float64) for r in requests]
+    together = [np.asarray(image, dtype=np.float64) for image in renderer.render(requests)]
+    for lone, grouped in zip(alone, together, strict=True):
+        assert np.abs(lone - grouped).max() <= 1.0, np.abs(lone - grouped).max()
