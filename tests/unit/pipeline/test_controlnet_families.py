@@ -110,19 +110,23 @@ def test_inpaint_with_a_unit_keeps_the_unmasked_region_and_follows_its_image(ren
     assert renderer.controlnets.shares_base_weights("inpaint", ["canny"])
 
 
+@pytest.mark.parametrize("invariance", ["per-sample", "cpu-kernels"])
 @pytest.mark.parametrize("model", ["tiny-sd3", "tiny-flux"])
-def test_per_sample_calls_split_the_transformer_controlnet_residuals(offline_cache, model):
-    """Accelerators' batch invariance (per-sample calls of the denoiser and the ControlNets, made
-    here on the CPU): the transformers' ControlNet residual lists (SD3's
-    ``block_controlnet_hidden_states``, FLUX's ``controlnet_block_samples`` and
-    ``controlnet_single_block_samples``) are split tensor by tensor, so two requests rendered
-    together are each the image rendered alone."""
+def test_two_requests_with_units_render_together_as_alone(offline_cache, model, invariance):
+    """Both batch invariances: the CPU's invariant kernels, and accelerators' per-sample calls of the
+    denoiser and the ControlNets (made here on the CPU), where the transformers' ControlNet residual
+    lists (SD3's ``block_controlnet_hidden_states``, FLUX's ``controlnet_block_samples`` and
+    ``controlnet_single_block_samples``) are split tensor by tensor: two requests rendered together
+    are each the image rendered alone."""
     from pipeline.controlnet import ControlNets
     from pipeline.models import load_pipeline
     from pipeline.render import Renderer
 
-    renderer = Renderer(load_pipeline(model, cache_dir=offline_cache), model=model, batch_invariant=False)
-    renderer.invariance = "per-sample"
+    per_sample = invariance == "per-sample"
+    renderer = Renderer(load_pipeline(model, cache_dir=offline_cache), model=model, batch_invariant=not per_sample)
+    if per_sample:
+        renderer.invariance = "per-sample"
+    assert renderer.invariance == invariance
     renderer.input_loader = INPUTS.__getitem__
     renderer.controlnets = ControlNets(renderer.pipe, {"canny": "tiny-controlnet-canny"}, cache_dir=offline_cache,
                                        prepare=renderer.prepare_controlnet)
