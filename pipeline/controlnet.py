@@ -72,7 +72,7 @@ class ControlNets:
     """The ControlNets of one pinned pipeline and its ControlNet pipelines (see the module docstring).
 
     Args:
-        pipe: the pinned pipeline (SD 1/2 or SDXL, with a UNet).
+        pipe: the pinned pipeline (SD 1/2, SDXL, SD3 or FLUX.1: :func:`~pipeline.controlnet_models.controlnet_kind`).
         sources: ControlNet name → source (offline name, path, ``s3://key`` or hub id): the only
             ones it loads.
         max_count: most ControlNets loaded at once. max_bytes: most bytes of their parameters.
@@ -173,19 +173,22 @@ class ControlNets:
                              f"{', '.join(sorted(self.sources)) or 'none'})")
         _, denoiser = denoiser_of(self.pipe)
         dtype, device = denoiser.dtype, denoiser.device
-        ControlNetModel = controlnet_class(controlnet_kind(self.pipe))  # noqa: N806 (diffusers' class)
+        cls = controlnet_class(controlnet_kind(self.pipe))
+        single = source.startswith("s3://") or Path(source).expanduser().is_file()
+        if single and not hasattr(cls, "from_single_file"):
+            raise ValueError(f"ControlNet {name!r}: a {cls.__name__} loads from a diffusers directory or hub id, "
+                             f"not a single checkpoint file ({source})")
         if source.startswith(OFFLINE_PREFIX):
-            model = ControlNetModel.from_pretrained(build_offline_controlnet(source, self.pipe, self.cache_dir),
-                                                    torch_dtype=dtype)
+            model = cls.from_pretrained(build_offline_controlnet(source, self.pipe, self.cache_dir), torch_dtype=dtype)
         elif source.startswith("s3://"):
             if self.fetch is None:
                 raise ValueError(f"ControlNet {name!r} is in the bucket, and this renderer cannot read it")
-            model = ControlNetModel.from_single_file(str(self.fetch(source[len("s3://"):])), torch_dtype=dtype)
-        elif Path(source).expanduser().is_file():
-            model = ControlNetModel.from_single_file(str(Path(source).expanduser()), torch_dtype=dtype)
+            model = cls.from_single_file(str(self.fetch(source[len("s3://"):])), torch_dtype=dtype)
+        elif single:
+            model = cls.from_single_file(str(Path(source).expanduser()), torch_dtype=dtype)
         else:
             local = Path(source).expanduser()
-            model = ControlNetModel.from_pretrained(str(local) if local.exists() else source, torch_dtype=dtype)
+            model = cls.from_pretrained(str(local) if local.exists() else source, torch_dtype=dtype)
         return model.to(device).eval()
 
 

@@ -137,3 +137,19 @@ def test_two_requests_with_units_render_together_as_alone(offline_cache, model, 
     together = [np.asarray(image, dtype=np.float64) for image in renderer.render(requests)]
     for lone, grouped in zip(alone, together, strict=True):
         assert np.abs(lone - grouped).max() <= 1.0, np.abs(lone - grouped).max()
+
+
+def test_a_flux_controlnet_from_a_single_file_is_refused_by_name(renderers, tmp_path):
+    """diffusers' FluxControlNetModel has no ``from_single_file``: a checkpoint file (or ``s3://`` key)
+    declared for a FLUX.1 worker fails with the class named, before anything is fetched."""
+    from pipeline.controlnet import ControlNets
+
+    checkpoint = tmp_path / "canny.safetensors"
+    checkpoint.write_bytes(b"not read")
+    fetched: list[str] = []
+    controlnets = ControlNets(renderers("tiny-flux").pipe, {"file": str(checkpoint), "bucket": "s3://cn/canny.st"},
+                              fetch=lambda key: fetched.append(key) or checkpoint)
+    for name in ("file", "bucket"):
+        with pytest.raises(ValueError, match="a FluxControlNetModel loads from a diffusers directory or hub id"):
+            controlnets.pipeline("txt2img", [name])
+    assert fetched == []
