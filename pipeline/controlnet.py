@@ -217,11 +217,13 @@ def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.
     into the call. The others (IP-Adapter units, :mod:`pipeline.ip_adapter`) still get their map,
     their reference image fitted to the render's size, so that map N is unit N's image.
 
-    The maps go in as ``image`` (txt2img) or ``control_image`` (img2img, whose ``image`` is the
-    init image): one float tensor per unit, (requests, 3, height, width) in 0…1, as diffusers'
+    The maps go in as ``control_image`` where the pipeline takes one (img2img and inpaint, whose
+    ``image`` is the init image; SD3's and FLUX's txt2img), else as ``image`` (SD 1/2 and SDXL
+    txt2img): one float tensor per unit, (requests, 3, height, width) in 0…1, as diffusers'
     multi-ControlNet pipelines take a batch per ControlNet (their img2img pipelines refuse nested
-    lists of images); ``controlnet_conditioning_scale`` and ``control_guidance_start/end`` are lists,
-    one entry per unit.
+    lists of images; SD3's and FLUX's encode it with the VAE, :mod:`pipeline.controlnet_models`);
+    ``controlnet_conditioning_scale`` and ``control_guidance_start/end`` are lists, one entry per
+    unit; FLUX's ``control_mode`` one None per unit.
 
     Raises:
         ValueError: no input loader, or an image that does not decode (from the loader).
@@ -245,7 +247,7 @@ def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.
     units = [units[n] for n in indexes]
     field = "control_image" if "control_image" in call_parameters(pipe) else "image"
     # one (batch, 3, height, width) tensor in 0…1 per unit: what the pipelines' control image processor
-    # makes of PIL images (pixels / 255), in the one layout the txt2img and img2img pipelines both take
+    # makes of PIL images (pixels / 255), in the one layout every mode's ControlNet pipeline takes
     per_unit = [torch.from_numpy(np.stack([np.asarray(m[n], dtype=np.float32) / 255.0 for m in maps]))
                 .permute(0, 3, 1, 2) for n in indexes]
     ranges = [(u.guidance_start, u.guidance_end) if u.guidance_start < u.guidance_end else (0.0, 1.0) for u in units]
