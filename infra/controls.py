@@ -122,8 +122,9 @@ class ControlSpec(BaseModel):
     ``kind="controlnet"`` (the default): a hub id or local directory (diffusers'
     ``ControlNetModel.from_pretrained``), a single checkpoint file (``from_single_file``),
     ``s3://<key>`` of such a file in the farm's bucket, or an offline build name
-    (``tiny-controlnet…``: made from the pinned model's UNet with ``ControlNetModel.from_unet``,
-    random weights).
+    (``tiny-controlnet…``: made from the pinned model's denoiser config, random weights). The
+    ControlNet must be of the model family's class: ``ControlNetModel`` (SD 1/2, SDXL),
+    ``SD3ControlNetModel`` (SD3) or ``FluxControlNetModel`` (FLUX.1).
 
     ``kind="ip-adapter"``: an IP-Adapter (Ye et al. 2023; diffusers' ``load_ip_adapter``): a local
     directory or hub id holding ``weight_name`` in ``subfolder`` and the CLIP image encoder in
@@ -161,11 +162,13 @@ class ControlSpec(BaseModel):
 
 
 def control_errors(request: Any, allowed: Sequence[ControlSpec], where: str,
-                   max_controls: int = DEFAULT_MAX_CONTROLS) -> list[dict[str, Any]]:
+                   max_controls: int = DEFAULT_MAX_CONTROLS, ip_adapters: bool = True) -> list[dict[str, Any]]:
     """Error dicts (``type``, ``field``, ``msg``, ``input``) for the units of ``request`` (a
     ``RenderRequest``) that ``allowed`` cannot serve: more than ``max_controls`` units
     (``too_many_controls``), a ``type`` not declared (``unknown_control``, naming it and the declared
-    ones). ``where`` names the declaration (a pool, or RENDERFARM_CONTROLS). Empty without units."""
+    ones), an IP-Adapter unit where the model's family takes none (``ip_adapters`` false:
+    ``unsupported_ip_adapter``). ``where`` names the declaration (a pool, or RENDERFARM_CONTROLS).
+    Empty without units."""
     units = getattr(request, "controls", ())
     if not units:
         return []
@@ -178,7 +181,12 @@ def control_errors(request: Any, allowed: Sequence[ControlSpec], where: str,
                 "msg": f"{where} has no ControlNet or IP-Adapter {unit.type!r} (it has: "
                        f"{', '.join(map(repr, sorted(kinds))) or 'none'})"}
                for unit in units if unit.type not in kinds]
-    return errors + _ip_adapter_errors([u for u in units if kinds.get(u.type) == "ip-adapter"])
+    adapters = [u for u in units if kinds.get(u.type) == "ip-adapter"]
+    if adapters and not ip_adapters:
+        errors.append({"type": "unsupported_ip_adapter", "field": "controls", "input": adapters[0].type,
+                       "msg": f"model {request.model!r} takes no IP-Adapter units ({adapters[0].type!r} is one): "
+                              f"IP-Adapters are served for the UNet families (SD 1/2, SDXL)"})
+    return errors + _ip_adapter_errors(adapters)
 
 
 def _ip_adapter_errors(units: Sequence[ControlUnit]) -> list[dict[str, Any]]:

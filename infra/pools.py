@@ -65,6 +65,7 @@ class Capabilities(NamedTuple):
     be made independent of its batch-mates (false for ERNIE-Image, whose pipeline pads every
     prompt's text to the longest prompt of the batch). ``modes``: the render modes it has.
     ``controlnet``: the modes in which requests may carry ControlNet units (``controls``).
+    ``ip_adapter``: whether a request's units may be IP-Adapters (image prompts) too.
     """
 
     negative_prompt: bool
@@ -74,6 +75,7 @@ class Capabilities(NamedTuple):
     batch_invariant: bool = True
     modes: tuple[str, ...] = ("txt2img",)
     controlnet: tuple[str, ...] = ()
+    ip_adapter: bool = False
 
 
 _ANY_SCHEDULER = get_args(SchedulerName)
@@ -85,18 +87,19 @@ _ALL_MODES = ("txt2img", "img2img", "inpaint")
 #: does not pass; FLUX.2's pipeline has no negative prompt). Modes: diffusers' AutoPipelineForImage2Image
 #: and AutoPipelineForInpainting mappings (0.42): SD 1/2, SDXL, SD3 and FLUX.1 have both; Kolors has an
 #: img2img pipeline only; FLUX.2's image input is reference editing, not strength-based img2img, and
-#: ERNIE-Image has neither. ControlNet: SD 1/2 and SDXL with a ``ControlNetModel``
-#: (AutoPipelineForText2Image / AutoPipelineForImage2Image ``from_pipe(..., controlnet=...)``: their
-#: ControlNet and ControlNet Img2Img pipelines); SD3 and FLUX.1 have ControlNet pipelines of other
-#: ControlNet classes, not served yet.
-_CONTROL_MODES = ("txt2img", "img2img")
+#: ERNIE-Image has neither. ControlNet: diffusers' ControlNet pipelines that AutoPipelineForText2Image /
+#: AutoPipelineForImage2Image / AutoPipelineForInpainting ``from_pipe(..., controlnet=...)`` reach
+#: (0.42): SD 1/2 and SDXL (``ControlNetModel``) and FLUX.1 (``FluxControlNetModel``) in all three
+#: modes; SD3 (``SD3ControlNetModel``) in txt2img only (no ControlNet img2img pipeline; its inpainting
+#: one is alimama's mask-conditioned ControlNet without an init image); FLUX.2, ERNIE-Image and Kolors
+#: none. IP-Adapter units (``ip_adapter``): the UNet families, where ``pipeline.ip_adapter`` loads them.
 FAMILIES: dict[str, Capabilities] = {
-    "sd1": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_CONTROL_MODES),
-    "sd2": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_CONTROL_MODES),
-    "sdxl": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_CONTROL_MODES),
-    "sd3": Capabilities(True, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
-    "flux-schnell": Capabilities(False, False, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
-    "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES),
+    "sd1": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_ALL_MODES, ip_adapter=True),
+    "sd2": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_ALL_MODES, ip_adapter=True),
+    "sdxl": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=_ALL_MODES, controlnet=_ALL_MODES, ip_adapter=True),
+    "sd3": Capabilities(True, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES, controlnet=("txt2img",)),
+    "flux-schnell": Capabilities(False, False, _OWN_SCHEDULER, 16, modes=_ALL_MODES, controlnet=_ALL_MODES),
+    "flux-dev": Capabilities(False, True, _OWN_SCHEDULER, 16, modes=_ALL_MODES, controlnet=_ALL_MODES),
     "flux2": Capabilities(False, True, _OWN_SCHEDULER, 16),
     "ernie-image": Capabilities(True, True, _OWN_SCHEDULER, 16, batch_invariant=False),
     # Kolors: an SDXL-style UNet (any scheduler) conditioned by ChatGLM3 (prompts padded to 256 tokens).

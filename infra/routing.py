@@ -15,6 +15,7 @@ from typing import Any
 
 from infra.controls import DEFAULT_MAX_CONTROLS, ControlSpec, control_errors
 from infra.pools import (
+    FAMILIES,
     OFFLINE_FAMILIES,
     OFFLINE_UPSCALERS,
     LoraSpec,
@@ -31,7 +32,8 @@ class NoPoolError(ValueError):
 
     ``errors`` holds one dict per refused request (at most :attr:`MAX_ERRORS`): ``index`` (its
     position in the submission), ``type`` (``no_pool_for_model``, ``over_max_pixels``,
-    ``unknown_upscaler``, ``unknown_lora``, ``unknown_control``, ``too_many_controls``, or one of
+    ``unknown_upscaler``, ``unknown_lora``, ``unknown_control``, ``too_many_controls``,
+    ``unsupported_ip_adapter``, or one of
     :func:`capability_errors`' ``unsupported_*`` / ``size_not_multiple``), ``field`` (``model``,
     ``upscaler``, ``controls``, the request field a capability check names, or None for the
     size), ``msg`` and ``input``.
@@ -125,12 +127,14 @@ class Router:
                                    f"may name while no pool is declared (it has: "
                                    f"{', '.join(map(repr, self.upscalers)) or 'none'})"}
             family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
+            ip_adapters = FAMILIES[family].ip_adapter if family in FAMILIES else True  # unknown: the worker decides
             errors = capability_errors(request, family) + (
                 lora_errors(request, spec.loras, f"pool {spec.name!r}") if spec is not None
                 else lora_errors(request, self.loras, "RENDERFARM_LORAS (no pool is declared)")) + (
-                control_errors(request, spec.controls, f"pool {spec.name!r}", spec.max_controls) if spec is not None
+                control_errors(request, spec.controls, f"pool {spec.name!r}", spec.max_controls, ip_adapters)
+                if spec is not None
                 else control_errors(request, self.controls, "RENDERFARM_CONTROLS (no pool is declared)",
-                                    DEFAULT_MAX_CONTROLS))
+                                    DEFAULT_MAX_CONTROLS, ip_adapters))
             if errors:
                 return "", errors[0]
         return pool, error

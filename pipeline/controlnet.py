@@ -8,21 +8,29 @@ pipeline with the units' ControlNets and :func:`control_arguments` for the call'
 and scales, then stores the maps beside the images (:data:`infra.controls.CONTROL_MAPS_INFO`).
 
 ControlNets (Zhang, Rao and Agrawala, "Adding Conditional Control to Text-to-Image Diffusion
-Models", ICCV 2023; diffusers' ``ControlNetModel``) are the ones the pool declares
-(``infra.controls.ControlSpec``: name → source). On first use one is loaded in the denoiser's dtype
-and device: a hub id or local directory with ``ControlNetModel.from_pretrained``, a single
-checkpoint file (also ``s3://<key>``: the worker's ``fetch`` copies it to a local file, this package
-reads no bucket) with ``from_single_file``, or an offline build (``tiny-controlnet…``:
-:func:`build_offline_controlnet`). The loaded ControlNets are an LRU bounded by count and by
-bytes (their parameters'): the least recently used is dropped before a load would pass either.
+Models", ICCV 2023) are the ones the pool declares (``infra.controls.ControlSpec``: name →
+source), of the class that fits the pinned denoiser (:mod:`pipeline.controlnet_models`:
+``ControlNetModel`` for a UNet, ``SD3ControlNetModel`` for SD3, ``FluxControlNetModel`` for FLUX.1).
+On first use one is loaded in the denoiser's dtype and device: a hub id or local directory with
+``from_pretrained``, a single checkpoint file (also ``s3://<key>``: the worker's ``fetch`` copies it
+to a local file, this package reads no bucket) with ``from_single_file`` (the classes that have it),
+or an offline build (``tiny-controlnet…``: :func:`~pipeline.controlnet_models.build_offline_controlnet`).
+The loaded ControlNets are an LRU bounded by count and by bytes (their parameters'): the least
+recently used is dropped before a load would pass either.
 
-The pipelines are diffusers' ``AutoPipelineForText2Image`` / ``AutoPipelineForImage2Image``
-``from_pipe(pinned, controlnet=...)`` ("Load pipelines: from_pipe" and "ControlNet" in diffusers'
-docs): ``StableDiffusionControlNetPipeline`` / ``StableDiffusionControlNetImg2ImgPipeline`` for SD
-1/2, the SDXL ones for SDXL. They reuse the pinned pipeline's modules, so there is no second copy of
-the base weights and the recipe's work on those modules (attention processors, compiled or
-quantized denoiser, tiny VAE) stays in force. The units' ControlNets go in as one
-``MultiControlNetModel`` (one or more units: one code path), made once per unit set and mode.
+The pipelines are diffusers' ``AutoPipelineForText2Image`` / ``AutoPipelineForImage2Image`` /
+``AutoPipelineForInpainting`` ``from_pipe(pinned, controlnet=...)`` ("Load pipelines: from_pipe" and
+"ControlNet" in diffusers' docs). diffusers 0.42 has, per family and mode: SD 1/2 and SDXL
+``…ControlNetPipeline``, ``…ControlNetImg2ImgPipeline`` and ``…ControlNetInpaintPipeline``;
+FLUX.1 ``FluxControlNetPipeline``, ``FluxControlNetImg2ImgPipeline`` and
+``FluxControlNetInpaintPipeline``; SD3 ``StableDiffusion3ControlNetPipeline`` only (no img2img one;
+its ``StableDiffusion3ControlNetInpaintingPipeline`` is alimama's mask-conditioned ControlNet, with no
+init image or strength, which ``from_pipe`` does not reach either): any other combination is a
+ValueError. They reuse the pinned pipeline's modules, so there is no second copy of the base weights
+and the recipe's work on those modules (attention processors, compiled or quantized denoiser, tiny
+VAE) stays in force. The units' ControlNets go in as one multi-ControlNet (``MultiControlNetModel``,
+``SD3MultiControlNetModel``, ``FluxMultiControlNetModel``: one or more units, one code path), made
+once per unit set and mode.
 
 Scales: diffusers' ``controlnet_conditioning_scale`` and ``control_guidance_start/end`` are per
 ControlNet, not per image, so the renderer calls the pipeline once per distinct setting within a
@@ -42,62 +50,16 @@ import PIL.Image
 
 from infra.controls import CONTROL_MAPS_INFO, PREPROCESS_S_INFO
 from pipeline.capabilities import call_parameters
+from pipeline.controlnet_models import build_offline_controlnet, controlnet_class, controlnet_kind
 from pipeline.memory import lru_victims
 from pipeline.preprocess import control_map
 
-#: Offline ControlNet sources start with this: random weights, the pinned UNet's layout.
+#: Offline ControlNet sources start with this: random weights, the pinned denoiser's layout.
 OFFLINE_PREFIX = "tiny-controlnet"
-#: Standard deviation of the offline build's zero convolutions (drawn, so that the build visibly controls).
-OFFLINE_ZERO_CONV_STD = 0.5
-#: Gain on the offline build's conditioning-embedding convolutions (PyTorch's default initialisation
-#: shrinks an edge map over its 8 layers until the latents alone drive the residuals). Measured on
-#: ``tiny`` at 64², 3 steps: zero convolutions at 0.5 without this gain, two control images' renders
-#: differ by 0.02 (mean |difference|, 0…255); with about 2 per layer, by 3 to 5.
-OFFLINE_COND_GAIN = 2.0
-_ZERO_CONVS = ("controlnet_down_blocks.", "controlnet_mid_block.", "controlnet_cond_embedding.conv_out.")
-
-
-def build_offline_controlnet(name: str, pipe, cache_dir: Path) -> Path:
-    """An offline random-weight ControlNet for ``pipe``'s UNet, saved once under ``cache_dir``
-    (``controlnets/<model hash>/<name>/``, diffusers' layout); returns the directory.
-
-    Made with diffusers' ``ControlNetModel.from_unet`` from the UNet's config (the layout of its
-    encoder half, as the ControlNet paper derives it) without copying its weights, so whatever a
-    recipe did to the UNet's modules (fused projections, quantization) does not matter: every weight
-    is drawn from PyTorch's default initialisation under a seed derived from ``name``, the zero
-    convolutions, which ``from_unet`` leaves at zero (no effect until trained), from
-    N(0, :data:`OFFLINE_ZERO_CONV_STD`²) with a generator of that seed, and the conditioning
-    embedding's weights scaled by :data:`OFFLINE_COND_GAIN`, so that a name always builds the same
-    ControlNet and its control image visibly changes the images.
-
-    Raises:
-        ValueError: ``pipe``'s denoiser is not a UNet (``from_unet`` needs a UNet2DConditionModel).
-    """
-    import torch
-    from diffusers import ControlNetModel, UNet2DConditionModel
-
-    from pipeline.models.build import addon_build_dir, name_seed, published_once
-
-    unet = getattr(pipe, "unet", None)
-    if not isinstance(unet, UNet2DConditionModel):
-        raise ValueError(f"offline ControlNet {name!r} is made from a UNet; {type(pipe).__name__} has none")
-    final = addon_build_dir(cache_dir, "controlnets", pipe, name)
-    if (final / "config.json").is_file():
-        return final
-    seed = name_seed(name)
-    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-        torch.manual_seed(seed)
-        net = ControlNetModel.from_unet(unet, load_weights_from_unet=False).to(torch.float32)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param_name, param in net.named_parameters():
-            if param_name.startswith(_ZERO_CONVS):
-                param.copy_(torch.randn(param.shape, generator=generator) * OFFLINE_ZERO_CONV_STD)
-            if param_name.startswith("controlnet_cond_embedding.") and param_name.endswith(".weight"):
-                param.mul_(OFFLINE_COND_GAIN)
-    with published_once(final) as tmp:  # another process may build it meanwhile: theirs is kept
-        net.save_pretrained(tmp, safe_serialization=True)
-    return final
+#: Render modes → diffusers' AutoPipeline whose ``from_pipe(pinned, controlnet=...)`` makes the mode's
+#: ControlNet pipeline.
+_AUTO = {"txt2img": "AutoPipelineForText2Image", "img2img": "AutoPipelineForImage2Image",
+         "inpaint": "AutoPipelineForInpainting"}
 
 
 def control_settings(request) -> tuple[tuple[float, float, float], ...]:
@@ -110,7 +72,7 @@ class ControlNets:
     """The ControlNets of one pinned pipeline and its ControlNet pipelines (see the module docstring).
 
     Args:
-        pipe: the pinned pipeline (SD 1/2 or SDXL, with a UNet).
+        pipe: the pinned pipeline (SD 1/2, SDXL, SD3 or FLUX.1: :func:`~pipeline.controlnet_models.controlnet_kind`).
         sources: ControlNet name → source (offline name, path, ``s3://key`` or hub id): the only
             ones it loads.
         max_count: most ControlNets loaded at once. max_bytes: most bytes of their parameters.
@@ -148,8 +110,9 @@ class ControlNets:
         return [model for model, _ in self._loaded.values()]
 
     def pipeline(self, mode: str, names: Sequence[str]):
-        """The ControlNet pipeline of ``mode`` (``txt2img`` or ``img2img``) with the ControlNets
-        ``names`` (one per unit, in order), made from the pinned pipeline on first use.
+        """The ControlNet pipeline of ``mode`` (``txt2img``, ``img2img`` or ``inpaint``) with the
+        ControlNets ``names`` (one per unit, in order, in the kind's multi-ControlNet wrapper), made
+        from the pinned pipeline on first use.
 
         Raises:
             ValueError: a name this worker does not declare, a ControlNet larger than ``max_bytes``,
@@ -161,15 +124,14 @@ class ControlNets:
             self._ensure(name, keep=names)
         key = (mode, names)
         if key not in self._pipes:
-            from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
-            from diffusers.models.controlnets import MultiControlNetModel
+            import diffusers
 
-            auto = {"txt2img": AutoPipelineForText2Image, "img2img": AutoPipelineForImage2Image}.get(mode)
-            if auto is None:
-                raise ValueError(f"ControlNet units cannot be used in mode {mode!r} (txt2img and img2img can)")
-            nets = MultiControlNetModel([self._loaded[name][0] for name in names])
+            if mode not in _AUTO:
+                raise ValueError(f"ControlNet units cannot be used in mode {mode!r} ({', '.join(_AUTO)} can)")
+            multi = controlnet_class(controlnet_kind(self.pipe), multi=True)
+            nets = multi([self._loaded[name][0] for name in names])
             try:
-                made = auto.from_pipe(self.pipe, controlnet=nets)
+                made = getattr(diffusers, _AUTO[mode]).from_pipe(self.pipe, controlnet=nets)
             except ValueError as exc:
                 raise ValueError(f"{type(self.pipe).__name__} has no {mode} ControlNet pipeline in diffusers: "
                                  f"{exc}") from None
@@ -203,8 +165,6 @@ class ControlNets:
         self.loads += 1
 
     def _load(self, name: str):
-        from diffusers import ControlNetModel
-
         from pipeline.models.families import denoiser_of
 
         source = self.sources.get(name)
@@ -213,18 +173,22 @@ class ControlNets:
                              f"{', '.join(sorted(self.sources)) or 'none'})")
         _, denoiser = denoiser_of(self.pipe)
         dtype, device = denoiser.dtype, denoiser.device
+        cls = controlnet_class(controlnet_kind(self.pipe))
+        single = source.startswith("s3://") or Path(source).expanduser().is_file()
+        if single and not hasattr(cls, "from_single_file"):
+            raise ValueError(f"ControlNet {name!r}: a {cls.__name__} loads from a diffusers directory or hub id, "
+                             f"not a single checkpoint file ({source})")
         if source.startswith(OFFLINE_PREFIX):
-            model = ControlNetModel.from_pretrained(build_offline_controlnet(source, self.pipe, self.cache_dir),
-                                                    torch_dtype=dtype)
+            model = cls.from_pretrained(build_offline_controlnet(source, self.pipe, self.cache_dir), torch_dtype=dtype)
         elif source.startswith("s3://"):
             if self.fetch is None:
                 raise ValueError(f"ControlNet {name!r} is in the bucket, and this renderer cannot read it")
-            model = ControlNetModel.from_single_file(str(self.fetch(source[len("s3://"):])), torch_dtype=dtype)
-        elif Path(source).expanduser().is_file():
-            model = ControlNetModel.from_single_file(str(Path(source).expanduser()), torch_dtype=dtype)
+            model = cls.from_single_file(str(self.fetch(source[len("s3://"):])), torch_dtype=dtype)
+        elif single:
+            model = cls.from_single_file(str(Path(source).expanduser()), torch_dtype=dtype)
         else:
             local = Path(source).expanduser()
-            model = ControlNetModel.from_pretrained(str(local) if local.exists() else source, torch_dtype=dtype)
+            model = cls.from_pretrained(str(local) if local.exists() else source, torch_dtype=dtype)
         return model.to(device).eval()
 
 
@@ -253,11 +217,13 @@ def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.
     into the call. The others (IP-Adapter units, :mod:`pipeline.ip_adapter`) still get their map,
     their reference image fitted to the render's size, so that map N is unit N's image.
 
-    The maps go in as ``image`` (txt2img) or ``control_image`` (img2img, whose ``image`` is the
-    init image): one float tensor per unit, (requests, 3, height, width) in 0…1, as diffusers'
+    The maps go in as ``control_image`` where the pipeline takes one (img2img and inpaint, whose
+    ``image`` is the init image; SD3's and FLUX's txt2img), else as ``image`` (SD 1/2 and SDXL
+    txt2img): one float tensor per unit, (requests, 3, height, width) in 0…1, as diffusers'
     multi-ControlNet pipelines take a batch per ControlNet (their img2img pipelines refuse nested
-    lists of images); ``controlnet_conditioning_scale`` and ``control_guidance_start/end`` are lists,
-    one entry per unit.
+    lists of images; SD3's and FLUX's encode it with the VAE, :mod:`pipeline.controlnet_models`);
+    ``controlnet_conditioning_scale`` and ``control_guidance_start/end`` are lists, one entry per
+    unit; FLUX's ``control_mode`` one None per unit.
 
     Raises:
         ValueError: no input loader, or an image that does not decode (from the loader).
@@ -281,7 +247,7 @@ def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.
     units = [units[n] for n in indexes]
     field = "control_image" if "control_image" in call_parameters(pipe) else "image"
     # one (batch, 3, height, width) tensor in 0…1 per unit: what the pipelines' control image processor
-    # makes of PIL images (pixels / 255), in the one layout the txt2img and img2img pipelines both take
+    # makes of PIL images (pixels / 255), in the one layout every mode's ControlNet pipeline takes
     per_unit = [torch.from_numpy(np.stack([np.asarray(m[n], dtype=np.float32) / 255.0 for m in maps]))
                 .permute(0, 3, 1, 2) for n in indexes]
     ranges = [(u.guidance_start, u.guidance_end) if u.guidance_start < u.guidance_end else (0.0, 1.0) for u in units]
@@ -289,6 +255,11 @@ def control_arguments(pipe, requests: Sequence, load: Callable[[str], PIL.Image.
            "controlnet_conditioning_scale": [u.weight if u.guidance_start < u.guidance_end else 0.0 for u in units],
            "control_guidance_start": [start for start, _ in ranges],
            "control_guidance_end": [end for _, end in ranges]}
+    if "control_mode" in call_parameters(pipe):
+        # FLUX's: a union ControlNet's mode. diffusers 0.42's FLUX ControlNet img2img and inpaint
+        # pipelines turn the default None into an empty tensor, over which FluxMultiControlNetModel runs
+        # no ControlNet at all (UnboundLocalError): one None per unit (-1, which a plain ControlNet ignores).
+        out["control_mode"] = [None] * len(units)
     return out, maps, seconds
 
 

@@ -58,9 +58,11 @@ from torch import nn
 #: Keyword arguments that are never batched (FLUX's position ids and rotary embeddings).
 _UNBATCHED = frozenset({"img_ids", "txt_ids", "image_rotary_emb", "return_dict", "joint_attention_kwargs",
                         "cross_attention_kwargs", "attention_kwargs"})
-#: Keyword arguments that are lists of batched tensors, one per block (a UNet's ControlNet residuals):
-#: each tensor is split, never the list.
-_PER_BLOCK = frozenset({"down_block_additional_residuals", "down_intrablock_additional_residuals"})
+#: Keyword arguments that are lists of batched tensors, one per block (the ControlNet residuals a
+#: UNet, SD3's transformer and FLUX.1's take): each tensor is split, never the list.
+_PER_BLOCK = frozenset({"down_block_additional_residuals", "down_intrablock_additional_residuals",
+                        "block_controlnet_hidden_states", "controlnet_block_samples",
+                        "controlnet_single_block_samples"})
 
 _MARK = "_renderfarm_batch_invariant"
 #: Set on a module whose kernels are not verified batch invariant (OpenVINO's UNet): under the

@@ -113,6 +113,16 @@ def build_offline_ip_adapter(name: str, pipe, cache_dir: Path) -> Path:
     return final
 
 
+def _encoder_dir(source: IPAdapterSource) -> str:
+    """The local directory of ``source``'s image encoder (a hub id's: its ``config.json`` fetched)."""
+    root = Path(source.path)
+    if root.is_dir():
+        return str(root / source.image_encoder_folder)
+    from huggingface_hub import hf_hub_download
+
+    return str(Path(hf_hub_download(source.path, "config.json", subfolder=source.image_encoder_folder)).parent)
+
+
 class IPAdapters:
     """The IP-Adapters one pinned pipeline may apply, each loaded once and kept in memory.
 
@@ -151,11 +161,9 @@ class IPAdapters:
             root = Path(source.path)
             if root.is_dir():
                 weights = root / source.subfolder / source.weight_name
-                encoder_dir = str(root / source.image_encoder_folder)
             else:  # a hub id
                 weights = Path(hf_hub_download(source.path, source.weight_name, subfolder=source.subfolder or None))
-                encoder_dir = str(Path(hf_hub_download(source.path, "config.json",
-                                                       subfolder=source.image_encoder_folder)).parent)
+            encoder_dir = _encoder_dir(source)
             flat = load_state_dict(str(weights))
             state: dict[str, dict[str, Any]] = {"image_proj": {}, "ip_adapter": {}}
             for key, value in flat.items():
@@ -166,6 +174,33 @@ class IPAdapters:
             size = encoder.config.image_size
             self._loaded[name] = (state, encoder, CLIPImageProcessor(size=size, crop_size=size))
         return self._loaded[name]
+
+    def reserved_bytes(self) -> int:
+        """Bytes the declared adapters' image encoders hold once loaded (what a worker's batch sizing
+        keeps free for them, :func:`pipeline.sizing.addon_bytes`): each CLIP vision tower's parameters
+        in the UNet's dtype, a loaded one's as loaded, the others counted from their ``config.json``
+        on the ``meta`` device (no weights read). The adapters' own projections are not counted: the
+        IP-Adapter paper's has 22M parameters, its OpenCLIP ViT-H/14 image encoder 632M (counted on
+        ``meta`` from ViT-H/14's shape: width 1280, MLP 5120, 32 layers, patch 14 at 224², 1024-dim
+        projection).
+
+        Raises:
+            OSError / ValueError: an encoder's config cannot be read.
+        """
+        import torch
+        from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+        total, itemsize = 0, self.pipe.unet.dtype.itemsize
+        for name in self.sources:
+            if name in self._loaded:
+                encoder = self._loaded[name][1]
+                total += sum(p.numel() * p.element_size() for p in encoder.parameters())
+                continue
+            config = CLIPVisionConfig.from_pretrained(_encoder_dir(self._source(name)))  # builds an offline one
+            with torch.device("meta"):
+                encoder = CLIPVisionModelWithProjection(config)
+            total += sum(p.numel() for p in encoder.parameters()) * itemsize
+        return total
 
     @contextlib.contextmanager
     def applied(self, name: str, scale: float) -> Iterator[Any]:

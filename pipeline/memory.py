@@ -140,8 +140,10 @@ def measure_per_image(render: Callable[[int], object], device: str = "cpu", size
 
 
 def batch_size_for(peak_per_image_bytes: int, base_bytes: int, device_total_bytes: int,
-                   fraction: float, cap: int | None = None) -> int:
-    """Largest batch whose peak ``base + n * per_image`` stays under ``fraction * total`` bytes.
+                   fraction: float, cap: int | None = None, reserved_bytes: int = 0) -> int:
+    """Largest batch whose peak ``reserved + base + n * per_image`` stays under ``fraction * total``
+    bytes. ``reserved_bytes``: memory that add-ons loaded after the measurement will hold
+    (:func:`pipeline.sizing.addon_bytes`), taken off the budget first.
 
     Never below 1 (one image must be tried; an OOM then surfaces as a job error), never above
     ``cap`` (the recipe's ``max_batch_size``) when given.
@@ -150,21 +152,25 @@ def batch_size_for(peak_per_image_bytes: int, base_bytes: int, device_total_byte
         raise ValueError("peak_per_image_bytes and device_total_bytes must be positive")
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    n = int((fraction * device_total_bytes - base_bytes) // peak_per_image_bytes)
+    if reserved_bytes < 0:
+        raise ValueError(f"reserved_bytes must be at least 0, got {reserved_bytes}")
+    n = int((fraction * device_total_bytes - reserved_bytes - base_bytes) // peak_per_image_bytes)
     return max(1, min(n, cap) if cap else n)
 
 
 def batch_size_for_stages(measurements: Iterable[PeakMeasurement], device_total_bytes: int, fraction: float,
-                          cap: int | None = None) -> int:
+                          cap: int | None = None, reserved_bytes: int = 0) -> int:
     """The largest batch every measured path fits: :func:`batch_size_for` of each measurement
     (e.g. the diffusion alone, and the diffusion followed by each upscaler a pool declares),
-    the smallest of them. The stages of one path run one after the other on the same device, so
-    one path's measured peak is already the larger of its stages' peaks.
+    the smallest of them, each with ``reserved_bytes`` off the budget. The stages of one path run
+    one after the other on the same device, so one path's measured peak is already the larger of
+    its stages' peaks.
 
     Raises:
         ValueError: no measurement, or as :func:`batch_size_for`.
     """
-    sizes = [batch_size_for(m.per_image_bytes, m.base_bytes, device_total_bytes, fraction, cap) for m in measurements]
+    sizes = [batch_size_for(m.per_image_bytes, m.base_bytes, device_total_bytes, fraction, cap, reserved_bytes)
+             for m in measurements]
     if not sizes:
         raise ValueError("batch_size_for_stages needs at least one measurement")
     return min(sizes)

@@ -30,6 +30,7 @@ from pipeline.capabilities import call_arguments, derive_capabilities
 from pipeline.compat import CompatKey as CompatKey
 from pipeline.compat import compat_key as compat_key
 from pipeline.controlnet import attach_maps, control_arguments, controlnet_pipeline
+from pipeline.controlnet_models import control_encodes_by_mode
 from pipeline.invariance import PER_SAMPLE, make_batch_invariant, make_per_sample
 from pipeline.ip_adapter import applied_for_call, call_settings, is_ip_adapter
 from pipeline.memory import guard_vae_decode
@@ -89,11 +90,9 @@ class Renderer:
     input_loader: InputLoader | None = None
     #: The adapters requests may name (:class:`pipeline.lora.AdapterCache`, set by the worker; None: none).
     adapters: AdapterCache | None = None
-    #: The ControlNets control units may name (:class:`pipeline.controlnet.ControlNets`, set by the
-    #: worker; None: none).
+    #: The ControlNets and IP-Adapters control units may name (:class:`pipeline.controlnet.ControlNets`,
+    #: :class:`pipeline.ip_adapter.IPAdapters`; set by the worker; None: none).
     controlnets: ControlNets | None = None
-    #: The IP-Adapters control units may name (:class:`pipeline.ip_adapter.IPAdapters`, set by the
-    #: worker; None: none).
     ip_adapters: IPAdapters | None = None
 
     def __init__(self, pipe, *, device: str = "cpu", model: str, generator_device: str = "cpu",
@@ -247,7 +246,7 @@ class Renderer:
             kwargs, control_maps, seconds = control_arguments(pipe, requests, load, kwargs, units)
             maps = (control_maps, seconds)
         with (applied_for_call(self.ip_adapters, first.controls, pipe, kwargs, load),
-              torch.inference_mode(), compile_count.observed() as calls):
+              control_encodes_by_mode(pipe), torch.inference_mode(), compile_count.observed() as calls):
             result = pipe(**kwargs)
         self._count(calls)
         images = list(result.images)

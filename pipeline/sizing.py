@@ -28,6 +28,14 @@ guidance and the paths (:func:`sizing_key`), in the compile cache's checked blob
 corrupt or mismatched record is measured again with one log line. The batch size is computed from
 the record on every start (:func:`pipeline.memory.batch_size_for_stages`), so a record measured on
 a machine with more memory still sizes right on one with less.
+
+Add-ons: the sizing renders carry no control units, and the ControlNets and IP-Adapter image
+encoders a request may name are loaded on first use, after the sizing. So the batch size keeps their
+bytes free (:func:`addon_bytes`): the ControlNet LRU's ``max_bytes`` (the most its ControlNets' parameters
+may hold) plus every declared IP-Adapter's image encoder (kept once loaded:
+:meth:`pipeline.ip_adapter.IPAdapters.reserved_bytes`) come off ``memory_fraction × total`` before
+the measured base and per-image bytes. A ControlNet's own activations per image (one more pass per
+step) are not measured: a batch that runs out of memory is split (:func:`pipeline.memory.split_on_oom`).
 """
 
 from __future__ import annotations
@@ -192,14 +200,28 @@ def measure_sizing(renderer, profile: dict, pool: PoolOptions | None = None, *, 
     return record
 
 
+def addon_bytes(renderer) -> int:
+    """Bytes the add-ons that ``renderer`` loads on first use may hold (see the module docstring):
+    its ControlNets' LRU ``max_bytes`` (0 without ControlNets) plus its IP-Adapters'
+    ``reserved_bytes()`` (0 without IP-Adapters).
+
+    Raises:
+        OSError / ValueError: an IP-Adapter's image encoder config cannot be read (as its first use would).
+    """
+    controlnets, ip_adapters = getattr(renderer, "controlnets", None), getattr(renderer, "ip_adapters", None)
+    return ((controlnets.max_bytes if controlnets is not None else 0)
+            + (ip_adapters.reserved_bytes() if ip_adapters is not None else 0))
+
+
 def batch_size_from_memory(renderer, profile: dict, *, width: int | None = None, height: int | None = None,
                            pool: PoolOptions | None = None) -> int:
     """:func:`measure_sizing` without a record store: the largest batch (images) whose peak stays
-    under the recipe's ``memory_fraction`` of the device memory in every path, capped by its
-    ``max_batch_size`` (:func:`pipeline.memory.batch_size_for_stages`)."""
+    under the recipe's ``memory_fraction`` of the device memory less :func:`addon_bytes` in every
+    path, capped by its ``max_batch_size`` (:func:`pipeline.memory.batch_size_for_stages`)."""
     record = measure_sizing(renderer, profile, pool, width=width, height=height)
     return batch_size_for_stages(record.measurements(), profile["total_memory_bytes"],
-                                 renderer.recipe["memory_fraction"], cap=renderer.max_batch_size)
+                                 renderer.recipe["memory_fraction"], cap=renderer.max_batch_size,
+                                 reserved_bytes=addon_bytes(renderer))
 
 
 def size_batch(renderer, profile: dict, pool: PoolOptions | None = None, *, fetch: Fetch | None = None,
@@ -215,8 +237,9 @@ def size_batch(renderer, profile: dict, pool: PoolOptions | None = None, *, fetc
         on_progress: ``(done, total, eta_s)`` during a measurement (renders; seconds).
     Returns:
         ``{"batch_size", "record": "hit" | "miss" | "corrupt" | "mismatch" | "error" | "none" |
-        "skipped", "reason", "measured" (bool), "seconds", "width", "height", "steps", "paths",
-        "bounded", "saved"}``: ``record`` is how the stored record was found (``none``: no store;
+        "skipped", "reason", "measured" (bool), "reserved_bytes" (:func:`addon_bytes`), "seconds",
+        "width", "height", "steps", "paths", "bounded", "saved"}``: ``record`` is how the stored
+        record was found (``none``: no store;
         ``skipped``: ``max_batch_size`` 1, nothing to measure); seconds are the state's wall time.
     Raises:
         whatever a sizing render raises (the worker cannot serve a shape it cannot render).
@@ -229,8 +252,8 @@ def size_batch(renderer, profile: dict, pool: PoolOptions | None = None, *, fetc
     if cap == 1:
         log.info("batch size 1: the recipe's max_batch_size is 1, no sizing render")
         return {"batch_size": 1, "record": "skipped", "reason": "max_batch_size 1", "measured": False,
-                "seconds": 0.0, "width": width, "height": height, "steps": steps, "paths": {}, "bounded": [],
-                "saved": None}
+                "reserved_bytes": 0, "seconds": 0.0, "width": width, "height": height, "steps": steps, "paths": {},
+                "bounded": [], "saved": None}
     guidance = warm_plan(renderer, pool, 1).guidance_scale
     key = sizing_key(renderer, profile, width, height, guidance, sizing_paths(pool))
     record, outcome, reason = _fetch_record(key, fetch)
@@ -245,9 +268,11 @@ def size_batch(renderer, profile: dict, pool: PoolOptions | None = None, *, fetc
             renderer.warmup()  # first-call allocations stay out of the measured peaks
             record = measure_sizing(renderer, profile, pool, on_progress=on_progress)
         saved = _save_record(key, record, store) if store is not None else None
-    size = batch_size_for_stages(record.measurements(), total_bytes, fraction, cap=cap)
-    log.info("batch size %d (sizing record %s%s)", size, outcome, f": {reason}" if reason else "")
-    return {"batch_size": size, "record": outcome, "reason": reason, "measured": measured,
+    reserved = addon_bytes(renderer)
+    size = batch_size_for_stages(record.measurements(), total_bytes, fraction, cap=cap, reserved_bytes=reserved)
+    log.info("batch size %d (sizing record %s%s; %.0f MiB kept for ControlNets and IP-Adapters)", size, outcome,
+             f": {reason}" if reason else "", reserved / 2**20)
+    return {"batch_size": size, "record": outcome, "reason": reason, "measured": measured, "reserved_bytes": reserved,
             "seconds": round(time.perf_counter() - started, 3), "width": width, "height": height, "steps": steps,
             "paths": record.paths, "bounded": list(record.bounded), "saved": saved, "key": record_name(key)}
 
@@ -284,5 +309,5 @@ def _save_record(key: CacheKey, record: SizingRecord, store: Store) -> dict:
     return {"bytes": len(blob)}
 
 
-__all__ = ["SIZING_STEPS", "SizingRecord", "batch_size_from_memory", "measure_sizing", "record_name", "size_batch",
-           "sizing_key", "sizing_paths", "sizing_requests", "sizing_shape"]
+__all__ = ["SIZING_STEPS", "SizingRecord", "addon_bytes", "batch_size_from_memory", "measure_sizing", "record_name",
+           "size_batch", "sizing_key", "sizing_paths", "sizing_requests", "sizing_shape"]

@@ -140,6 +140,7 @@ def run_worker(args: argparse.Namespace) -> int:
     try:
         loaded, device_info = load_renderer(args, settings, spec, cache)
         static.update(device=device_info, recipe=getattr(loaded, "recipe", None))
+        _attach_inputs(loaded, spec, storage, settings)  # before the sizing, which keeps the add-ons' bytes free
         batch_size = size_renderer(loaded, device_info, args, settings, spec, cache, startup)
     except BaseException:
         heartbeat.stop()  # a worker that cannot load is gone at once, not after its heartbeat's TTL
@@ -150,7 +151,6 @@ def run_worker(args: argparse.Namespace) -> int:
              name, args.model, time.perf_counter() - t0, batch_size, queue)
     store = JobStore(client, job_ttl_s=settings.job_ttl_s, lease_s=settings.lease_s,
                      max_attempts=settings.max_attempts)
-    _attach_inputs(renderer, spec, storage, settings)
     app = make_celery(settings, settings.pool_broker_url(pool))  # its pool's broker shard, else the farm's
     # the parts beat the heartbeat (started above) through lambdas
     breaker = ConsumerBreaker(settings.breaker_failures, settings.breaker_cooldown_s, queue,

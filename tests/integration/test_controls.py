@@ -88,7 +88,10 @@ def test_bad_units_get_a_clear_4xx_and_record_nothing(http, keys, redis_server):
         "private URL": (_job({**canny, "image": "https://127.0.0.1/edges.png"}), "not a public address"),
         "family without ControlNet": (_job(canny, model="tiny-ernie-image"),
                                       "has no ControlNet pipeline for mode 'txt2img'"),
-        "inpainting with a unit": (_job(canny, init_image=a, mask_image=a), "mode 'inpaint'"),
+        "SD3 img2img with a unit": (_job(canny, model="tiny-sd3", init_image=a),
+                                    "has no ControlNet pipeline for mode 'img2img'"),
+        "IP-Adapter on FLUX.1": (_job({"type": "style", "image": a}, model="tiny-flux"),
+                                 "takes no IP-Adapter units"),
     }
     table = {name: http.post("/v1/jobs", json=body) for name, (body, _) in cases.items()}
     print("\nbad-unit table:\n" + "\n".join(f"  {name:32} {r.status_code}" for name, r in table.items())
@@ -113,12 +116,14 @@ def test_units_render_through_the_farm(worker, env, keys, s3_server, tmp_path):
             _job({"type": "canny", "image": a, "preprocess": "canny", "weight": 0.8}),
             _job({"type": "canny", "image": local_b, "preprocess": "canny", "weight": 0.8}),
             _job({"type": "canny", "image": a, "preprocess": "canny", "low_threshold": 50},
-                 {"type": "depth", "image": b, "guidance_end": 0.5})]
+                 {"type": "depth", "image": b, "guidance_end": 0.5}),
+            _job(init_image=b, mask_image=a), _job({"type": "canny", "image": a}, init_image=b, mask_image=a)]
     with RenderClient(api_url=env["RENDERFARM_API_URL"]) as client:
         done = client.wait(client.submit_batch(jobs).batch_id, timeout=600)
         assert [(j.state, j.attempts) for j in done] == [("succeeded", 1)] * len(jobs), [j.error for j in done]
         images = [client.fetch_bytes(j) for j in done]
-    plain, zero, edges_a, edges_b, two = (_pixels(data) for data in images)
+    plain, zero, edges_a, edges_b, two, inpainted, inpainted_unit = (_pixels(data) for data in images)
+    assert np.abs(inpainted_unit - inpainted).mean() > 0.5  # inpaint with a unit: the unit counts
     assert np.abs(zero - plain).max() <= 1.0, np.abs(zero - plain).max()  # weight 0: the plain render
     assert np.abs(edges_a - edges_b).mean() > 0.5, np.abs(edges_a - edges_b).mean()  # only the image differs
     assert np.abs(edges_a - plain).mean() > 0.5

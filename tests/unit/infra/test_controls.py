@@ -87,9 +87,45 @@ def test_routing_checks_the_pools_declared_controls():
     assert family["type"] == "unsupported_controlnet"
     assert ("model 'tiny-ernie-image' (family ernie-image) has no ControlNet pipeline for mode 'txt2img'"
             in family["msg"])
-    inpaint = _refusal(router, _request(CANNY, init_image="inputs/a.png", mask_image="inputs/m.png"))
-    assert inpaint["type"] == "unsupported_controlnet" and "mode 'inpaint'" in inpaint["msg"]
-    assert "txt2img, img2img" in inpaint["msg"]
+    assert router.route_all([_request(CANNY, init_image="inputs/a.png", mask_image="inputs/m.png")]) == ["cn"]
+
+
+def _pool(model: str, *extra: ControlSpec) -> PoolSpec:
+    return PoolSpec(name=model, model=model, controls=(ControlSpec(name="canny", source="tiny-controlnet-canny"),
+                                                      *extra))
+
+
+IMG2IMG = {"init_image": "inputs/a.png"}
+INPAINT = {"init_image": "inputs/a.png", "mask_image": "inputs/m.png"}
+
+
+@pytest.mark.parametrize(("model", "fields"), [
+    ("tiny", INPAINT), ("tiny-sdxl", INPAINT), ("tiny-sd3", {}), ("tiny-flux", {}), ("tiny-flux", IMG2IMG),
+    ("tiny-flux", INPAINT)])
+def test_routing_accepts_units_where_diffusers_has_a_controlnet_pipeline(model, fields):
+    request = _request(CANNY, **fields).model_copy(update={"model": model})
+    assert Router([_pool(model)]).route_all([request]) == [model]
+
+
+@pytest.mark.parametrize(("model", "fields", "words"), [
+    ("tiny-sd3", IMG2IMG, "(family sd3) has no ControlNet pipeline for mode 'img2img' on this farm; it takes "
+                          "control units in txt2img"),
+    ("tiny-sd3", INPAINT, "(family sd3) has no ControlNet pipeline for mode 'inpaint'"),
+    ("tiny-ernie-image", {}, "(family ernie-image) has no ControlNet pipeline for mode 'txt2img' on this farm"),
+    ("tiny-kolors", {}, "(family kolors) has no ControlNet pipeline for mode 'txt2img'")])
+def test_routing_refuses_units_where_diffusers_has_none(model, fields, words):
+    refused = _refusal(Router([_pool(model)]), _request(CANNY, **fields).model_copy(update={"model": model}))
+    assert refused["type"] == "unsupported_controlnet" and refused["field"] == "controls"
+    assert words in refused["msg"], refused["msg"]
+
+
+def test_ip_adapter_units_are_refused_outside_the_unet_families():
+    style = ControlSpec(name="style", source="tiny-ip-adapter-style", kind="ip-adapter")
+    unit = {"type": "style", "image": "inputs/a.png"}
+    assert Router([_pool("tiny", style)]).route_all([_request(unit)]) == ["tiny"]
+    refused = _refusal(Router([_pool("tiny-flux", style)]), _request(unit).model_copy(update={"model": "tiny-flux"}))
+    assert refused["type"] == "unsupported_ip_adapter" and refused["field"] == "controls"
+    assert "model 'tiny-flux' takes no IP-Adapter units ('style' is one)" in refused["msg"]
 
 
 def test_without_declared_pools_the_settings_list_applies(monkeypatch):

@@ -223,3 +223,24 @@ def test_on_a_compiled_unet_the_adapters_call_runs_eager_and_the_next_plain_one_
     finally:
         compile_count.release_compiled()
         torch._dynamo.reset()
+
+
+def test_units_in_inpaint_mode(renderer):
+    """Routing lets units into inpaint for SD 1/2 and SDXL: an IP-Adapter unit beside a ControlNet
+    one steers the inpaint ControlNet pipeline's image, and weight 0 leaves it as without."""
+    import PIL.Image
+
+    mask = np.zeros((SIZE, SIZE), np.uint8)
+    mask[:, SIZE // 2:] = 255
+    INPUTS["mask.png"] = PIL.Image.fromarray(mask)
+
+    def inpaint(*units: dict) -> np.ndarray:
+        request = _request(CANNY, *units).model_copy(update={"init_image": "edges.png", "mask_image": "mask.png",
+                                                             "strength": 1.0})
+        assert request.mode == "inpaint"
+        return _px(renderer.render([request])[0])
+
+    without = inpaint()
+    assert np.abs(inpaint({**STYLE_A, "weight": 0.0}) - without).max() <= 1
+    assert np.abs(inpaint(STYLE_A) - inpaint(STYLE_B)).mean() > 0.5
+    assert renderer.pipe.unet.encoder_hid_proj is None
