@@ -150,6 +150,7 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
             "buckets": list(buckets), "control_sets": [list(c) for c in plan.control_sets],
             "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
             "warm_up_s": ready["warm_up"].get("seconds"), "renders": ready["warm_up"].get("renders"),
+            "shapes": ready["warm_up"].get("shapes"),
             "compile_cache": ready["compile_cache"], "counters": compile_counters(),
             "compiles": ready["warm_up"].get("compiles"),
             "recipe": renderer.recipe.get("name"),
