@@ -283,6 +283,10 @@ def _register_ready(sub) -> None:
     r.add_argument("--size-batch", action="store_true",
                    help="size the batch as a worker does (measured cold, the kept record cached) and warm up its "
                         "buckets instead of --buckets")
+    r.add_argument("--controls", type=_csv(str), default=(),
+                   help="ControlNets the pool declares, comma list of NAME or NAME=SOURCE (NAME alone: the offline "
+                        "tiny-controlnet-NAME); the warm-up renders each alone at every bucket x size, as a "
+                        "compiled worker does (default: none)")
     r.add_argument("--artifact-dir", default=None, help="keep the compile-cache artifact in this folder")
     r.add_argument("--json", default=None, help="write the result here")
     r.set_defaults(func=lambda args: sys.exit(handlers.ready(args)))

@@ -217,7 +217,7 @@ def ready(args: argparse.Namespace) -> int:
         config = ReadyConfig(model=args.model, device=args.device, recipe=args.recipe, buckets=args.buckets,
                              sizes=args.sizes, steps=args.steps, guidance_scale=args.guidance_scale,
                              overrides=args.overrides or json.dumps(DEFAULT_OVERRIDES), timeout_s=args.timeout,
-                             size_batch=args.size_batch)
+                             size_batch=args.size_batch, controls=args.controls)
     except ValueError as exc:
         print(f"bench ready: {exc}", file=sys.stderr)
         return 2

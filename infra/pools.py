@@ -200,12 +200,14 @@ class PoolSpec(BaseModel):
     ``max_pixels`` is the largest ``width × height`` (pixels) the pool accepts; ``max_batch`` the
     most jobs one worker renders per batch (a worker caps its batch size to it; None: the batch
     size the worker measures from its memory). ``sizes`` (each within ``max_pixels``) and
-    ``guidance_scale`` say what its workers warm up (pipeline.warm.warm_plan). ``queue``, when
+    ``guidance_scale`` say what its workers warm up (pipeline.warm.warm_plan), and on a compiled
+    worker ``control_sets`` too (pipeline.warm_controls). ``queue``, when
     given, must be ``renderfarm.<name>``: it is the queue the worker started with ``--pool name``
     consumes.
 
     Raises:
-        pydantic.ValidationError: an invalid name, a non-positive size, or a mismatched queue.
+        pydantic.ValidationError: an invalid name, a non-positive size, a mismatched queue, or a
+            control set that names no unit, more than ``max_controls`` or an undeclared ControlNet.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -248,6 +250,11 @@ class PoolSpec(BaseModel):
                                "RENDERFARM_BROKERS (None: the farm's broker, RENDERFARM_REDIS_URL).")
     max_controls: int = Field(DEFAULT_MAX_CONTROLS, ge=1, le=MAX_CONTROLS, description="Most control units one "
                               "request may carry (each is one more ControlNet pass per denoising step).")
+    control_sets: tuple[tuple[str, ...], ...] | None = Field(
+        None, description="The ControlNet unit sets its jobs use (each a list of declared ControlNet names, one "
+        "per unit, in order): a compiled worker renders each at every batch bucket x size before it takes jobs, "
+        "so that their denoiser calls run compiled graphs (default: each declared ControlNet alone; [] warms "
+        "none).")
 
     @field_validator("family")
     @classmethod
@@ -274,6 +281,16 @@ class PoolSpec(BaseModel):
             if width < 64 or height < 64 or width * height > self.max_pixels:
                 raise ValueError(f"pool {self.name!r}: size {width}x{height} must be at least 64x64 and within "
                                  f"max_pixels {self.max_pixels}")
+        return self
+
+    @model_validator(mode="after")
+    def _control_sets(self) -> "PoolSpec":
+        declared = [c.name for c in self.controls if c.kind == "controlnet"]
+        for units in self.control_sets or ():
+            unknown = [name for name in units if name not in declared]
+            if not units or unknown or len(units) > self.max_controls:
+                raise ValueError(f"pool {self.name!r}: control set {list(units)} must name 1 to max_controls "
+                                 f"({self.max_controls}) of its declared ControlNets {declared}; unknown: {unknown}")
         return self
 
     @model_validator(mode="after")

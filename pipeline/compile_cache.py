@@ -171,13 +171,17 @@ def cache_key(model: str, recipe: dict, profile: dict, plan) -> CacheKey:
         recipe: the recipe in force (``renderer.recipe``: :meth:`pipeline.recipes.Recipe.to_dict` and reports).
         profile: the device profile as a dict.
         plan: the warm-up plan (``pipeline.warm.WarmPlan``): ``buckets`` (batch sizes), ``sizes``
-            ((width, height) pixels) and ``guidance_scale`` (above 1 the denoiser's batch doubles).
+            ((width, height) pixels), ``guidance_scale`` (above 1 the denoiser's batch doubles) and
+            ``control_sets`` (ControlNet unit sets, :mod:`pipeline.warm_controls`; in the key only when any).
     """
     knobs = {k: v for k, v in sorted(recipe.items()) if k not in _NOT_COMPILED and not isinstance(v, dict)}
     return key_of({**base_fields(model, profile), "recipe": knobs,
                    "buckets": [int(b) for b in plan.buckets],
                    "sizes": [[int(w), int(h)] for w, h in plan.sizes],
-                   "guidance": float(plan.guidance_scale) > 1.0})
+                   "guidance": float(plan.guidance_scale) > 1.0,
+                   # the graphs with ControlNet residuals (absent without unit sets: the keys stored before stand)
+                   **({"control_sets": [list(c) for c in plan.control_sets]} if getattr(plan, "control_sets", ())
+                      else {})})
 
 
 def base_fields(model: str, profile: dict) -> dict:

@@ -27,3 +27,6 @@ class PoolOptions:
     guidance_scale: float | None = None  # its jobs' usual guidance (None: the request default where taken)
     lora_adapters: bool = False  # the pool declares LoRA adapters (the denoiser must stay in PyTorch)
     controlnets: bool = False  # the pool declares ControlNets or IP-Adapters (the denoiser must stay in PyTorch)
+    #: The ControlNet unit sets (names, one per unit) a compiled worker warms at every bucket × size
+    #: (:mod:`pipeline.warm_controls`); None: each ControlNet the worker declares, alone; (): none.
+    control_sets: tuple[tuple[str, ...], ...] | None = None

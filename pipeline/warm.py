@@ -15,6 +15,8 @@ the ``sizes`` and ``max_pixels`` it serves and its ``steps``, ERNIE-Image's ``us
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import math
 import os
@@ -38,6 +40,7 @@ from pipeline.pool_options import PoolOptions
 from pipeline.recipes import CONTROLNETS_VS_OPENVINO, apply_overrides, fit_adapters, recipe_for, resolve_conflicts
 from pipeline.render import Renderer
 from pipeline.upscale import UpscaleStage
+from pipeline.warm_controls import control_units, warm_control_images, warm_control_sets
 
 log = logging.getLogger("renderfarm.worker")
 
@@ -144,27 +147,30 @@ def served_sizes(renderer: Renderer, pool: PoolOptions | None = None) -> tuple[t
 
 @dataclass(frozen=True)
 class WarmPlan:
-    """What a worker renders before it takes jobs: every bucket at every size, once.
+    """What a worker renders before it takes jobs: every bucket at every size, once plain and once
+    with each ControlNet unit set.
 
     ``buckets``: batch sizes (images), ascending, e.g. ``(1, 2, 4)``; ``sizes``: ``(width, height)``
     in pixels; ``steps``: the warm renders' ``num_inference_steps``; ``guidance_scale``: theirs
-    (classifier-free guidance above 1 doubles the denoiser's batch, so it is part of the shape).
+    (classifier-free guidance above 1 doubles the denoiser's batch, so it is part of the shape);
+    ``control_sets``: ControlNet names, one tuple per unit set (:mod:`pipeline.warm_controls`).
     """
 
     buckets: tuple[int, ...]
     sizes: tuple[tuple[int, int], ...]
     steps: int
     guidance_scale: float
+    control_sets: tuple[tuple[str, ...], ...] = ()
 
     @property
     def renders(self) -> int:
-        """Pipeline calls the plan makes: ``len(buckets) × len(sizes)``."""
-        return len(self.buckets) * len(self.sizes)
+        """Pipeline calls the plan makes: ``len(buckets) × len(sizes) × (1 + len(control_sets))``."""
+        return len(self.buckets) * len(self.sizes) * (1 + len(self.control_sets))
 
     def to_dict(self) -> dict:
         """JSON-able form (lists), for reports and the heartbeat."""
         return {"buckets": list(self.buckets), "sizes": [list(s) for s in self.sizes], "steps": self.steps,
-                "guidance_scale": self.guidance_scale}
+                "guidance_scale": self.guidance_scale, "control_sets": [list(c) for c in self.control_sets]}
 
 
 def warm_plan(renderer: Renderer, pool: PoolOptions | None, batch_size: int) -> WarmPlan:
@@ -173,7 +179,9 @@ def warm_plan(renderer: Renderer, pool: PoolOptions | None, batch_size: int) -> 
     Buckets: powers of two up to ``batch_size`` (:func:`pipeline.buckets.bucket_sizes`). Sizes:
     :func:`served_sizes`. Steps: the pool's ``steps``, else 2 (the compiled shapes do not
     depend on the step count). Guidance: the pool's ``guidance_scale``, else the request default
-    (7.5) where the pipeline takes guidance, else 0.
+    (7.5) where the pipeline takes guidance, else 0. Control sets: the pool's, else each declared
+    ControlNet alone (:func:`pipeline.warm_controls.warm_control_sets`; the renderer's ControlNets
+    must be attached before).
 
     Raises:
         ValueError: ``batch_size`` < 1.
@@ -186,19 +194,20 @@ def warm_plan(renderer: Renderer, pool: PoolOptions | None, batch_size: int) -> 
         guidance = float(RenderRequest.model_fields["guidance_scale"].default) \
             if renderer.capabilities.guidance_scale else 0.0
     return WarmPlan(buckets=bucket_sizes(batch_size), sizes=sizes, steps=pool.steps or 2,
-                    guidance_scale=guidance)
+                    guidance_scale=guidance, control_sets=warm_control_sets(renderer, pool))
 
 
 def warm_up(renderer: Renderer, plan: WarmPlan,
             on_progress: Callable[[int, int, float | None], None] | None = None) -> dict:
-    """Render every (bucket × size) of ``plan`` once, so that ``torch.compile`` compiles each static
-    shape now and never inside a job; then hold the compiled graphs (a shape outside the plan runs
-    eagerly, :func:`pipeline.compile_count.hold_compiled`). Where the recipe compiled nothing, one
-    1-step image of each declared size at the plan's guidance loads kernels and allocators at the
-    sizes jobs will ask for instead: OpenVINO sets up its kernels for each new input shape at its
-    first inference, and with a 64² warm-up the first 256² job of a ``cpu/exact`` sd-turbo-arch
-    worker (OpenVINO UNet and decoder) took 10.0 s against 5.3 s for the next (2-vCPU AVX2 EPYC;
-    docs/performance/index.md).
+    """Render every (bucket × size) of ``plan`` once, plain and with each of its ControlNet unit
+    sets (:mod:`pipeline.warm_controls`: the denoiser's calls with ControlNet residuals), so that
+    ``torch.compile`` compiles each static shape now and never inside a job; then hold the compiled
+    graphs (a shape outside the plan runs eagerly, :func:`pipeline.compile_count.hold_compiled`).
+    Where the recipe compiled nothing, one 1-step image of each declared size (no unit set) at the
+    plan's guidance loads kernels and allocators at the sizes jobs will ask for instead: OpenVINO
+    sets up its kernels for each new input shape at its first inference, and with a 64² warm-up
+    the first 256² job of a ``cpu/exact`` sd-turbo-arch worker (OpenVINO UNet and decoder) took
+    10.0 s against 5.3 s for the next (2-vCPU AVX2 EPYC; docs/performance/index.md).
 
     ``on_progress(done, total, eta_s)`` is called before the first render (0, total, None) and after
     each one; ``eta_s`` (seconds) extrapolates the seconds per image so far to the images left.
@@ -209,7 +218,7 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
 
     Returns:
         ``{"seconds", "renders", "images", "compiled", "compiles", "fx_graph_cache": {"hits", "misses"},
-        "shapes": [{"batch", "width", "height", "seconds", "compiles"}, …], "plan": plan.to_dict()}``:
+        "shapes": [{"batch", "width", "height", "controls", "seconds", "compiles"}, …], "plan": plan.to_dict()}``:
         seconds are wall time; ``compiles`` counts TorchDynamo compilations during warm-up.
     Raises:
         whatever a render raises (the worker cannot serve a shape it cannot render).
@@ -222,7 +231,8 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
     started = time.perf_counter()
     shapes: list[dict] = []
     # nothing compiled: no graph per bucket to build, one 1-step image per size sets up the kernels
-    _render_plan(renderer, plan if compiled else replace(plan, buckets=(1,), steps=1), shapes, on_progress, started)
+    _render_plan(renderer, plan if compiled else replace(plan, buckets=(1,), steps=1, control_sets=()), shapes,
+                 on_progress, started)
     if compiled:
         compile_count.hold_compiled()
     renderer.graphs_warmed = compiled
@@ -239,17 +249,20 @@ def warm_up(renderer: Renderer, plan: WarmPlan,
 
 def _render_plan(renderer: Renderer, plan: WarmPlan, shapes: list[dict],
                  on_progress: Callable[[int, int, float | None], None] | None, started: float) -> None:
-    """Render every (bucket × size) of ``plan`` once, appending one timing row per render to ``shapes``."""
-    images_total, done_images = len(plan.sizes) * sum(plan.buckets), 0
+    """Render every (bucket × size) of ``plan`` once without control units, then once with each of
+    its control sets, appending one timing row per render to ``shapes``."""
+    images_total, done_images = len(plan.sizes) * sum(plan.buckets) * (1 + len(plan.control_sets)), 0
     if on_progress is not None:
         on_progress(0, plan.renders, None)
-    for width, height in plan.sizes:
-        for bucket in plan.buckets:
+    renders = itertools.product(((), *plan.control_sets), plan.sizes, plan.buckets)
+    with warm_control_images(renderer) if plan.control_sets else contextlib.nullcontext():
+        for names, (width, height), bucket in renders:
             t0, c0 = time.perf_counter(), compile_count.compiles()
             renderer.render([RenderRequest(prompt="warm-up", model=renderer.model, seed=i, width=width, height=height,
-                                           num_inference_steps=plan.steps, guidance_scale=plan.guidance_scale)
+                                           num_inference_steps=plan.steps, guidance_scale=plan.guidance_scale,
+                                           controls=control_units(names))
                              for i in range(bucket)])
-            shapes.append({"batch": bucket, "width": width, "height": height,
+            shapes.append({"batch": bucket, "width": width, "height": height, "controls": list(names),
                            "seconds": round(time.perf_counter() - t0, 3), "compiles": compile_count.compiles() - c0})
             done_images += bucket
             if on_progress is not None:

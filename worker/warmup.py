@@ -34,7 +34,8 @@ DEFAULT_NULL_BATCH = 64
 def pool_options(spec: PoolSpec | None, settings: Settings):
     """The :class:`pipeline.pool_options.PoolOptions` of the declared pool ``spec``; without one,
     None (or LoRA adapters and ControlNets on when ``RENDERFARM_LORAS`` / ``RENDERFARM_CONTROLS``
-    declare some)."""
+    declare some; a compiled worker then warms each declared ControlNet alone, the default of
+    ``PoolSpec.control_sets``)."""
     from pipeline.pool_options import PoolOptions
 
     if spec is None:  # an undeclared pool: RENDERFARM_LORAS and RENDERFARM_CONTROLS declare its inputs
@@ -44,7 +45,7 @@ def pool_options(spec: PoolSpec | None, settings: Settings):
     return PoolOptions(family=spec.model_family, max_pixels=spec.max_pixels, steps=spec.steps, use_pe=spec.use_pe,
                        batch_invariant=spec.batch_invariant, upscalers=spec.upscalers, sizes=spec.sizes,
                        guidance_scale=spec.guidance_scale, lora_adapters=bool(spec.loras),
-                       controlnets=bool(spec.controls))
+                       controlnets=bool(spec.controls), control_sets=spec.control_sets)
 
 
 def load_renderer(args: argparse.Namespace, settings: Settings, spec: PoolSpec | None,

@@ -26,6 +26,14 @@ cache hits and misses and the AOTInductor packages it loaded and compiled
 (:mod:`pipeline.optimize.aot`): the cached phase should compile nothing. The target is cached
 ≤ 25 % of cold.
 
+With ``--controls`` the pool declares ControlNets (``NAME`` or ``NAME=SOURCE``; a name alone is the
+offline ``tiny-controlnet-NAME``): the recipe keeps the UNet in PyTorch, as a worker's does
+(``pipeline.recipes.CONTROLNETS_VS_OPENVINO``), and the warm-up renders each ControlNet alone at
+every bucket × size after the plain renders (:mod:`pipeline.warm_controls`), so that the UNet's
+graphs with ControlNet residuals are compiled (cold) or restored (cached) too. The baseline to
+compare it with is the same command without ``--controls`` and with ``"backend": "torch"`` in the
+overrides (the same compiled UNet, no unit set).
+
 With ``--size-batch`` each phase also sizes the batch as a worker does (:mod:`pipeline.sizing`):
 the cold phase measures peak memory at the largest size and keeps the record in a file, the
 cached phase reads it; the warm-up then covers the buckets of that batch size. Each phase
@@ -58,7 +66,8 @@ class ReadyConfig:
     kernels do not compile); ``timeout_s`` bounds each phase, seconds. ``size_batch``: size the
     batch as a worker does (:func:`pipeline.sizing.size_batch` at the largest of ``sizes``; the
     cold phase measures and keeps the record in a file, the cached phase reads it) and warm up the
-    buckets of that batch size instead of ``buckets``."""
+    buckets of that batch size instead of ``buckets``. ``controls``: ControlNets the pool declares
+    (``NAME`` or ``NAME=SOURCE``; the module docstring)."""
 
     model: str = "tiny"
     device: str = "auto"
@@ -70,6 +79,7 @@ class ReadyConfig:
     overrides: str = json.dumps(DEFAULT_OVERRIDES)
     timeout_s: float = 3600.0
     size_batch: bool = False
+    controls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.buckets or any(b < 1 for b in self.buckets):
@@ -82,6 +92,17 @@ class ReadyConfig:
             json.loads(self.overrides or "{}")
         except ValueError as exc:
             raise ValueError(f"overrides is not JSON: {exc}") from None
+        from infra.controls import CONTROL_NAME_RE
+
+        bad = [name for name in self.control_sources if not CONTROL_NAME_RE.fullmatch(name)]
+        if bad:
+            raise ValueError(f"controls must be NAME or NAME=SOURCE with NAME of A-Z a-z 0-9 . _ -, got {bad}")
+
+    @property
+    def control_sources(self) -> dict[str, str]:
+        """ControlNet name → source of ``controls`` (a name alone: ``tiny-controlnet-<name>``)."""
+        pairs = (item.partition("=") for item in self.controls)
+        return {name: source or f"tiny-controlnet-{name}" for name, _, source in pairs}
 
 
 def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float) -> dict:
@@ -91,18 +112,28 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
     from pipeline.compile_cache import compile_counters
     from pipeline.device import cpu_summary
     from pipeline.optimize.openvino_ir import DirectoryIRStore
+    from pipeline.pool_options import PoolOptions
     from pipeline.ready import get_ready
     from pipeline.warm import WarmPlan, prepare_renderer
+    from pipeline.warm_controls import warm_control_sets
 
     started = time.perf_counter()
     ir_store = DirectoryIRStore(artifact.parent / "openvino-ir", read=phase == "cached", write=phase == "cold")
-    renderer, profile = prepare_renderer(config.model, config.device, config.recipe, config.overrides,
+    pool = PoolOptions(controlnets=bool(config.controls)) if config.controls else None
+    renderer, profile = prepare_renderer(config.model, config.device, config.recipe, config.overrides, pool=pool,
                                          ir_store=ir_store)
+    if config.controls:
+        from infra.settings import get_settings
+        from pipeline.controlnet import ControlNets
+
+        renderer.controlnets = ControlNets(renderer.pipe, config.control_sources, cache_dir=get_settings().cache_dir,
+                                           prepare=renderer.prepare_controlnet)
     loaded = time.perf_counter()
     sizing = _size(phase, config, renderer, profile, artifact.parent / "sizing") if config.size_batch else None
     sized = time.perf_counter()
     buckets = bucket_sizes(sizing["batch_size"]) if sizing else tuple(sorted(config.buckets))
-    plan = WarmPlan(buckets, tuple(config.sizes), config.steps, config.guidance_scale)
+    plan = WarmPlan(buckets, tuple(config.sizes), config.steps, config.guidance_scale,
+                    control_sets=warm_control_sets(renderer, pool))
 
     def fetch(_key):
         return artifact.read_bytes() if phase == "cached" else None
@@ -116,8 +147,10 @@ def run_phase(phase: str, config: ReadyConfig, artifact: Path, spawned_at: float
     applied = (renderer.recipe.get("report") or {}).get("applied", {})
     return {"phase": phase, "ready_s": done - spawned_at, "import_s": imported - spawned_at,
             "load_s": loaded - started, "sizing_s": sized - loaded if sizing else None, "sizing": sizing,
-            "buckets": list(buckets), "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
+            "buckets": list(buckets), "control_sets": [list(c) for c in plan.control_sets],
+            "restore_s": (ready["compile_cache"] or {}).get("seconds", 0.0),
             "warm_up_s": ready["warm_up"].get("seconds"), "renders": ready["warm_up"].get("renders"),
+            "shapes": ready["warm_up"].get("shapes"),
             "compile_cache": ready["compile_cache"], "counters": compile_counters(),
             "compiles": ready["warm_up"].get("compiles"),
             "recipe": renderer.recipe.get("name"),
@@ -225,10 +258,10 @@ def served(counters: dict) -> int:
 
 
 def ready_table(result: dict):
-    """The result as one rich table: model, device/CPU, recipe, buckets, sizes, cold s, cached s,
-    ratio, the seconds of each start-up state (load, sizing, warm-up) cold and cached, compiles
-    (:func:`pipeline.compile_cache.compiled_anew`) and cache hits (:func:`served`)
-    in each phase."""
+    """The result as one rich table: model, device/CPU, recipe, buckets, sizes, steps, ControlNet
+    unit sets warmed, cold s, cached s, ratio, the seconds of each start-up state (load, sizing,
+    warm-up) cold and cached, compiles (:func:`pipeline.compile_cache.compiled_anew`) and cache
+    hits (:func:`served`) in each phase."""
     from rich.table import Table
 
     from pipeline.compile_cache import compiled_anew
@@ -239,7 +272,7 @@ def ready_table(result: dict):
     load = result.get("load_average") or {}
     table = Table(title=f"time to ready (spawn → warm-up done), load average {load.get('before')} → "
                         f"{load.get('after')}; artifact {result['artifact_bytes'] / 2**20:.1f} MiB")
-    for column in ("model", "device", "recipe", "buckets", "sizes", "steps", "cold s", "cached s", "ratio",
+    for column in ("model", "device", "recipe", "buckets", "sizes", "steps", "unit sets", "cold s", "cached s", "ratio",
                    "load s cold / cached", "sizing s cold / cached", "warm-up s cold / cached",
                    "cached quiet s", "cached machine CPU s", "compiles cold", "compiles cached",
                    "cache hits cached", "outcome", "OpenVINO IR cached (UNet / decoder)"):
@@ -256,6 +289,7 @@ def ready_table(result: dict):
     table.add_row(config["model"], device, str(cold.get("recipe")),
                   ",".join(map(str, cold.get("buckets") or config["buckets"])),
                   ",".join(f"{w}x{h}" for w, h in config["sizes"]), str(config["steps"]),
+                  " ".join("+".join(units) for units in cold.get("control_sets") or ()) or "-",
                   f"{cold['ready_s']:.1f}", f"{cached['ready_s']:.1f}", f"{ratio:.1%}" if ratio else "-",
                   pair("load_s"), pair("sizing_s") + (f" (record {sizing})" if sizing else ""), pair("warm_up_s"),
                   seconds(cached.get("quiet_s")), seconds(cached.get("machine_cpu_s")),
@@ -268,7 +302,8 @@ def ready_table(result: dict):
 def _main(argv: list[str]) -> int:
     phase, config_json, artifact, out = argv
     raw = json.loads(config_json)
-    config = ReadyConfig(**{**raw, "buckets": tuple(raw["buckets"]), "sizes": tuple(map(tuple, raw["sizes"]))})
+    config = ReadyConfig(**{**raw, "buckets": tuple(raw["buckets"]), "sizes": tuple(map(tuple, raw["sizes"])),
+                            "controls": tuple(raw.get("controls", ()))})
     spawned_at = float(os.environ.get("RENDERFARM_BENCH_SPAWNED_AT") or time.time())
     result = run_phase(phase, config, Path(artifact), spawned_at)
     Path(out).write_text(json.dumps(result, default=str))

@@ -231,6 +231,7 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
                     lambda: model.compile_repeated_blocks(**compile_kwargs(block_mode, bool(dynamic), extra)))
         else:
             attempt(denoiser_name, lambda: whole(model))
+            canonical_call(model)
     if vae and hasattr(getattr(pipe, "vae", None), "decoder"):
         attempt("vae.decoder", lambda: whole(pipe.vae.decoder, frozen=freeze))
         if freeze and "vae.decoder" in done:
@@ -243,6 +244,47 @@ def compile_pipeline(pipe, denoiser_name: str, *, denoiser: bool, vae: bool, reg
         notes["inductor"] = extra
     return {"mode": mode, "dynamic": dynamic, "modules": done, "cuda_graphs": graphs, **notes,
             **({"failed": failed} if failed else {})}
+
+
+def canonical_call(module) -> None:
+    """Call ``module`` (a ``torch.nn.Module``: the wholly compiled denoiser) the same way for the
+    same inputs, whichever pipeline calls it: a forward pre-hook, which runs before the compiled
+    frame (idempotent), hands it every tensor argument (and each tensor of a list or tuple
+    argument, such as ControlNet residuals) in PyTorch's contiguous layout, that of the drawn noise
+    every warm-up render starts from, and drops the keyword arguments passed as None whose default
+    in ``forward`` is None (passing them or not is the same call).
+
+    TorchDynamo's guards check both, and both differ between diffusers' pipelines where the inputs
+    do not: img2img's latents come out of the VAE encoder in channels-last strides on the CPU (a
+    2×4×8×8 batch of the tiny model had strides (256, 1, 32, 4), the drawn noise (256, 64, 8, 1)),
+    and so do the residuals a ControlNet computes from them; ``StableDiffusionControlNetImg2ImgPipeline``
+    passes no ``timestep_cond`` where the txt2img ControlNet pipeline passes ``timestep_cond=None``.
+    Without this, every img2img call, with ControlNet units or without, matched no warm-up graph and
+    ran the UNet's Python once the graphs were held. Costs one copy of each tensor that is not
+    contiguous, per call; none otherwise."""
+    if getattr(module, "_renderfarm_canonical_call", False):
+        return
+    import inspect
+
+    none_by_default = {name for name, p in inspect.signature(module.forward).parameters.items() if p.default is None}
+
+    @torch.compiler.disable  # the compiled module's frame starts after it: never a graph of its own
+    def hook(_module, args: tuple, kwargs: dict):
+        kwargs = {k: _contiguous(v) for k, v in kwargs.items() if v is not None or k not in none_by_default}
+        return tuple(_contiguous(a) for a in args), kwargs
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+    module._renderfarm_canonical_call = True
+
+
+def _contiguous(value: Any) -> Any:
+    """``value`` with a tensor, or each tensor of a list or tuple, made contiguous (the same object
+    where it already is)."""
+    if isinstance(value, torch.Tensor):
+        return value.contiguous()
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(v.contiguous() if isinstance(v, torch.Tensor) else v for v in value)
+    return value
 
 
 REGIONAL_VS_CUDA_GRAPHS = (

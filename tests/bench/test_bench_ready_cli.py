@@ -22,7 +22,14 @@ def test_flags_of_the_gpu_script_parse() -> None:
 def test_bad_values_are_refused_before_anything_runs() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["ready", "--sizes", "512"])
-    for bad in ({"buckets": (0,)}, {"sizes": ((4, 4),)}, {"steps": 0}, {"overrides": "{not json"}):
+    for bad in ({"buckets": (0,)}, {"sizes": ((4, 4),)}, {"steps": 0}, {"overrides": "{not json"},
+                {"controls": ("can ny",)}):
         with pytest.raises(ValueError):
             ReadyConfig(**bad)  # type: ignore[arg-type]
     assert isinstance(build_parser(), argparse.ArgumentParser)
+
+
+def test_declared_controlnets_parse_with_their_sources() -> None:
+    args = build_parser().parse_args(["ready", "--controls", "canny,depth=lllyasviel/control_v11f1p_sd15_depth"])
+    config = ReadyConfig(controls=args.controls)
+    assert config.control_sources == {"canny": "tiny-controlnet-canny", "depth": "lllyasviel/control_v11f1p_sd15_depth"}

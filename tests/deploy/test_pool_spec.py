@@ -19,7 +19,7 @@ FULL_POOL = {"name": "cpu-sd15", "model": "sd15-arch", "maxPixels": 65536, "maxB
              "loras": [{"name": "brand", "source": "s3://adapters/brand.safetensors"},
                        {"name": "style", "source": "owner/style-lora", "weight_name": "style.safetensors"}],
              "controls": [{"name": "canny", "source": "lllyasviel/control_v11p_sd15_canny"}], "maxControls": 2,
-             "broker": "gpu-b"}
+             "controlSets": [["canny"]], "broker": "gpu-b"}
 
 
 def _declared(docs: list[dict]) -> list[PoolSpec]:
@@ -39,7 +39,7 @@ def test_a_pool_declaring_upscalers_and_every_optional_field_passes_them_through
     assert (spec.family, spec.steps, spec.s_per_mpx_step, spec.use_pe, spec.batch_invariant) == (
         "sd1", 20, 0.08, True, False)
     assert [(c.name, c.source) for c in spec.controls] == [("canny", "lllyasviel/control_v11p_sd15_canny")]
-    assert spec.max_controls == 2 and spec.broker == "gpu-b"
+    assert spec.max_controls == 2 and spec.control_sets == (("canny",),) and spec.broker == "gpu-b"
     assert (spec.name, spec.model, spec.max_pixels, spec.max_batch, spec.queue) == (
         "cpu-sd15", "sd15-arch", 65536, 4, "renderfarm.cpu-sd15")
 
@@ -68,7 +68,7 @@ def test_the_schema_knows_every_poolspec_field():
 @pytest.mark.parametrize("pool", [{"upscalers": "esrgan-x4-arch"}, {"upscalers": [""]}, {"family": "sd4"},
                                   {"steps": 0}, {"steps": 151}, {"sPerMpxStep": 0}, {"usePe": "yes"},
                                   {"batchInvariant": "auto"}, {"maxControls": 9},
-                                  {"controls": [{"name": "canny"}]}])
+                                  {"controls": [{"name": "canny"}]}, {"controlSets": [[]]}])
 def test_the_schema_refuses_a_bad_optional_field(helm, pool):
     values = json.dumps([{"name": "p", "model": "tiny", **pool}])
     out = run_helm(helm, "template", "farm", str(CHART), "--set-json", f"pools={values}", check=False)

@@ -4,6 +4,8 @@ pipeline), the compat key (the unit set, not images or weights) and the units' i
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -144,6 +146,19 @@ def test_a_pool_declares_controls_as_it_declares_adapters():
         PoolSpec(name="cn", model="tiny", max_controls=9)
     with pytest.raises(ValidationError, match="source"):
         PoolSpec.model_validate({"name": "cn", "model": "tiny", "controls": [{"name": "canny"}]})
+
+
+def test_a_pool_declares_the_unit_sets_its_compiled_workers_warm():
+    assert POOL.control_sets is None  # the warm-up's default: each declared ControlNet alone
+    pool = PoolSpec.model_validate({**POOL.model_dump(), "control_sets": [["canny"], ["canny", "depth"]]})
+    assert pool.control_sets == (("canny",), ("canny", "depth"))
+    assert PoolSpec.model_validate({**POOL.model_dump(), "control_sets": []}).control_sets == ()
+    style = ControlSpec(name="style", source="tiny-ip-adapter-style", kind="ip-adapter")
+    for sets, words in (([["pose"]], "unknown: ['pose']"), ([[]], "must name 1 to max_controls (2)"),
+                        ([["canny", "depth", "canny"]], "must name 1 to max_controls (2)"),
+                        ([["style"]], "unknown: ['style']")):  # an IP-Adapter is no ControlNet: nothing to warm
+        with pytest.raises(ValidationError, match=re.escape(words)):
+            PoolSpec.model_validate({**POOL.model_dump(), "controls": [*POOL.controls, style], "control_sets": sets})
 
 
 def test_the_infotext_carries_each_unit_as_sd_webui_controlnet_writes_it():

@@ -49,6 +49,7 @@ def test_key_depends_on_what_is_compiled_and_nothing_else() -> None:
     others = [cache_key("tiny", RECIPE, CPU, WarmPlan((1, 2, 4), ((64, 64),), 1, 7.5)),
               cache_key("tiny", RECIPE, CPU, WarmPlan((1, 2), ((64, 64), (128, 64)), 1, 7.5)),
               cache_key("tiny", RECIPE, CPU, WarmPlan((1, 2), ((64, 64),), 1, 0.0)),  # no guidance: half the batch
+              cache_key("tiny", RECIPE, CPU, WarmPlan((1, 2), ((64, 64),), 1, 7.5, (("canny",),))),  # residual graphs
               cache_key("tiny", {**RECIPE, "compile_mode": "max-autotune"}, CPU, PLAN),
               cache_key("tiny", RECIPE, {**CPU, "name": "Other CPU"}, PLAN),
               cache_key("tiny", RECIPE, {"kind": "cuda", "name": "H100", "compute_capability": [9, 0]}, PLAN),
@@ -58,6 +59,7 @@ def test_key_depends_on_what_is_compiled_and_nothing_else() -> None:
     assert fields["versions"]["torch"] and fields["versions"]["diffusers"] and "triton" in fields["versions"]
     assert isinstance(fields["device"]["isa"], list)  # the CPU's ISA flags are part of the key
     assert fields["revision"] == model_revision("tiny")
+    assert "control_sets" not in fields  # without unit sets, the keys stored before stand
 
 
 def test_model_revision_of_offline_builds_and_local_directories(tmp_path) -> None:
