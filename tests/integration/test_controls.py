@@ -75,6 +75,9 @@ def test_bad_units_get_a_clear_4xx_and_record_nothing(http, keys, redis_server):
     a = keys["a"]
     canny = {"type": "canny", "image": a}
     not_image = http.post("/v1/uploads", files={"file": ("x.png", b"%PDF-1.7 not an image")})
+    bomb = io.BytesIO()  # 4,200 × 4,200 = 17.6 M pixels > RENDERFARM_INPUT_MAX_PIXELS (4096²), 17 KB compressed
+    Image.new("L", (4200, 4200)).save(bomb, "PNG")
+    bomb_upload = http.post("/v1/uploads", files={"file": ("bomb.png", bomb.getvalue())})
     cases = {
         "unknown type": (_job({**canny, "type": "pose"}), "no ControlNet or IP-Adapter 'pose'"),
         "two IP-Adapter units": (_job({"type": "style", "image": a}, {"type": "style", "image": a}),
@@ -95,12 +98,14 @@ def test_bad_units_get_a_clear_4xx_and_record_nothing(http, keys, redis_server):
     }
     table = {name: http.post("/v1/jobs", json=body) for name, (body, _) in cases.items()}
     print("\nbad-unit table:\n" + "\n".join(f"  {name:32} {r.status_code}" for name, r in table.items())
-          + f"\n  {'control image not an image':32} {not_image.status_code}")
+          + f"\n  {'control image not an image':32} {not_image.status_code}"
+          + f"\n  {'control image a bomb':32} {bomb_upload.status_code}")
     for name, (_, words) in cases.items():
         assert table[name].status_code == 422, (name, table[name].text)
         assert words in table[name].text, (name, table[name].text)
         assert "controls" in table[name].text, (name, table[name].text)  # the field is named
     assert not_image.status_code == 422 and "not an image" in not_image.text
+    assert bomb_upload.status_code == 422 and "decompression-bomb" in bomb_upload.text
     assert redis_server.client(DB).keys("rf:job:*") == []  # nothing was recorded
 
 
