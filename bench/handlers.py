@@ -127,8 +127,9 @@ def profile(args: argparse.Namespace) -> int:
 
 def farm(args: argparse.Namespace) -> int:
     """``bench farm``: the whole path through a private local stack against a bare loop. Returns the exit status."""
-    from bench.farm.farm import FarmBenchConfig, run_farm_bench
+    from bench.farm.farm import run_farm_bench
     from bench.farm.farm_table import result_table
+    from bench.farm.workload import FarmBenchConfig
 
     config = FarmBenchConfig(
         model=args.model, jobs=args.jobs, workers=args.workers, batch_size=args.batch_size, width=args.width,
@@ -160,8 +161,8 @@ def redis(args: argparse.Namespace) -> int:
     """``bench redis``: jobs/s and redis-server CPU as null workers are added. Returns the exit status."""
     import os
 
-    from bench.farm.farm import FarmBenchConfig
     from bench.farm.saturation import run_saturation, saturation_table
+    from bench.farm.workload import FarmBenchConfig
 
     def run(log) -> dict:  # a bad option is a ValueError here: run_and_report prints it, exit 2
         config = FarmBenchConfig(model="null", jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds,

@@ -26,7 +26,8 @@ class CoresConfig:
 def run_cores_bench(config: CoresConfig, log=print) -> dict:
     """Run the farm once per size and format; returns ``{"rows": [{"size", "format", "per_core",
     "cpu_ms_per_job", "images_per_s"}], "machine"}``."""
-    from bench.farm.farm import FarmBenchConfig, run_farm_bench
+    from bench.farm.farm import run_farm_bench
+    from bench.farm.workload import FarmBenchConfig
 
     base = FarmBenchConfig(model="null", jobs=config.jobs, batch_size=config.batch_size, rounds=config.rounds,
                            submit_jobs=0, bare=False, gpu_ms_per_image=config.gpu_ms_per_image)

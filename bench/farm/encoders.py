@@ -170,8 +170,8 @@ def run_encode_bench(config: EncodeBenchConfig, log=print) -> dict:
     docstring). Returns ``{"rows": [{"size", "encoder", "ms", "bytes", "lossless",
     "parameters_kept"} | {"size", "encoder", "missing"}], "pools": [...], "cpu", "cores",
     "load_average"}``."""
-    from bench.farm.farm import load_average
     from bench.farm.s3_client import _cpu_model
+    from bench.farm.workload import load_average
     from pipeline.null import null_image
 
     encoders = _encoders(PARAMETERS)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from bench.farm.farm import FarmBenchConfig, load_average, requests_for
 from bench.farm.readings import rss_kib
 from bench.farm.redis_stats import RedisCounter
+from bench.farm.workload import FarmBenchConfig, load_average, requests_for
 
 
 def measure_submission(client, stack, config: FarmBenchConfig, counter: RedisCounter, result: dict, log) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from bench.farm.farm import NULL_MODEL
+from bench.farm.workload import NULL_MODEL
 
 
 def result_table(result: dict):

@@ -110,7 +110,7 @@ def run_messages_bench(config: MessagesBenchConfig, log=print) -> dict:
         ValueError: a config value out of range.
         RuntimeError: a mode lost or repeated a job id.
     """
-    from bench.farm.farm import load_average
+    from bench.farm.workload import load_average
     from infra.broker.app import make_celery
     from infra.broker.kombu_redis import install_cheap_acks
     from infra.localstack.services import RedisServer

@@ -158,7 +158,7 @@ def run_s3_bench(config: S3BenchConfig, log=print) -> dict:
         "checks": {client: {"write_once", "presigned_get"}}, "cpu", "load_average"}``; each
         cell's figures are the median over rounds.
     """
-    from bench.farm.farm import load_average
+    from bench.farm.workload import load_average
     from infra.localstack import SeaweedS3, patched_environ
     from infra.settings import Settings
     from infra.storage.s3 import Storage

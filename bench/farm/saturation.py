@@ -24,7 +24,8 @@ from dataclasses import replace
 def run_saturation(config, workers: tuple[int, ...], log=print) -> dict:
     """``bench farm`` with the null renderer at 0 ms for each worker count in ``workers``: jobs/s
     end to end, redis-server's CPU share of one core and CPU ms per job, per farm process."""
-    from bench.farm.farm import SHARD_NAME, run_farm_bench
+    from bench.farm.farm import run_farm_bench
+    from bench.farm.workload import SHARD_NAME
     from pipeline.device import cpu_summary
 
     rows = []

@@ -24,8 +24,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from bench.farm.farm import FarmBenchConfig, load_average, requests_for
 from bench.farm.readings import cpu_seconds
+from bench.farm.workload import FarmBenchConfig, load_average, requests_for
 
 #: The target this command checks: seconds for 10,000 jobs in one POST.
 TARGET_S = 0.5

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from celery import Celery
 from kombu import Producer
@@ -20,8 +20,12 @@ from infra.broker.app import PRIORITY_VALUES, TASK_NAME
 from infra.broker.kombu_redis import publish_by_template
 from infra.state.job_store import JobStore
 
-if TYPE_CHECKING:
-    from infra.broker.shards import Brokers
+
+class Publisher(Protocol):
+    """Publishes each ``(job_id, pool)`` to its pool's broker and returns those published (the
+    farm's brokers, :class:`infra.broker.shards.Brokers`)."""
+
+    def publish(self, jobs: Iterable[tuple[str, str]], priority: str = "normal") -> list[tuple[str, str]]: ...
 
 
 def _send(app: Celery, producer: Producer, job_id: str, pool: str, priority: int) -> None:
@@ -57,7 +61,7 @@ def publish_jobs(app: Celery, jobs: Iterable[tuple[str, str]], priority: str = "
     return sum(len(ids) for ids in by_pool.values())
 
 
-def republish(store: JobStore, app: "Celery | Brokers", job_ids: Iterable[str], priority: str | None = None) -> int:
+def republish(store: JobStore, app: Celery | Publisher, job_ids: Iterable[str], priority: str | None = None) -> int:
     """Publish a fresh message for each job that is still ``queued``, at ``priority`` (default:
     its batch's), and note the time in ``rf:pending``. ``app``: one Celery app for every job, or
     the farm's brokers (:class:`infra.broker.shards.Brokers`: each job to its pool's broker; the
