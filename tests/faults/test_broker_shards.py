@@ -83,10 +83,10 @@ def test_w_pool_on_its_own_broker_shard(farm, shard):
     on_shard = shard.client()
     [a_worker] = farm.add_workers(1, batch_size=8, step_delay_s=0.05, pool="null-a")
     # serial workers: "running" is exactly the batch each renders, so what they prefetched is "reserved"
-    victim, survivor = farm.add_workers(2, batch_size=8, step_delay_s=0.1, pool="null-b",
+    victim, survivor = farm.add_workers(2, batch_size=8, step_delay_s=0.2, pool="null-b",
                                         RENDERFARM_WORKER_OVERLAP="false")
     a_ids = farm.submit([_request(i, 64) for i in range(80)])
-    b_ids = farm.submit([_request(i, 128) for i in range(120)])
+    b_ids = farm.submit([_request(i, 128) for i in range(160)])  # 20 batches of 1 s on two workers
     farm.wait_for(lambda: _running_on(farm, victim.worker_name, b_ids, below=0.5), timeout=60)
 
     # pool b's messages are on the shard only; pool a's on the farm's broker only
@@ -97,6 +97,8 @@ def test_w_pool_on_its_own_broker_shard(farm, shard):
                         and r, timeout=20)
     assert row["outstanding"] == row["queued"] + row["reserved"] + row["running"] > 0, row
 
+    # the checks above took a while: kill the victim early in one of its batches again
+    farm.wait_for(lambda: _running_on(farm, victim.worker_name, b_ids, below=0.5), timeout=60, interval=0.05)
     reserved = farm.registry_entry(victim.worker_name).get("reserved_jobs", [])
     victim.kill()
     killed_at = time.monotonic()
@@ -109,7 +111,7 @@ def test_w_pool_on_its_own_broker_shard(farm, shard):
     row = farm.account("w. a pool on its own broker shard: kill -9 one of its two workers mid-batch",
                        a_ids + b_ids, recovery, running_on_killed=len(held),
                        prefetched_by_killed=len(affected) - len(held))
-    assert row["lost"] == 0 and row["run_twice"] == 0 and row["succeeded"] == 200, row
+    assert row["lost"] == 0 and row["run_twice"] == 0 and row["succeeded"] == 240, row
     assert held and recovery <= LEASE_S + 10, row
     assert all(s.attempts == 2 and s.worker == survivor.worker_name for s in farm.statuses(held))
     # the dead worker's entries in the shard's unacked hash are swept by the reaper
