@@ -191,25 +191,43 @@ class Reaper:
             log.warning("republished %d queued job(s) whose message was lost", len(lost))
 
     def _remove_orphans(self, report: SweepReport) -> None:
+        live: tuple[set[str], float] | None = None  # held jobs and the delivery cutoff: read once a sweep
         for broker in self.brokers.all():
             try:
-                report.orphans_removed += self._remove_orphans_of(broker.client)
+                entries = broker.client.hgetall(keys.UNACKED)
+                delivered = dict(zip(entries, broker.client.zmscore(keys.UNACKED_INDEX, list(entries)))) \
+                    if entries else {}
             except BROKER_ERRORS as exc:
                 log.warning("broker %s cannot be reached; its unacked entries wait: %s", broker.name or "(default)",
                             exc)
+                continue
+            if not entries:
+                continue
+            if live is None:
+                live = (self._held_by_live_workers(),
+                        self.store.server_time() - max(self.store.lease_s, self.heartbeat_ttl_s))
+            orphans = self._orphans(entries, delivered, *live)
+            if not orphans:
+                continue
+            try:
+                pipe = broker.client.pipeline(transaction=True)
+                pipe.hdel(keys.UNACKED, *orphans)
+                pipe.zrem(keys.UNACKED_INDEX, *orphans)
+                pipe.execute()
+            except BROKER_ERRORS as exc:
+                log.warning("broker %s cannot be reached; its unacked entries wait: %s", broker.name or "(default)",
+                            exc)
+                continue
+            report.orphans_removed += len(orphans)
         if report.orphans_removed:
             log.info("removed %d orphaned unacked message(s)", report.orphans_removed)
 
-    def _remove_orphans_of(self, broker: redis.Redis) -> int:
-        entries = broker.hgetall(keys.UNACKED)
-        if not entries:
-            return 0
-        tags = list(entries)
-        delivered = dict(zip(tags, broker.zmscore(keys.UNACKED_INDEX, tags)))
+    def _orphans(self, entries: dict[str, str], delivered: dict[str, float | None], held: set[str],
+                 old: float) -> list[str]:
+        """The delivery tags of ``entries`` (one broker's ``unacked``) whose job ended or is gone,
+        or was delivered before ``old`` (server epoch s) and is held by no live worker."""
         job_of = {tag: message_job_id(raw) for tag, raw in entries.items()}
         states = {job_id: state for job_id, state, _, _ in self.store.routes([j for j in job_of.values() if j])}
-        held = self._held_by_live_workers()
-        old = self.store.server_time() - max(self.store.lease_s, self.heartbeat_ttl_s)
         orphans = []
         for tag, job_id in job_of.items():
             if job_id is None:
@@ -219,12 +237,7 @@ class Reaper:
                 orphans.append(tag)
             elif job_id not in held and (delivered.get(tag) or 0) < old:
                 orphans.append(tag)
-        if orphans:
-            pipe = broker.pipeline(transaction=True)
-            pipe.hdel(keys.UNACKED, *orphans)
-            pipe.zrem(keys.UNACKED_INDEX, *orphans)
-            pipe.execute()
-        return len(orphans)
+        return orphans
 
     # ---- running ----------------------------------------------------------------------------
     def run(self) -> None:
