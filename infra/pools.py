@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from infra import keys
 from infra.controls import DEFAULT_MAX_CONTROLS, MAX_CONTROLS, ControlSpec
 from infra.schemas import SchedulerName
+from infra.video import MAX_FRAMES, VIDEO_RULES, is_video_family, video_errors
 
 #: Pool names: what :func:`pool_for_model` produces, without ``:`` (the broker's priority separator).
 POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
@@ -66,6 +67,7 @@ class Capabilities(NamedTuple):
     prompt's text to the longest prompt of the batch). ``modes``: the render modes it has.
     ``controlnet``: the modes in which requests may carry ControlNet units (``controls``).
     ``ip_adapter``: whether a request's units may be IP-Adapters (image prompts) too.
+    ``video``: the family renders video (its frame rules: :data:`infra.video.VIDEO_RULES`).
     """
 
     negative_prompt: bool
@@ -76,6 +78,7 @@ class Capabilities(NamedTuple):
     modes: tuple[str, ...] = ("txt2img",)
     controlnet: tuple[str, ...] = ()
     ip_adapter: bool = False
+    video: bool = False
 
 
 _ANY_SCHEDULER = get_args(SchedulerName)
@@ -104,6 +107,11 @@ FAMILIES: dict[str, Capabilities] = {
     "ernie-image": Capabilities(True, True, _OWN_SCHEDULER, 16, batch_invariant=False),
     # Kolors: an SDXL-style UNet (any scheduler) conditioned by ChatGLM3 (prompts padded to 256 tokens).
     "kolors": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=("txt2img", "img2img")),
+    # Video (infra.video): Wan 2.1/2.2 (WanPipeline; UniPC flow-matching scheduler, sizes multiple of
+    # VAE 8 × patch 2) and LTX-Video (LTXPipeline; sizes multiple of 32). Their image input is the
+    # first frame (image-to-video, LTX-Video only), checked by infra.video.video_errors.
+    "wan": Capabilities(True, True, _OWN_SCHEDULER, 16, video=True),
+    "ltx": Capabilities(True, True, _OWN_SCHEDULER, 32, video=True),
 }
 #: Offline model name → family (the names ``pipeline.models`` builds; a test keeps them equal).
 OFFLINE_FAMILIES: dict[str, str] = {
@@ -124,10 +132,12 @@ OFFLINE_UPSCALERS: tuple[str, ...] = ("esrgan-x4-arch", "tiny-esrgan-x4", "tiny-
 NEUTRAL_GUIDANCE = (0.0, 1.0, 7.5)
 
 
-def capability_errors(request: Any, family: "str | Capabilities | None") -> list[dict[str, Any]]:
+def capability_errors(request: Any, family: "str | Capabilities | None",
+                      max_frames: int | None = None) -> list[dict[str, Any]]:
     """What ``request`` (a ``RenderRequest``) asks of ``family`` (a name in :data:`FAMILIES`, or a
     record) that it cannot do, as error dicts (``type``, ``field``, ``msg``, ``input``); empty
-    when it can, or the family is unknown."""
+    when it can, or the family is unknown. A named family's video rules are checked too
+    (:func:`infra.video.video_errors`, ``max_frames``: the pool's limit, None for the family's)."""
     caps = family if isinstance(family, Capabilities) else FAMILIES.get(family) if family else None
     if caps is None:
         return []
@@ -144,7 +154,9 @@ def capability_errors(request: Any, family: "str | Capabilities | None") -> list
                        "msg": f"{name} cannot use scheduler {request.scheduler!r}; it can use "
                               f"{', '.join(caps.schedulers)}"})
     mode = getattr(request, "mode", "txt2img")
-    if mode not in caps.modes:
+    if caps.video or getattr(request, "is_video", False):
+        pass  # a video's image input is its first frame: infra.video.video_errors checks it
+    elif mode not in caps.modes:
         errors.append({"type": "unsupported_mode", "field": "mask_image" if mode == "inpaint" else "init_image",
                        "input": mode, "msg": f"{name} cannot render mode {mode!r}; it can render "
                                              f"{', '.join(caps.modes)}"})
@@ -158,6 +170,8 @@ def capability_errors(request: Any, family: "str | Capabilities | None") -> list
         if value % caps.size_multiple:
             errors.append({"type": "size_not_multiple", "field": side, "input": value,
                            "msg": f"{name} needs {side} a multiple of {caps.size_multiple}, got {value}"})
+    if isinstance(family, str):
+        errors.extend(video_errors(request, family, max_frames))
     return errors
 
 
@@ -255,6 +269,30 @@ class PoolSpec(BaseModel):
         "per unit, in order): a compiled worker renders each at every batch bucket x size before it takes jobs, "
         "so that their denoiser calls run compiled graphs (default: each declared ControlNet alone; [] warms "
         "none).")
+
+    max_frames: int | None = Field(None, ge=1, le=MAX_FRAMES, description="A video pool: the most frames one job "
+                                   "may ask for (default: the family's, infra.video.VIDEO_RULES); a request over "
+                                   "it is refused at submit. A worker measures what its memory holds at max_pixels "
+                                   "and reports it (pipeline.video.sizing).")
+
+    @model_validator(mode="after")
+    def _video(self) -> "PoolSpec":
+        video = is_video_family(self.model_family)
+        if self.max_frames is not None and not video:
+            raise ValueError(f"pool {self.name!r}: max_frames is for video pools; family "
+                             f"{self.model_family!r} renders images")
+        if video and self.max_batch not in (None, 1):
+            raise ValueError(f"pool {self.name!r}: a video pool renders one job per batch (max_batch 1), "
+                             f"got max_batch {self.max_batch}")
+        if video and self.max_batch is None:  # the dispatcher and the worker size by it: one video a batch
+            object.__setattr__(self, "max_batch", 1)
+        return self
+
+    @property
+    def frames_limit(self) -> int | None:
+        """The most frames a job of this pool may ask for (None: an image pool)."""
+        rules = VIDEO_RULES.get(self.model_family or "")
+        return None if rules is None else (self.max_frames or rules.max_frames)
 
     @field_validator("family")
     @classmethod

@@ -79,6 +79,12 @@ class Router:
         """The declared pool named ``name``; None for an undeclared one (one pool per model)."""
         return self._by_name.get(name)
 
+    def family(self, pool: str, model: str) -> str | None:
+        """The model family of ``pool`` (its declared or implied family; for an undeclared pool,
+        the one ``model``'s offline name implies), or None when unknown."""
+        spec = self._by_name.get(pool)
+        return spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
+
     def pool_for(self, model: str, width: int, height: int) -> str:
         """The pool for a render of ``model`` at ``width × height`` pixels.
 
@@ -126,9 +132,9 @@ class Router:
                             "msg": f"upscaler {upscaler!r} is not in RENDERFARM_UPSCALERS, the upscalers a request "
                                    f"may name while no pool is declared (it has: "
                                    f"{', '.join(map(repr, self.upscalers)) or 'none'})"}
-            family = spec.model_family if spec is not None else OFFLINE_FAMILIES.get(model)
+            family = self.family(pool, model)
             ip_adapters = FAMILIES[family].ip_adapter if family in FAMILIES else True  # unknown: the worker decides
-            errors = capability_errors(request, family) + (
+            errors = capability_errors(request, family, spec.max_frames if spec is not None else None) + (
                 lora_errors(request, spec.loras, f"pool {spec.name!r}") if spec is not None
                 else lora_errors(request, self.loras, "RENDERFARM_LORAS (no pool is declared)")) + (
                 control_errors(request, spec.controls, f"pool {spec.name!r}", spec.max_controls, ip_adapters)

@@ -19,6 +19,7 @@ from infra.image_refs import IMAGE_REF_RE as IMAGE_REF_RE
 from infra.image_refs import INPUT_KEY_PREFIX as INPUT_KEY_PREFIX
 from infra.image_refs import check_image_ref
 from infra.image_refs import is_url as is_url
+from infra.video import MAX_FPS, MAX_FRAMES, MIN_FPS
 
 JobState = Literal["queued", "running", "succeeded", "failed", "canceled"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled"})
@@ -56,6 +57,8 @@ MAX_LOOKUP_KEYS = 10_000
 CONTENT_TYPES: dict[str, str] = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg"}
 
 RenderMode = Literal["txt2img", "img2img", "inpaint"]
+#: What a job renders: one image, or a video (frames encoded as MP4, :mod:`infra.video`).
+JobKind = Literal["image", "video"]
 #: An adapter name as pools declare it (and as A1111's ``<lora:name:weight>`` writes it).
 LORA_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 #: Most adapters one request may combine.
@@ -92,6 +95,12 @@ class RenderRequest(BaseModel):
     ``loras`` are adapters the pool declares, with their weights. ``controls`` are ControlNet units
     (:class:`infra.controls.ControlUnit`): a type the pool declares, a control image referenced as
     ``init_image`` is, its weight (``controlnet_conditioning_scale``) and guidance range.
+
+    A **video** (``kind: video``, or any request for a model of a video family, :mod:`infra.video`)
+    renders ``num_frames`` frames played at ``fps`` frames per second, text-to-video, or
+    image-to-video with ``init_image`` as the first frame (families with image-to-video only);
+    it is stored as an H.264 MP4 with a poster frame (in ``output_format``) and an animated WebP
+    preview. Video requests take no mask, strength, upscaling, adapters or control units.
 
     Sizes are pixels; ``width`` and ``height`` must be multiples of 8 in 64…2048 (the VAE
     downsamples by 8). They are the diffusion size: with ``upscale`` (2 or 4) and an ``upscaler``
@@ -137,6 +146,16 @@ class RenderRequest(BaseModel):
                                         description="ControlNet units (types the pool declares), each with its "
                                                     "control image, weight and guidance range; at most the pool's "
                                                     "max_controls (default 3).")
+    # video fields: left out of a dump when absent, so an image request serializes as before them
+    kind: JobKind | None = Field(None, exclude_if=lambda v: v is None,
+                                 description="image or video; absent: the model's kind (a video model renders "
+                                             "video, with its family's default num_frames and fps).")
+    num_frames: int | None = Field(None, ge=1, le=MAX_FRAMES, exclude_if=lambda v: v is None,
+                                   description="Video frames, within the family's rule (Wan 4k+1, LTX-Video 8k+1) "
+                                               "and the pool's max_frames; absent: the family's default.")
+    fps: int | None = Field(None, ge=MIN_FPS, le=MAX_FPS, exclude_if=lambda v: v is None,
+                            description="Video frames per second, 1…60 (the MP4's frame rate); absent: the "
+                                        "family's default.")
 
     @property
     def mode(self) -> RenderMode:
@@ -146,9 +165,21 @@ class RenderRequest(BaseModel):
         return "img2img" if self.init_image is not None else "txt2img"
 
     @property
+    def is_video(self) -> bool:
+        """Whether this request renders a video: ``kind`` video, or video fields without a kind
+        (a request with ``kind`` absent for a video model becomes one at submission)."""
+        return self.kind == "video" or (self.kind is None and (self.num_frames is not None or self.fps is not None))
+
+    @property
+    def duration_s(self) -> float | None:
+        """A video's length in seconds (``num_frames / fps``) once both are set, else None."""
+        return self.num_frames / self.fps if self.is_video and self.num_frames and self.fps else None
+
+    @property
     def effective_strength(self) -> float | None:
-        """The strength the pipeline runs with: the request's, else the mode's default (None for txt2img)."""
-        if self.mode == "txt2img":
+        """The strength the pipeline runs with: the request's, else the mode's default (None for
+        txt2img and for video, whose init image is the first frame, not re-noised)."""
+        if self.mode == "txt2img" or self.is_video:
             return None
         return self.strength if self.strength is not None else DEFAULT_STRENGTH[self.mode]
 
@@ -171,6 +202,21 @@ class RenderRequest(BaseModel):
             raise ValueError("mask_image needs init_image (inpainting repaints the masked part of an init image)")
         if self.init_image is None and self.strength is not None:
             raise ValueError("strength needs init_image (it is how much of the init image is re-noised)")
+        return self
+
+    @model_validator(mode="after")
+    def _video_fields(self) -> "RenderRequest":
+        if self.kind == "image" and (self.num_frames is not None or self.fps is not None):
+            raise ValueError("num_frames and fps are video fields; an image request (kind 'image') takes neither")
+        if not self.is_video:
+            return self
+        refused = [name for name, present in (
+            ("mask_image", self.mask_image is not None), ("strength", self.strength is not None),
+            ("upscale", self.upscale is not None), ("loras", bool(self.loras)), ("controls", bool(self.controls)))
+            if present]
+        if refused:
+            raise ValueError(f"a video request takes no {', '.join(refused)} (video jobs are text-to-video, or "
+                             "image-to-video with init_image as the first frame)")
         return self
 
     @field_validator("prompt")
@@ -245,7 +291,8 @@ class BatchAccepted(BaseModel):
 
 
 class JobResult(BaseModel):
-    """Where a rendered image is: S3 ``key`` and a presigned GET ``url``; sizes in pixels and bytes;
+    """Where a rendered image (or a video's MP4) is: S3 ``key`` and a presigned GET ``url`` (a
+    video's URL answers HTTP range requests, so players seek); sizes in pixels and bytes;
     ``denoising_steps``, what the worker counted while it rendered the image."""
 
     key: str
@@ -266,6 +313,18 @@ class JobResult(BaseModel):
                                            "render, one per control unit in order ({job_id}.control-N.png).")
     preprocess_s: float | None = Field(None, ge=0, description="Seconds the worker took to read and preprocess "
                                        "this job's control images (inside its group's render time).")
+    # a video's: left out of an image's result
+    num_frames: int | None = Field(None, exclude_if=lambda v: v is None, description="A video's frames.")
+    fps: int | None = Field(None, exclude_if=lambda v: v is None, description="A video's frames per second.")
+    duration_s: float | None = Field(None, exclude_if=lambda v: v is None, description="A video's length, seconds.")
+    poster: str | None = Field(None, exclude_if=lambda v: v is None,
+                               description="A video's poster frame (its first frame, in the request's "
+                                           "output_format): object key ({job_id}.poster.<ext>).")
+    poster_url: str | None = Field(None, exclude_if=lambda v: v is None, description="Presigned GET URL of the poster.")
+    preview: str | None = Field(None, exclude_if=lambda v: v is None,
+                                description="A video's animated WebP preview: object key ({job_id}.preview.webp).")
+    preview_url: str | None = Field(None, exclude_if=lambda v: v is None,
+                                    description="Presigned GET URL of the preview.")
 
 
 class JobError(BaseModel):

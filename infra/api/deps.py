@@ -193,9 +193,14 @@ class Farm:
         return sorted(found)
 
     def with_url(self, status: JobStatus) -> JobStatus:
-        """Attach a presigned GET URL to a finished job's result."""
-        if status.result is not None:
-            status.result.url = self.storage.presigned_url(status.result.key)
+        """Attach presigned GET URLs to a finished job's result (a video's poster and preview too)."""
+        result = status.result
+        if result is not None:
+            result.url = self.storage.presigned_url(result.key)
+            if result.poster is not None:
+                result.poster_url = self.storage.presigned_url(result.poster)
+            if result.preview is not None:
+                result.preview_url = self.storage.presigned_url(result.preview)
         return status
 
 

@@ -36,6 +36,7 @@ from infra.state.durable import DurableAck
 from infra.state.job_store import PUBLIC_TENANT, JobStore, NewJob
 from infra.state.quota import Quotas, job_bytes, job_cost_s
 from infra.submission.input_refs import InputResolver
+from infra.video import frames_factor, with_video_defaults
 
 #: Delete an idempotency claim only while it is still this submission's (KEYS[1], ARGV[1] = claim).
 _UNCLAIM = """
@@ -153,11 +154,12 @@ class Submitter:
             self.redis.eval(_UNCLAIM, 1, key, claim)
 
     def cost_s(self, request: RenderRequest, pool: str) -> float:
-        """Estimated GPU-seconds of ``request`` on ``pool`` (its ``s_per_mpx_step``)."""
+        """Estimated GPU-seconds of ``request`` on ``pool`` (its ``s_per_mpx_step``; a video's
+        times its frames, :func:`infra.video.frames_factor`)."""
         spec = self.router.spec(pool)
         rate = spec.s_per_mpx_step if spec is not None and spec.s_per_mpx_step else self.s_per_mpx_step
         steps = request.num_inference_steps * (request.effective_strength or 1.0)  # img2img runs steps × strength
-        return job_cost_s(request.width, request.height, max(1, round(steps)), rate)
+        return job_cost_s(request.width, request.height, max(1, round(steps)), rate) * frames_factor(request)
 
     def _new_jobs(self, batch_id: str, requests: Sequence[RenderRequest], pools: Sequence[str]) -> list[NewJob]:
         """The jobs of ``batch_id`` (ids in its shard) with their quota costs: estimated GPU-seconds
@@ -166,7 +168,8 @@ class Submitter:
         costs: dict[tuple, float] = {}
         jobs = []
         for job_id, request, pool in zip(new_ids(len(requests), keys.shard(batch_id)), requests, pools):
-            shape = (pool, request.width, request.height, request.num_inference_steps, request.effective_strength)
+            shape = (pool, request.width, request.height, request.num_inference_steps, request.effective_strength,
+                     request.num_frames)
             cost = costs.get(shape)
             if cost is None:
                 cost = costs[shape] = self.cost_s(request, pool)
@@ -210,6 +213,8 @@ class Submitter:
             requests = self.inputs.resolve(requests)
         resolved = [resolve(request, self.default_model) for request in requests]
         pools = self.router.route_all(resolved)
+        resolved = [with_video_defaults(request, self.router.family(pool, request.model or ""))
+                    for request, pool in zip(resolved, pools, strict=True)]
         key = keys.idempotency(tenant, idempotency_key) if idempotency_key is not None else None
         if key is not None and (first := self.redis.get(key)):
             return self._existing(key, first)  # before any quota

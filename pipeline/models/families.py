@@ -50,6 +50,11 @@ FAMILY_SPECS: dict[str, Family] = {f.name: f for f in (
            regional_compile=True),
     # Kwai-Kolors/Kolors-diffusers card: torch_dtype=torch.float16, 50 steps, guidance_scale 5.0.
     Family("kolors", "KolorsPipeline", "unet", "float16", 1024, 50, 5.0),
+    # Video (infra.video). Wan-AI/Wan2.1-T2V-1.3B-Diffusers card: torch_dtype=torch.bfloat16 for the
+    # transformer (the VAE in float32), 480p (832 x 480), guidance_scale 5.0, 50 steps (the pipeline's
+    # default). Lightricks/LTX-Video card: torch.bfloat16, 704 x 480, 50 steps, guidance_scale 3.0.
+    Family("wan", "WanPipeline", "transformer", "bfloat16", 480, 50, 5.0, regional_compile=True),
+    Family("ltx", "LTXPipeline", "transformer", "bfloat16", 480, 50, 3.0, regional_compile=True),
 )}
 assert set(FAMILY_SPECS) == set(FAMILIES), "FAMILY_SPECS out of sync with infra.pools.FAMILIES"
 
