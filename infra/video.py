@@ -123,3 +123,24 @@ def frames_factor(request: Any) -> int:
     ``num_frames`` for a video (the denoiser's work grows with frames × pixels × steps), else 1."""
     frames = getattr(request, "num_frames", None)
     return frames if getattr(request, "is_video", False) and frames else 1
+
+
+# ---- a rendered video, as the worker's stages hand it on ------------------------------------------
+#: Keys of a rendered video's frames and frame rate in its poster image's ``info`` (a renderer
+#: returns one PIL image per request, as for images: a video's is its first frame, carrying the rest).
+VIDEO_FRAMES_INFO = "renderfarm.video_frames"
+VIDEO_FPS_INFO = "renderfarm.video_fps"
+
+
+def attach_frames(poster: Any, frames: Any, fps: int) -> Any:
+    """``poster`` (a PIL image, the first frame) carrying a rendered video: ``frames`` a uint8
+    array of shape ``(num_frames, height, width, 3)`` (RGB) and ``fps`` frames per second."""
+    poster.info[VIDEO_FRAMES_INFO] = frames
+    poster.info[VIDEO_FPS_INFO] = int(fps)
+    return poster
+
+
+def frames_of(image: Any) -> tuple[Any, int] | None:
+    """The ``(frames, fps)`` a renderer attached to ``image`` (:func:`attach_frames`), or None for an image."""
+    frames = image.info.get(VIDEO_FRAMES_INFO)
+    return None if frames is None else (frames, int(image.info.get(VIDEO_FPS_INFO) or 1))

@@ -38,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from infra.schemas import RenderRequest
+from infra.video import attach_frames
 
 NULL_MODEL = "null"
 #: Sizes whose base pattern is kept (an LRU cache).
@@ -71,7 +72,7 @@ def null_image(width: int, height: int, seed: int) -> Image.Image:
 
 class NullRenderer:
     """Returns one image of the request's width × height per request (see the module docstring
-    for its content), reporting every step at once.
+    for its content; a video request's: :func:`null_video`), reporting every step at once.
 
     Args:
         ms_per_image: simulated render time, milliseconds per image of a call (>= 0; 0 = none).
@@ -104,4 +105,18 @@ class NullRenderer:
             time.sleep(self.ms_per_image * len(requests) / 1000.0)  # releases the GIL
         if on_step is not None:
             on_step(1, 1)
-        return [null_image(r.width, r.height, r.seed or 0) for r in requests]
+        return [null_video(r) if r.is_video else null_image(r.width, r.height, r.seed or 0) for r in requests]
+
+
+#: What a null video request without num_frames / fps gets (a null pool has no family defaults).
+NULL_VIDEO_FRAMES, NULL_VIDEO_FPS = 9, 8
+
+
+def null_video(request: RenderRequest) -> Image.Image:
+    """A video request's null render: ``num_frames`` (default 9) frames of :func:`null_image`, the
+    seed's pattern shifted a few pixels per frame (motion an encoder has to code), attached to the
+    first frame (:func:`infra.video.attach_frames`) at the request's ``fps`` (default 8)."""
+    count = request.num_frames or NULL_VIDEO_FRAMES
+    seed = request.seed or 0
+    frames = np.stack([np.asarray(null_image(request.width, request.height, seed + 3 * n)) for n in range(count)])
+    return attach_frames(Image.fromarray(frames[0]), frames, request.fps or NULL_VIDEO_FPS)
