@@ -21,7 +21,9 @@ def compat_key(request: RenderRequest) -> CompatKey:
     ``((mode, strength, adapters),)`` for an img2img or inpainting request or one with adapters
     (``adapters``: the sorted ``(name, weight)`` pairs; :mod:`pipeline.modes`), and by
     ``(("controls", units),)`` for a request with ControlNet units (``units``: each unit's
-    ``(type, preprocess)``, in order: the ControlNets of one call).
+    ``(type, preprocess)``, in order: the ControlNets of one call), and by
+    ``(("video", num_frames, fps, mode),)`` for a video (never grouped with images, nor with
+    other frame counts: one pipeline call renders one clip shape).
 
     Requests with equal keys can share one pipeline call (and one upscale batch); prompts,
     negative prompts, seeds, input and control images may differ. Control weights and guidance
@@ -37,4 +39,6 @@ def compat_key(request: RenderRequest) -> CompatKey:
         key = (*key, (r.mode, r.effective_strength, tuple(sorted((a.name, a.weight) for a in r.loras))))
     if r.controls:
         key = (*key, ("controls", tuple(unit.kind for unit in r.controls)))
+    if r.is_video:
+        key = (*key, ("video", r.num_frames, r.fps, r.mode))
     return key

@@ -162,7 +162,9 @@ def run_worker(args: argparse.Namespace) -> int:
                          upload_retry_s=settings.upload_retry_s, upload_threads=upload_threads,
                          on_requeued=lambda ids: republish(store, app, ids),
                          on_rendered=test_counters[0] if test_counters else None,
-                         on_written=test_counters[1] if test_counters else None, watchdog=watchdog)
+                         on_written=test_counters[1] if test_counters else None, watchdog=watchdog,
+                         s_per_mpx_step=(spec.s_per_mpx_step if spec is not None and spec.s_per_mpx_step
+                                         else settings.default_s_per_mpx_step))
     consumer = Consumer(app, runner, store, breaker, settings, queue=queue, name=name, batch_size=batch_size,
                         loglevel=args.loglevel)
     warm_up = WarmUp(loaded, batch_size, device_info, cache, startup, name=name, started=t0, times=times)

@@ -18,8 +18,9 @@ batch's end as a :class:`worker.handoff.BatchEnd`.
   stored, or a crash would lose their work.
 - The step callback reports progress, learns of cancellations (when no job of the group is held
   any more it raises :class:`GroupAbandoned` and the group stops between two denoising steps)
-  and stops a render past ``job_timeout_s`` with ``TimeoutError`` (the halves each get a fresh
-  deadline; a job that alone still times out fails with the timeout). The render watchdog
+  and stops a render past its deadline with ``TimeoutError``: ``job_timeout_s``, or more for a
+  group estimated to take longer, a video (:mod:`worker.budgets`); the halves each get a fresh
+  deadline; a job that alone still times out fails with the timeout. The render watchdog
   (:mod:`worker.watchdog`) sees each render start, step and end.
 - After an error of this worker's infrastructure (:mod:`worker.errors`) the batch's groups not
   yet rendered are released unrendered.
@@ -42,6 +43,7 @@ from pipeline.compat import compat_key
 from pipeline.memory import BatchLimits, render_in_parts
 from worker.attempts import AttemptRecorder
 from worker.batch import BatchOutcome, BatchWork, render_groups
+from worker.budgets import render_budget
 from worker.errors import REQUEST, TRANSIENT, classify
 from worker.handoff import BatchEnd, RenderedGroup
 from worker.watchdog import RenderWatchdog
@@ -74,16 +76,20 @@ class RenderStage:
         attempts: records the jobs whose render failed.
         limits: per-shape batch caps after an OOM (:class:`pipeline.memory.BatchLimits`).
         progress_interval_s: least seconds between progress writes of one group.
-        job_timeout_s: longest a group's render may take, seconds.
-        watchdog: told of each render's start, steps and end.
+        job_timeout_s: longest a group's render may take, seconds, unless its estimate at
+            ``s_per_mpx_step`` (seconds per megapixel per denoising step, per frame of a video)
+            asks for more (:func:`worker.budgets.render_budget`).
+        watchdog: told of each render's start, steps and end (and of the render's stall limit).
         on_rendered: called with the job ids of each group that rendered (a test counter).
         wait_for_stored: blocks until the groups handed on so far are stored (before suspects).
     """
 
     def __init__(self, store: JobStore, renderer: Renderer, attempts: AttemptRecorder, *, limits: BatchLimits,
                  progress_interval_s: float, job_timeout_s: float, watchdog: RenderWatchdog,
-                 on_rendered: Callable[[list[str]], None], wait_for_stored: Callable[[], None]):
+                 on_rendered: Callable[[list[str]], None], wait_for_stored: Callable[[], None],
+                 s_per_mpx_step: float = 0.05):
         self.store, self.renderer, self.attempts, self.limits = store, renderer, attempts, limits
+        self.s_per_mpx_step = s_per_mpx_step
         self.progress_interval_s = progress_interval_s
         self.job_timeout_s = job_timeout_s
         self.watchdog = watchdog
@@ -120,15 +126,18 @@ class RenderStage:
         """One pipeline call for ``jobs`` (raises what the render raised)."""
         if jobs[0].suspect_n:  # it may crash the worker: store the groups rendered before it first,
             self.wait_for_stored()  # or the crash would lose their work
-        deadline = time.monotonic() + self.job_timeout_s
+        budget = render_budget([j.request for j in jobs], s_per_mpx_step=self.s_per_mpx_step,
+                               job_timeout_s=self.job_timeout_s, stall_s=self.watchdog.stall_s)
+        deadline = time.monotonic() + budget.timeout_s
         t0 = time.perf_counter()
         try:  # the group's size on its jobs, should this worker be lost (bisection across attempts)
             self.store.mark_rendering(jobs, rendered=self._rendered)
         except redis.RedisError as exc:  # Redis away: render anyway, the heartbeat renews the leases
             log.warning("group size not recorded: %s", exc)
         steps = [0]  # the group's denoising steps, counted by the step callback (each result reports them)
-        with self.watchdog.rendering(f"a group of {len(jobs)} ({jobs[0].job_id}…)"):
-            images = self.renderer.render([j.request for j in jobs], on_step=self._step_callback(jobs, deadline, steps))
+        with self.watchdog.rendering(f"a group of {len(jobs)} ({jobs[0].job_id}…)", budget.stall_s):
+            images = self.renderer.render([j.request for j in jobs],
+                                          on_step=self._step_callback(jobs, deadline, budget.timeout_s, steps))
         return RenderedGroup(work, jobs, images, steps[0], time.perf_counter() - t0)
 
     def _failed(self, outcome: BatchOutcome, jobs: list[StartedJob], exc: Exception) -> bool:
@@ -150,7 +159,8 @@ class RenderStage:
         log.warning("group of %d failed (%s: %s); bisecting", len(jobs), type(exc).__name__, exc)
         return True
 
-    def _step_callback(self, jobs: list[StartedJob], deadline: float, steps: list[int]) -> Callable[[int, int], None]:
+    def _step_callback(self, jobs: list[StartedJob], deadline: float, timeout_s: float,
+                       steps: list[int]) -> Callable[[int, int], None]:
         """The renderer's ``on_step`` for a group: progress, cancellation, the deadline; adds each
         denoising step it sees to ``steps[0]``."""
         last = [0.0]
@@ -160,7 +170,7 @@ class RenderStage:
             self.watchdog.progress()
             now = time.monotonic()
             if now > deadline:
-                raise TimeoutError(f"render exceeded the job timeout of {self.job_timeout_s:g}s "
+                raise TimeoutError(f"render exceeded the job timeout of {timeout_s:g}s "
                                    f"(stopped after step {step} of {total})")
             if step < total and now - last[0] < self.progress_interval_s:
                 return

@@ -67,7 +67,8 @@ class BatchRunner:
         store: job-state store. storage: image bucket. renderer: the warm pipeline.
         worker_name: recorded on each job it runs.
         progress_interval_s: least seconds between progress writes of one group.
-        job_timeout_s: longest a group's render may take, seconds.
+        job_timeout_s: longest a group's render may take, seconds (longer for a group estimated at
+            ``s_per_mpx_step`` to need more: :mod:`worker.budgets`).
         upload_retry_s: how long an upload rides out a storage outage, seconds.
         redis_retry_s: how long a job-state write rides out a Redis outage, seconds.
         on_requeued: called with the ids of jobs put back to ``queued`` (to republish them).
@@ -95,7 +96,7 @@ class BatchRunner:
                  on_requeued: Callable[[list[str]], object] | None = None,
                  on_rendered: Callable[[list[str]], None] | None = None,
                  on_written: Callable[[str], None] | None = None, upload_threads: int = 8,
-                 pending_groups: int = 2, watchdog: RenderWatchdog | None = None):
+                 pending_groups: int = 2, watchdog: RenderWatchdog | None = None, s_per_mpx_step: float = 0.05):
         self.store = store
         self.worker_name = worker_name
         self.limits = BatchLimits()
@@ -111,7 +112,8 @@ class BatchRunner:
         self.render = RenderStage(store, renderer, self.attempts, limits=self.limits,
                                   progress_interval_s=progress_interval_s, job_timeout_s=job_timeout_s,
                                   watchdog=watchdog or RenderWatchdog(0),  # 0: never fires (and is never started)
-                                  on_rendered=on_rendered or (lambda ids: None), wait_for_stored=self._post_thread.join)
+                                  on_rendered=on_rendered or (lambda ids: None), wait_for_stored=self._post_thread.join,
+                                  s_per_mpx_step=s_per_mpx_step)
         self._render_thread: StageThread[BatchWork] = StageThread(
             "render", lambda work: self.render.render_batch(work, self._post_thread.put), maxsize=1,
             describe=lambda work: f"rendering a batch of {len(work.jobs)} job(s)")

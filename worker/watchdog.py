@@ -52,15 +52,19 @@ class RenderWatchdog(threading.Thread):
         self._active = 0  # renders in progress (one render thread: 0 or 1)
         self._last = time.monotonic()
         self._what = ""
+        self._limit = stall_s  # the render in progress's limit (see rendering)
         self._stop_event = threading.Event()
         self.fired = False
 
     @contextmanager
-    def rendering(self, what: str) -> Iterator[None]:
-        """Watch the render inside this block (``what`` names it in the log)."""
+    def rendering(self, what: str, stall_s: float | None = None) -> Iterator[None]:
+        """Watch the render inside this block (``what`` names it in the log); ``stall_s``, when
+        larger than the watchdog's own, is this render's limit, seconds (a long video's,
+        :func:`worker.budgets.render_budget`)."""
         with self._lock:
             self._active += 1
             self._last, self._what = time.monotonic(), what
+            self._limit = max(self.stall_s, stall_s or 0.0)
         try:
             yield
         finally:
@@ -81,11 +85,11 @@ class RenderWatchdog(threading.Thread):
     def check(self) -> bool:
         """One check: fires (``on_stall``, then exit) when the render is stalled. Returns whether it fired."""
         stalled = self.stalled_for()
-        if self.stall_s <= 0 or self.fired or stalled <= self.stall_s:
+        if self.stall_s <= 0 or self.fired or stalled <= self._limit:
             return False
         self.fired = True
-        reason = (f"render of {self._what} made no progress for {stalled:.0f}s (RENDERFARM_RENDER_STALL_S="
-                  f"{self.stall_s:g}); giving its jobs up and exiting {EXIT_STALLED}")
+        reason = (f"render of {self._what} made no progress for {stalled:.0f}s (its limit {self._limit:g}s; "
+                  f"RENDERFARM_RENDER_STALL_S={self.stall_s:g}); giving its jobs up and exiting {EXIT_STALLED}")
         log.critical("watchdog: %s", reason)
         try:
             self.on_stall(reason)

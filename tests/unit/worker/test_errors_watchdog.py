@@ -92,3 +92,35 @@ def test_a_watchdog_with_no_limit_never_fires():
     with dog.rendering("x"):
         time.sleep(0.05)
         assert not dog.check()
+
+
+def test_a_render_given_a_longer_stall_limit_is_watched_by_it():
+    exits: list[int] = []
+    dog = RenderWatchdog(0.1, exit=exits.append, check_s=0.05)
+    with dog.rendering("a video", stall_s=0.6):
+        time.sleep(0.3)
+        assert not dog.check()  # past the watchdog's 0.1 s, within the render's own 0.6 s
+        time.sleep(0.4)
+        assert dog.check()
+    assert exits == [EXIT_STALLED]
+    shorter = RenderWatchdog(0.3, exit=pytest.fail)
+    with shorter.rendering("an image", stall_s=0.01):  # a smaller limit never lowers the watchdog's
+        time.sleep(0.1)
+        assert not shorter.check()
+
+
+def test_budgets_keep_the_configured_limits_for_images_and_scale_them_for_videos():
+    from infra.schemas import RenderRequest
+    from worker.budgets import TIMEOUT_FACTOR, render_budget
+
+    image = RenderRequest(prompt="p", width=1024, height=1024, num_inference_steps=30)
+    budget = render_budget([image] * 4, s_per_mpx_step=0.05, job_timeout_s=600.0, stall_s=300.0)
+    assert (budget.timeout_s, budget.stall_s) == (600.0, 300.0)
+    video = RenderRequest(prompt="p", kind="video", num_frames=81, fps=16, width=832, height=480,
+                          num_inference_steps=50)
+    budget = render_budget([video], s_per_mpx_step=0.2, job_timeout_s=600.0, stall_s=300.0)
+    expected = 0.2 * 832 * 480 / 1e6 * 50 * 81  # seconds: rate x Mpx x steps x frames
+    assert budget.estimate_s == pytest.approx(expected)
+    assert budget.timeout_s == pytest.approx(TIMEOUT_FACTOR * expected) and budget.stall_s == pytest.approx(expected)
+    off = render_budget([video], s_per_mpx_step=0.2, job_timeout_s=600.0, stall_s=0.0)
+    assert off.stall_s == 0.0  # a watchdog turned off stays off

@@ -376,3 +376,23 @@ def test_suspects_of_a_lost_worker_render_apart_in_halves_and_a_lone_loss_is_cha
     store.requeue_expired([alone])
     assert store.r.hget(keys.job(alone), "kills") == "1"  # lost while rendering alone: charged
     assert store.r.hget(keys.job(alone), "attempt_base") is None
+
+
+def test_a_video_estimated_longer_than_the_job_timeout_gets_its_estimate_and_an_image_does_not(store, storage):
+    # 20 steps of 0.05 s: each render takes about 1 s, over the 0.3 s job timeout. At 1 s per
+    # megapixel-step a 64x64 video of 9 frames is estimated at 0.74 s (budget 3x: 2.2 s); the image 0.08 s.
+    video = submit(store, ["a video"], num_inference_steps=20, kind="video", num_frames=9, fps=8)
+    image = submit(store, ["an image"], num_inference_steps=20)
+    renderer = ScriptedRenderer(step_s=0.05)
+    outcome = runner(store, storage, renderer, job_timeout_s=0.3, s_per_mpx_step=1.0).run(messages(video + image))
+    assert (outcome.succeeded, outcome.failed) == (1, 1)
+    assert store.get_job(video[0]).state == "succeeded"
+    failed = store.get_job(image[0])
+    assert failed.state == "failed" and "job timeout of 0.3s" in failed.error.message
+
+
+def test_a_video_estimated_within_the_job_timeout_still_times_out(store, storage):
+    video = submit(store, ["a video"], num_inference_steps=20, kind="video", num_frames=9, fps=8)
+    renderer = ScriptedRenderer(step_s=0.05)
+    outcome = runner(store, storage, renderer, job_timeout_s=0.3, s_per_mpx_step=0.01).run(messages(video))
+    assert outcome.failed == 1 and store.get_job(video[0]).error.type == "TimeoutError"
