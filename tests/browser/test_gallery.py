@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 def test_gallery_shows_the_newest_images_from_the_bucket(page, client, farm_env, s3_server, artifacts):
     url = farm_env["RENDERFARM_API_URL"]
     csp = httpx.get(url + "/", timeout=10).headers["content-security-policy"]
-    assert f"img-src 'self' data: {s3_server.url};" in csp, csp
+    assert f"img-src 'self' data: {s3_server.url};" in csp and f"media-src 'self' data: {s3_server.url};" in csp, csp
     batch = client.submit_batch([RenderRequest(prompt=f"a lantern in the fog, study {i}", model="tiny", width=64,
                                                height=64, num_inference_steps=3, seed=40 + i) for i in range(3)])
     jobs = client.wait(batch.batch_id, timeout=600)

@@ -30,6 +30,8 @@ from infra.api.deps import FarmDep
 
 STATIC_DIR = Path(__file__).parent.parent / "static"
 SCRIPT_TAG = '<script src="dashboard.js"></script>'
+#: The page's scripts, inlined in this order as one script (gallery.js defines what dashboard.js calls).
+SCRIPTS = ("gallery.js", "dashboard.js")
 
 router = APIRouter(tags=["dashboard"])
 
@@ -37,15 +39,17 @@ router = APIRouter(tags=["dashboard"])
 @lru_cache(maxsize=8)
 def page(image_origin: str = "") -> tuple[str, str]:
     """``(html, content security policy)`` of the dashboard: the HTML with its script inlined;
-    ``image_origin`` (the bucket's ``scheme://host[:port]``) is allowed in ``img-src``."""
+    ``image_origin`` (the bucket's ``scheme://host[:port]``) is allowed in ``img-src`` and, for
+    videos, ``media-src``."""
     html = (STATIC_DIR / "dashboard.html").read_text(encoding="utf-8")
-    script = (STATIC_DIR / "dashboard.js").read_text(encoding="utf-8")
+    script = "\n".join((STATIC_DIR / name).read_text(encoding="utf-8") for name in SCRIPTS)
     if SCRIPT_TAG not in html:
         raise RuntimeError(f"static/dashboard.html lacks {SCRIPT_TAG}")
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     images = f"'self' data: {image_origin}".strip()
     csp = (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
-           f"connect-src 'self'; img-src {images}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+           f"connect-src 'self'; img-src {images}; media-src {images}; base-uri 'none'; form-action 'none'; "
+           "frame-ancestors 'none'")
     return html.replace(SCRIPT_TAG, f"<script>{script}</script>"), csp
 
 

@@ -1,9 +1,11 @@
-"""``/v1/gallery``: a tenant's most recent images, with presigned URLs, for the dashboard's gallery.
+"""``/v1/gallery``: a tenant's most recent images and videos, with presigned URLs, for the dashboard's gallery.
 
 Place in the data flow: job-state store (the tenant's recent batches and their succeeded jobs)
 and the bucket (presigned GET URLs; one image's embedded infotext) → **here** → the dashboard,
 which shows the images as thumbnails straight from S3 (its Content-Security-Policy allows the
-bucket's origin in ``img-src``) and, on a click, the full-size image with its parameters.
+bucket's origin in ``img-src``) and, on a click, the full-size image with its parameters. A
+video shows as its animated WebP preview and plays in the viewer from its MP4's presigned URL
+(``media-src``), seeking by range requests.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from infra.api.deps import FarmDep, Tenant, not_found, require_id
 from infra.schemas import JobResult, JobStatus
@@ -42,6 +44,12 @@ class GalleryImage(BaseModel):
     steps: int | None = None
     guidance_scale: float | None = None
     parameters: str | None = None
+    kind: str = Field("image", description="image, or video (url is then the MP4's, which answers range requests).")
+    poster_url: str | None = Field(None, description="A video's poster frame (presigned GET).")
+    preview_url: str | None = Field(None, description="A video's animated WebP preview (presigned GET).")
+    num_frames: int | None = None
+    fps: int | None = None
+    duration_s: float | None = Field(None, description="A video's length, seconds.")
 
 
 class GalleryPage(BaseModel):
@@ -58,7 +66,11 @@ def _image(farm, job: JobStatus, result: JobResult) -> GalleryImage:
         finished_at=job.finished_at, seed=result.seed, prompt=request.prompt if request else "",
         negative_prompt=request.negative_prompt if request else "", model=request.model if request else None,
         steps=request.num_inference_steps if request else None,
-        guidance_scale=request.guidance_scale if request else None)
+        guidance_scale=request.guidance_scale if request else None,
+        **({} if result.poster is None else {
+            "kind": "video", "poster_url": farm.storage.presigned_url(result.poster),
+            "preview_url": farm.storage.presigned_url(result.preview) if result.preview else None,
+            "num_frames": result.num_frames, "fps": result.fps, "duration_s": result.duration_s}))
 
 
 @router.get("", response_model=GalleryPage)
@@ -80,11 +92,12 @@ def recent_images(farm: FarmDep, tenant: Tenant, limit: int = Query(24, ge=1, le
 
 @router.get("/{job_id}", response_model=GalleryImage)
 def image(job_id: str, farm: FarmDep, tenant: Tenant) -> GalleryImage:
-    """One image with the ``parameters`` embedded in it. 404 for an unknown id or a job without
-    an image."""
+    """One image (or video) with the ``parameters`` embedded in it (a video's, in its poster).
+    404 for an unknown id or a job without a result."""
     job = farm.store.get_job(require_id(job_id, "job"), tenant)
     if job is None or job.state != "succeeded" or job.result is None:
         raise not_found("job")
     out = _image(farm, job, job.result)
-    out.parameters = read_parameters(farm.storage.get(job.result.key))
+    # a video's parameters are in its poster (an image file): never read the whole MP4 for them
+    out.parameters = read_parameters(farm.storage.get(job.result.poster or job.result.key))
     return out

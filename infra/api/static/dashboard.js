@@ -229,20 +229,6 @@
     ], "no failed job");
   }
 
-  // ---- gallery: thumbnails straight from the bucket (presigned URLs), a viewer on click ------
-  async function openViewer(jobId) {
-    const viewer = document.getElementById("viewer");
-    const image = await getJSON(`/v1/gallery/${encodeURIComponent(jobId)}`);
-    const img = document.getElementById("viewer-img");
-    img.src = image.url;
-    img.alt = image.prompt;
-    document.getElementById("viewer-link").href = image.url;
-    document.getElementById("viewer-params").textContent =
-      `${image.parameters || image.prompt}\n\n${image.width}×${image.height} · ${image.content_type} · job ${image.job_id}`;
-    viewer.dataset.key = image.job_id;
-    if (!viewer.open) viewer.showModal();
-  }
-
   // /healthz: the services of `renderfarm up` that are down, and its supervisor's newest lines
   // (the section stays hidden on a farm that no local stack supervises)
   function drawStack(health) {
@@ -252,36 +238,6 @@
     document.getElementById("stack-summary").textContent = down ? `down now: ${down}` : `status: ${health.status}`;
     const list = document.getElementById("stack-events");
     list.replaceChildren(...lines.map((line) => el("li", {}, line)));
-  }
-
-  function drawGallery(page) {
-    const box = document.getElementById("gallery");
-    if (!page.images.length) {
-      box.replaceChildren(el("p", { class: "muted" }, "no image rendered yet"));
-      return;
-    }
-    const previous = new Map([...box.children].map((figure) => [figure.dataset.key, figure]));
-    box.replaceChildren(...page.images.map((image) => {
-      let figure = previous.get(image.job_id);
-      if (!figure) {
-        figure = el("figure");
-        figure.dataset.key = image.job_id;
-        const img = el("img", { alt: image.prompt, loading: "lazy", width: "126",
-          height: String(Math.max(1, Math.round((126 * image.height) / image.width))) });
-        // a presigned URL expires: on a load error, take the newest one once
-        img.addEventListener("error", () => {
-          if (img.dataset.fresh && img.src !== img.dataset.fresh) img.src = img.dataset.fresh;
-        });
-        img.src = image.url;
-        const button = el("button", { type: "button", class: "thumb", title: image.prompt });
-        button.append(img);
-        button.addEventListener("click", () => openViewer(image.job_id).catch((exc) =>
-          showStatus(`image ${image.job_id}: ${exc.message || exc}`, true)));
-        figure.append(button, el("figcaption", { title: image.prompt }, image.prompt));
-      }
-      figure.querySelector("img").dataset.fresh = image.url;
-      return figure;
-    }));
   }
 
   // Stacked bars: images per minute and pool over the last hour, the current minute last.
@@ -340,7 +296,7 @@
     ["/v1/batches?limit=20", drawBatches],
     ["/v1/dead-letter?limit=50", (page) => drawFailed(page.jobs)],
     ["/v1/throughput?minutes=60", drawThroughput],
-    ["/v1/gallery?limit=24", drawGallery],
+    ["/v1/gallery?limit=24", (page) => gallery.draw(page)],
     ["/healthz", drawStack],
   ];
 
@@ -350,6 +306,8 @@
     status.classList.toggle("error", isError);
     document.body.classList.toggle("stale", isError);
   }
+
+  const gallery = renderfarmGallery({ getJSON, el, showStatus });
 
   async function refresh() {
     const results = await Promise.allSettled(SOURCES.map(([path]) => getJSON(path)));
@@ -384,7 +342,6 @@
     }
   }
 
-  document.getElementById("viewer-close").addEventListener("click", () => document.getElementById("viewer").close());
 
   document.getElementById("auth").addEventListener("submit", (event) => {
     event.preventDefault();
