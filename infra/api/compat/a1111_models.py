@@ -144,7 +144,7 @@ class Txt2ImgRequest(BaseModel):
         common = {"prompt": prompt, "loras": loras, "negative_prompt": self.negative_prompt, "model": model,
                   "width": self.width, "height": self.height, "num_inference_steps": self.steps,
                   "guidance_scale": self.cfg_scale, "scheduler": scheduler, "output_format": "png",
-                  "metadata": {"api": "a1111"}, "controls": list(controls)}
+                  "metadata": {"api": "a1111"}, "controls": list(controls), "kind": "image"}  # a video model: 422
         first = RenderRequest(**common, seed=first_seed)
         return [first, *(first.model_copy(update={"seed": (first_seed + i) % (MAX_SEED + 1)})
                          for i in range(1, self.image_count))]

@@ -97,7 +97,8 @@ class ImagesRequest(BaseModel):
         """``n`` render requests, seeds ``seed`` + i when a seed is given (else each drawn by
         the farm). Raises ``pydantic.ValidationError`` for values the farm refuses."""
         fields: dict[str, Any] = {"prompt": self.prompt, "negative_prompt": self.negative_prompt, "model": model,
-                                  "output_format": self.output_format or "png", "metadata": {"api": "openai"}}
+                                  "output_format": self.output_format or "png", "metadata": {"api": "openai"},
+                                  "kind": "image"}  # a video model is refused here (its endpoint: /v1/videos)
         if self.size and self.size != "auto":
             fields["width"], fields["height"] = (int(x) for x in self.size.split("x"))
         for name, value in (("num_inference_steps", self.steps), ("guidance_scale", self.guidance_scale),
