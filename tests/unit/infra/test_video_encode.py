@@ -163,3 +163,13 @@ def test_a_long_large_video_previews_bounded():
     preview.seek(1)
     preview.load()
     assert preview.info["duration"] == round(1000 * step / 24)
+
+
+def test_keyframes_are_at_most_two_seconds_apart_for_seeking(tmp_path):
+    import av
+
+    frames = _frames(_request(num_frames=41))  # 10 s at 4 fps: x264's own default would key frame 0 alone
+    encode_mp4(frames, 4, tmp_path / "k.mp4", parameters="p", title="t")
+    with av.open(str(tmp_path / "k.mp4")) as container:
+        keys = [n for n, packet in enumerate(p for p in container.demux(video=0) if p.size) if packet.is_keyframe]
+    assert keys[0] == 0 and len(keys) >= 5 and max(b - a for a, b in zip(keys, keys[1:])) <= 2 * 4, keys
