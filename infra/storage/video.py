@@ -16,12 +16,13 @@ edge pixels (:func:`even_size`), and the MP4's size is the padded one.
 **Metadata.** The container carries the same A1111 ``parameters`` text an image carries
 (:func:`infra.storage.images.format_parameters`, plus ``Frames`` and ``FPS``,
 :func:`video_parameters`) in the ``comment`` tag and the prompt in ``title``. FFmpeg's mov muxer
-writes these standard keys as iTunes-style ``©cmt`` / ``©nam`` atoms, which ffprobe, exiftool,
-MediaInfo and players read; a key of our own (``renderfarm_job`` …) is dropped unless
-``movflags=use_metadata_tags``, which moves *every* key, the standard ones too, to QuickTime
-``mdta`` atoms that fewer readers know. Checked with PyAV 18.1.1 (libavformat 62.12): without
-the flag, ``comment`` and ``title`` (UTF-8, line breaks kept) read back and a custom key is lost;
-so the farm writes only the standard keys (the job id is in the ``parameters`` text).
+writes these standard keys as iTunes-style ``©cmt`` / ``©nam`` atoms (FFmpeg's movenc.c); a key
+of our own (``renderfarm_job`` …) is dropped unless ``movflags=use_metadata_tags``, which writes
+*every* key, the standard ones too, as QuickTime ``mdta`` keys instead (FFmpeg formats
+documentation, "mov, mp4, ismv"). Checked with PyAV 18.1.1 (libavformat 62.12) by decoding:
+without the flag, ``comment`` and ``title`` (UTF-8, line breaks kept) read back and a custom key
+is lost; with it, all three read back. The farm keeps the iTunes-style atoms, the long-standing
+place for them, and writes only the standard keys (the job id is in the ``parameters`` text).
 
 **Poster.** The first frame, encoded as an image is (:func:`infra.storage.images.encode_image`),
 in the request's ``output_format`` with the same ``parameters``.
