@@ -10,6 +10,7 @@ one chroma format every browser's H.264 decoder plays), MP4 with ``movflags=+fas
 mov muxer rewrites the file at the end so that the ``moov`` atom (the index) comes before ``mdat``
 (the frames), and a browser can start playing and seek through HTTP range requests without
 reading the whole file first (FFmpeg formats documentation, "mov, mp4, ismv": ``faststart``).
+Colours are converted with the BT.709 matrix and tagged BT.709, limited range (:data:`BT709`).
 4:2:0 needs even widths and heights: an odd frame is padded by one column or row repeating its
 edge pixels (:func:`even_size`), and the MP4's size is the padded one.
 
@@ -43,6 +44,7 @@ from typing import Any
 
 import av
 import numpy as np
+from av.video.reformatter import Colorspace
 from PIL import Image
 
 from infra.schemas import RenderRequest
@@ -61,6 +63,11 @@ PRESET = "medium"
 KEYFRAME_INTERVAL_S = 2
 #: The chroma format: 4:2:0, the one browsers' H.264 decoders play (High profile).
 PIX_FMT = "yuv420p"
+#: Colour code points written in the stream (ITU-T H.273): 1 = BT.709 for the matrix, the
+#: primaries (the same as sRGB's) and the transfer; range 1 = limited ("MPEG", 16–235), what the
+#: conversion below produces. The RGB → YUV conversion uses the BT.709 matrix to match: an
+#: untagged stream leaves each player to guess BT.601 or BT.709, and a wrong guess shifts colours.
+BT709, LIMITED_RANGE = 1, 1
 #: Preview bounds: the long side in pixels, the number of frames (every ``step``-th frame kept).
 PREVIEW_MAX_SIDE = 320
 PREVIEW_MAX_FRAMES = 48
@@ -162,9 +169,12 @@ def encode_mp4(frames: np.ndarray, fps: int, path: Path, *, parameters: str, tit
         stream = container.add_stream("libx264", rate=fps, options={
             "crf": str(crf), "preset": preset, "g": str(max(1, KEYFRAME_INTERVAL_S * fps))})
         stream.width, stream.height, stream.pix_fmt = out_w, out_h, PIX_FMT
+        codec = stream.codec_context
+        codec.colorspace = codec.color_primaries = codec.color_trc = BT709
+        codec.color_range = LIMITED_RANGE
         for frame in frames:
             video_frame = av.VideoFrame.from_ndarray(_padded(frame, out_w, out_h), format="rgb24")
-            container.mux(stream.encode(video_frame.reformat(format=PIX_FMT)))
+            container.mux(stream.encode(video_frame.reformat(format=PIX_FMT, dst_colorspace=Colorspace.ITU709)))
         container.mux(stream.encode(None))  # flush the encoder's delayed frames
     return EncodedVideo(path=path, width=out_w, height=out_h, num_frames=num_frames, fps=fps,
                         bytes=path.stat().st_size)

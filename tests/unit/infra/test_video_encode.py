@@ -86,6 +86,12 @@ def test_mp4_pixels_follow_the_frames_in_rgb_order(tmp_path):
     assert decoded.shape == frames.shape
     assert np.abs(decoded - frames).mean() < 6  # limited-range 4:2:0 and CRF 18: close, not exact
 
+    import av
+
+    with av.open(str(tmp_path / "rgb.mp4")) as container:  # tagged, so a player need not guess the matrix
+        codec = container.streams.video[0].codec_context
+        assert (codec.colorspace, codec.color_primaries, codec.color_trc, codec.color_range) == (1, 1, 1, 1)
+
     smooth = _frames(_request())
     encode_mp4(smooth, 8, tmp_path / "s.mp4", parameters="p", title="t")
     mse = ((_decoded(tmp_path / "s.mp4").astype(float) - smooth) ** 2).mean()
