@@ -7,6 +7,9 @@ and the animated WebP preview written once beside it (:mod:`infra.storage.video`
 generation parameters in its user metadata → the worker records the returned
 :class:`~infra.schemas.JobResult` (``content_type`` ``video/mp4``, the video fields filled).
 
+The temporary file lives in Python's temporary directory (``TMPDIR``, else ``/tmp``): on a host
+whose ``/tmp`` is a tmpfs it occupies memory after all, so point ``TMPDIR`` at a disk there.
+
 Keys: ``{batch_id}/{job_id}.mp4``, ``{batch_id}/{job_id}.poster.<ext>`` (the request's
 ``output_format``; ``jpeg`` → ``jpg``) and ``{batch_id}/{job_id}.preview.webp``.
 """

@@ -1,7 +1,8 @@
 """The post stage stores a video job as a video: through the real BatchRunner, null renderer,
 job-state store (the session's redis-server, a database of its own) and bucket (the session's
-SeaweedFS), a rendered video becomes an MP4, a poster and a preview recorded in its result, beside an image job
-stored as before; a video job canceled during its upload keeps none of its three objects."""
+SeaweedFS), a rendered video becomes an MP4, a poster and a preview recorded in its result,
+beside an image job stored as before; a video job canceled during its upload keeps none of its
+three objects; one whose bucket is unreachable goes back to the queue."""
 
 from __future__ import annotations
 
@@ -91,3 +92,13 @@ def test_a_video_job_canceled_during_its_upload_keeps_no_object(store, storage):
     status = store.get_job(job_id)
     assert status.state == "canceled" and status.result is None
     assert _keys(storage, status.batch_id) == set()
+
+
+def test_storage_away_sends_a_video_job_back_to_the_queue(store, farm_env):
+    job_id = submit(store, "no bucket", kind="video", num_frames=5, fps=4)
+    away = Storage(Settings(s3_endpoint_url="http://127.0.0.1:9"), max_attempts=1, connect_timeout_s=0.5)
+    outcome = BatchRunner(store, away, NullRenderer(), "test-video-runner", progress_interval_s=0.0,
+                          redis_retry_s=2.0, upload_retry_s=0.0).run(messages([job_id]))
+    assert (outcome.succeeded, outcome.failed, outcome.requeued) == (0, 0, [job_id])
+    status = store.get_job(job_id)
+    assert status.state == "queued" and status.attempts == 1 and status.result is None
