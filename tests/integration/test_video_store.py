@@ -114,6 +114,8 @@ def test_a_video_job_through_a_null_worker(start_worker, api_server, farm_env):
     assert (result.content_type, result.num_frames, result.fps, result.duration_s) == ("video/mp4", 9, 8, 1.125)
     mp4 = httpx.get(result.url, timeout=30)
     assert mp4.status_code == 200 and mp4.headers["content-type"] == "video/mp4" and len(mp4.content) == result.bytes
+    part = httpx.get(result.url, headers={"Range": "bytes=100-1099"}, timeout=30)  # the API's URL seeks too
+    assert part.status_code == 206 and part.content == mp4.content[100:1100]
     info = probe_mp4(io.BytesIO(mp4.content))
     assert (info.codec, info.num_frames, info.fps, info.width, info.height) == ("h264", 9, 8, 64, 64)
     assert parse_parameters(info.metadata["comment"])["Job id"] == job.job_id
