@@ -193,8 +193,9 @@ MULTIPART_THRESHOLD_BYTES = 16 * 2**20
 #: smaller) and at most 10,000 of them (Amazon S3 User Guide, "Amazon S3 multipart upload
 #: limits"): 8 MiB parts carry objects up to 78 GiB.
 MULTIPART_CHUNK_BYTES = 8 * 2**20
-#: Parts uploaded at once; with :data:`MULTIPART_CHUNK_BYTES` it bounds the bytes buffered
-#: (about chunk × concurrency, 16 MiB), whatever the file's size.
+#: Parts uploaded at once; with :data:`MULTIPART_CHUNK_BYTES` it bounds the bytes buffered,
+#: whatever the file's size: ``renderfarm bench upload`` measured a flat 24 MiB peak RSS increase
+#: (three parts' worth) for 20, 50 and 200 MiB files (docs/benchmarks/README.md).
 MULTIPART_CONCURRENCY = 2
 
 
@@ -297,15 +298,17 @@ class Storage:
         **Write-once, and its race.** obstore 0.12 performs a ``mode="create"`` put as a single
         PUT (its ``put`` documentation: a mode other than overwrite means a non-multipart upload,
         the whole input in memory), and S3's conditional ``CompleteMultipartUpload``
-        (``If-None-Match: *``) is neither exposed by obstore nor supported by every S3-compatible
-        server. So the multipart path checks with HEAD first and completes unconditionally: two
-        writers of the same key that both pass the HEAD before either completes both upload, both
-        return True, and the last to complete stands. The farm's leases let one attempt hold a job
-        at a time, so this needs a takeover during the upload; the object is then another encoding
-        of the same frames. An upload that fails after its parts started may leave an incomplete
-        multipart upload behind (obstore aborts it when it can): a bucket lifecycle rule
-        ``AbortIncompleteMultipartUpload`` removes the rest (Amazon S3 User Guide, "Configuring a
-        bucket lifecycle configuration to delete incomplete multipart uploads").
+        (``If-None-Match: *``; AWS S3's conditional writes, and SeaweedFS 4.48 answers it with 412
+        when the key exists, checked) is not exposed by obstore, nor promised by every
+        S3-compatible server. So the multipart path checks with HEAD first and completes
+        unconditionally: two writers of the same key that both pass the HEAD before either
+        completes both upload, both return True, and the last to complete stands. The farm's
+        leases let one attempt hold a job at a time, so this needs a takeover during the upload;
+        the object is then the other attempt's encoding of the same request. An upload that
+        fails after its parts started may leave an incomplete multipart upload behind (obstore
+        aborts it when it can): a bucket lifecycle rule ``AbortIncompleteMultipartUpload``
+        removes the rest (Amazon S3 User Guide, "Configuring a bucket lifecycle configuration to
+        delete incomplete multipart uploads").
 
         Args:
             path: the file (read, not changed). content_type, metadata: as :meth:`put_once`.
