@@ -305,8 +305,8 @@ class Storage:
         completes both upload, both return True, and the last to complete stands. The farm's
         leases let one attempt hold a job at a time, so this needs a takeover during the upload;
         the object is then the other attempt's encoding of the same request. An upload that
-        fails after its parts started may leave an incomplete multipart upload behind (obstore
-        aborts it when it can): a bucket lifecycle rule ``AbortIncompleteMultipartUpload``
+        fails after its parts started may leave an incomplete multipart upload behind (obstore's
+        ``put`` documentation warns of it): a bucket lifecycle rule ``AbortIncompleteMultipartUpload``
         removes the rest (Amazon S3 User Guide, "Configuring a bucket lifecycle configuration to
         delete incomplete multipart uploads").
 
