@@ -78,7 +78,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``bench pipeline``, ``bench profile``, ``bench farm``, ``bench submit``, ``bench messages``,
-    ``bench redis``, ``bench ready``, ``bench s3`` and ``bench encode`` to the CLI."""
+    ``bench redis``, ``bench ready``, ``bench s3``, ``bench encode`` and ``bench upload`` to the CLI."""
     bench = subparsers.add_parser("bench", help="benchmarks: the pipeline against diffusers, its profile, the farm")
     _add_commands(bench.add_subparsers(dest="bench", required=True, metavar="WHAT"))
     return bench
@@ -318,6 +318,12 @@ def _register_io(sub) -> None:
     e.add_argument("--sizes", type=_csv(int), default=(512, 1024), help="square sides in pixels (default 512,1024)")
     e.add_argument("--repeats", type=int, default=7, help="encodes per encoder and size, median shown (default 7)")
     e.add_argument("--pool-images", type=int, default=32, help="images per pool run (default 32)")
+    u = _command(sub, handlers.upload, "upload",
+                 help="worker memory while a large file uploads: multipart from the file against bytes in memory",
+                 description="Start SeaweedFS, write a file of random bytes per --mb, upload it by put_file_once "
+                             "(multipart from the file) and by put_once (the bytes in memory), each in a fresh "
+                             "process: peak RSS increase during the call, against the file's size.")
+    u.add_argument("--mb", type=_csv(float), default=(50.0,), help="file sizes in MiB (default 50)")
     c = _command(sub, handlers.cores, "cores",
                  help="host cores a GPU of a given speed needs, per image size and format",
                  description="Run bench farm --model null (no render time, one worker) once per size and "

@@ -201,6 +201,14 @@ def encode(args: argparse.Namespace) -> int:
     return run_and_report("bench encode", lambda log: run_encode_bench(config, log=log), encode_tables, args.json)
 
 
+def upload(args: argparse.Namespace) -> int:
+    """``bench upload``: memory during a large upload, from a file and from bytes. Returns the exit status."""
+    from bench.farm.upload import UploadBenchConfig, run_upload_bench, upload_table
+
+    return run_and_report("bench upload", lambda log: run_upload_bench(UploadBenchConfig(sizes_mb=args.mb), log=log),
+                          upload_table, args.json)
+
+
 def cores(args: argparse.Namespace) -> int:
     """``bench cores``: host cores a GPU of a given speed needs. Returns the exit status."""
     from bench.farm.cores import CoresConfig, cores_table, run_cores_bench

@@ -3,13 +3,14 @@ recorded (metrics, requeues, its jobs no longer held).
 
 Place in the data flow: render stage (:mod:`worker.render_stage`) → hand-off
 (:mod:`worker.handoff`) → **post stage** (the post thread; the calling thread when not
-overlapped) → storage (``store_image``, write-once) → job-state store (``succeed_many``) → the
-batch's outcome, taken by the worker's consumer for its circuit breaker.
+overlapped) → storage (``store_image``, or ``store_video`` for a video; write-once) → job-state
+store (``succeed_many``) → the batch's outcome, taken by the worker's consumer for its circuit breaker.
 
 - Just before a group's upload, who is still ours: a job canceled or taken over (its lease ran
   out) while it rendered is dropped, and no object is written for it. The upload itself is
   write-once (:meth:`infra.storage.s3.Storage.put_once`) and every write is fenced by the
-  attempt; a job canceled during its upload loses its objects again (image and control maps).
+  attempt; a job canceled during its upload loses its objects again (image and control maps, or
+  a video's MP4, poster and preview).
 - A failed upload or state write fails the attempt, not the job (:mod:`worker.attempts`): it
   goes back to the queue until its attempts are spent.
 - At the batch's end its jobs leave the held set (the heartbeat stops renewing their leases),
@@ -30,6 +31,8 @@ from infra.state import metrics
 from infra.state.job_store import HELD, JobStore, StartedJob
 from infra.storage.results import StoredImage, store_image
 from infra.storage.s3 import Storage
+from infra.storage.video_results import store_video
+from infra.video import frames_of
 from worker.attempts import AttemptRecorder
 from worker.batch import BatchOutcome, BatchWork, HeldJobs
 from worker.handoff import BatchEnd, RenderedGroup
@@ -137,10 +140,15 @@ class PostStage:
     def _upload(self, job: StartedJob, image: Image.Image, steps: int) -> StoredImage:
         name_of = getattr(self.renderer, "scheduler_name", None)
         scheduler = name_of(job.request.scheduler) if name_of is not None else job.request.scheduler
-        stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
-                             model=self.renderer.model, retry_s=self.upload_retry_s, scheduler=scheduler,
-                             lora_hashes=getattr(self.renderer, "lora_hashes", lambda request: None)(job.request),
-                             denoising_steps=steps)
+        if frames_of(image) is not None:  # a video: MP4, poster and preview (infra.storage.video_results)
+            stored = store_video(self.storage, image, job_id=job.job_id, batch_id=job.batch_id, request=job.request,
+                                 model=self.renderer.model, retry_s=self.upload_retry_s, scheduler=scheduler,
+                                 denoising_steps=steps)
+        else:
+            stored = store_image(self.storage, image, job_id=job.job_id, batch_id=job.batch_id,
+                                 request=job.request, model=self.renderer.model, retry_s=self.upload_retry_s,
+                                 scheduler=scheduler, denoising_steps=steps,
+                                 lora_hashes=getattr(self.renderer, "lora_hashes", lambda request: None)(job.request))
         if stored.written:
             self.on_written(job.job_id)
         return stored
@@ -151,8 +159,10 @@ class PostStage:
         status = self.attempts.redis(self.store.get_job, job.job_id)
         if stored.written and status is not None and status.state == "canceled":
             # canceled between the pre-upload check and now: a canceled job keeps no object, nor
-            # the control maps stored beside its image
-            for key in (stored.result.key, *(stored.result.control_maps or ())):
+            # the control maps stored beside its image, nor a video's poster and preview
+            result = stored.result
+            extra = [key for key in (result.poster, result.preview) if key is not None]
+            for key in (result.key, *(result.control_maps or ()), *extra):
                 self.storage.delete(key)
             log.info("job %s was canceled during its upload; its objects removed", job.job_id)
         else:

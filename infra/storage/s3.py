@@ -24,6 +24,10 @@ relies on:
   for up to ``retry_s`` seconds in all, so S3 being down for tens of seconds delays a batch but
   fails no job.
 
+A video's MP4 is uploaded from its file (:meth:`Storage.put_file_once`), in memory that does not
+grow with the file: one conditional PUT up to :data:`MULTIPART_THRESHOLD_BYTES`, an S3 multipart
+upload after a HEAD above it (write-once then has a race, described there).
+
 Object metadata carries the generation parameters; S3 user metadata
 is ASCII and (on AWS) at most 2 KB. A value of printable ASCII is stored as it is; any other
 (a Chinese prompt, the infotext's line breaks) as RFC 2047 MIME encoded-words
@@ -41,6 +45,7 @@ from base64 import b64encode
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from email.header import decode_header
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -181,6 +186,28 @@ class Boto3Credentials:
 #: Seconds :meth:`Storage.ping` waits to connect, and then to read (``/healthz``'s S3 check).
 PROBE_TIMEOUT_S = 2.0
 
+#: :meth:`Storage.put_file_once`: files up to this size (bytes) go up in one conditional PUT, read
+#: into memory whole; larger ones in a multipart upload.
+MULTIPART_THRESHOLD_BYTES = 16 * 2**20
+#: Bytes per part of a multipart upload. S3 takes parts of 5 MiB to 5 GiB (the last may be
+#: smaller) and at most 10,000 of them (Amazon S3 User Guide, "Amazon S3 multipart upload
+#: limits"): 8 MiB parts carry objects up to 78 GiB.
+MULTIPART_CHUNK_BYTES = 8 * 2**20
+#: Parts uploaded at once; with :data:`MULTIPART_CHUNK_BYTES` it bounds the bytes buffered,
+#: whatever the file's size: ``renderfarm bench upload`` measured a flat 24 MiB peak RSS increase
+#: (three parts' worth) for 20, 50 and 200 MiB files (docs/benchmarks/README.md).
+MULTIPART_CONCURRENCY = 2
+
+
+def _retrying(key: str, retry_s: float, sleep: Callable[[float], None]) -> Retrying:
+    """tenacity's policy for a write to ``key``: transient errors (:func:`is_transient`) retried
+    with exponential backoff and jitter (0.5 s doubling, at most 2 s apart) for ``retry_s`` seconds."""
+    return Retrying(retry=retry_if_exception(is_transient), stop=stop_after_delay(retry_s),
+                    wait=wait_exponential(multiplier=0.5, max=2.0) + wait_random(0, 0.25), sleep=sleep,
+                    before_sleep=lambda state: log.warning(
+                        "storage unavailable (%s); retrying %s", state.outcome and state.outcome.exception(), key),
+                    reraise=True)
+
 
 class Storage:
     """The farm's bucket on an S3-compatible server.
@@ -250,19 +277,58 @@ class Storage:
             or botocore's ``NoCredentialsError``.
         """
         attributes = {"Content-Type": content_type, **metadata}
-        retrying = Retrying(retry=retry_if_exception(is_transient), stop=stop_after_delay(retry_s),
-                            wait=wait_exponential(multiplier=0.5, max=2.0) + wait_random(0, 0.25), sleep=sleep,
-                            before_sleep=lambda state: log.warning(
-                                "storage unavailable (%s); retrying %s", state.outcome and state.outcome.exception(),
-                                key),
-                            reraise=True)
         try:
-            for attempt in retrying:
+            for attempt in _retrying(key, retry_s, sleep):
                 with attempt:
                     obstore.put(self.store, key, body, mode="create", attributes=attributes)
         except AlreadyExistsError:
             log.info("object %s already exists; kept the first write", key)
             return False
+        return True
+
+    def put_file_once(self, key: str, path: Path, content_type: str, metadata: dict[str, str], *,
+                      retry_s: float = 60.0, sleep: Callable[[float], None] = time.sleep) -> bool:
+        """Upload the file at ``path`` to ``key`` unless an object is already there, in memory that
+        does not grow with the file: a file of up to :data:`MULTIPART_THRESHOLD_BYTES` goes up in
+        one conditional PUT, as :meth:`put_once` (read whole: at most that many bytes); a larger
+        one in an S3 multipart upload of :data:`MULTIPART_CHUNK_BYTES` parts,
+        :data:`MULTIPART_CONCURRENCY` in flight, read from the file as they go (obstore's ``put``
+        of a ``Path`` with ``use_multipart``), after a HEAD found no object at ``key``.
+
+        **Write-once, and its race.** obstore 0.12 performs a ``mode="create"`` put as a single
+        PUT (its ``put`` documentation: a mode other than overwrite means a non-multipart upload,
+        the whole input in memory), and S3's conditional ``CompleteMultipartUpload``
+        (``If-None-Match: *``; AWS S3's conditional writes, and SeaweedFS 4.48 answers it with 412
+        when the key exists, checked) is not exposed by obstore, nor promised by every
+        S3-compatible server. So the multipart path checks with HEAD first and completes
+        unconditionally: two writers of the same key that both pass the HEAD before either
+        completes both upload, both return True, and the last to complete stands. The farm's
+        leases let one attempt hold a job at a time, so this needs a takeover during the upload;
+        the object is then the other attempt's encoding of the same request. An upload that
+        fails after its parts started may leave an incomplete multipart upload behind (obstore's
+        ``put`` documentation warns of it): a bucket lifecycle rule ``AbortIncompleteMultipartUpload``
+        removes the rest (Amazon S3 User Guide, "Configuring a bucket lifecycle configuration to
+        delete incomplete multipart uploads").
+
+        Args:
+            path: the file (read, not changed). content_type, metadata: as :meth:`put_once`.
+            retry_s: how long a storage outage is ridden out, seconds (each try starts over).
+        Returns:
+            True when this call wrote the object, False when it already existed (kept).
+        Raises:
+            OSError: the file cannot be read. Otherwise as :meth:`put_once`.
+        """
+        size = path.stat().st_size
+        if size <= MULTIPART_THRESHOLD_BYTES:
+            return self.put_once(key, path.read_bytes(), content_type, metadata, retry_s=retry_s, sleep=sleep)
+        attributes = {"Content-Type": content_type, **metadata}
+        for attempt in _retrying(key, retry_s, sleep):
+            with attempt:
+                if self.exists(key):
+                    log.info("object %s already exists; kept the first write", key)
+                    return False
+                obstore.put(self.store, key, path, attributes=attributes, use_multipart=True,
+                            chunk_size=MULTIPART_CHUNK_BYTES, max_concurrency=MULTIPART_CONCURRENCY)
         return True
 
     def size(self, key: str) -> int:

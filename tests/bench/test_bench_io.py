@@ -1,7 +1,8 @@
-"""``renderfarm bench s3``, ``bench encode`` and ``bench cores`` run end to end (real SeaweedFS,
+"""``renderfarm bench s3``, ``bench encode``, ``bench cores`` and ``bench upload`` run end to end (real SeaweedFS,
 real encoders, a real local stack) at small sizes and write their JSON. Timings are not asserted;
 what is asserted is what the figures stand on: both S3 clients keep write-once and give a
-presigned URL a plain GET can use, each encoder's losslessness and kept ``parameters``."""
+presigned URL a plain GET can use, each encoder's losslessness and kept ``parameters``, an upload
+from a file holding less memory than the file."""
 
 from __future__ import annotations
 
@@ -60,3 +61,17 @@ def test_bench_cores_has_a_row_per_size_and_format(tmp_path, capsys):
         assert set(pc["worker_cores_for_gpu"]) == {"10.0", "50.0"}
         assert pc["host_cpu_ms_per_job"] >= pc["worker_cpu_ms_per_job"] > 0
     assert "Host cores a GPU needs" in capsys.readouterr().out
+
+
+def test_bench_upload_holds_less_than_the_file_when_uploading_from_it(tmp_path, capsys):
+    """A multipart upload from the file (above the 16 MiB threshold) needs a few parts' worth of
+    memory, not the file; the in-memory row holds the whole body; both store every byte."""
+    out = tmp_path / "upload.json"
+    run_cli(["bench", "upload", "--mb", "1,48", "--json", str(out)])
+    rows = {(r["method"], r["bytes"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {(m, mb * 2**20) for m in ("put_file_once", "put_once") for mb in (1, 48)}
+    assert all(r["written"] and r["stored_bytes"] == r["bytes"] for r in rows.values())
+    from_file, in_memory = rows["put_file_once", 48 * 2**20], rows["put_once", 48 * 2**20]
+    assert from_file["held_bytes"] < 2**20 and in_memory["held_bytes"] > 0.9 * in_memory["bytes"]
+    assert from_file["held_bytes"] + from_file["peak_increase_bytes"] < 0.75 * from_file["bytes"]
+    assert "Upload memory" in capsys.readouterr().out
