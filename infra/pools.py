@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from infra import keys
 from infra.controls import DEFAULT_MAX_CONTROLS, MAX_CONTROLS, ControlSpec
 from infra.schemas import SchedulerName
-from infra.video import MAX_FRAMES, VIDEO_RULES, is_video_family, video_errors
+from infra.video import MAX_FRAMES, is_video_family, video_errors
 
 #: Pool names: what :func:`pool_for_model` produces, without ``:`` (the broker's priority separator).
 POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
@@ -287,12 +287,6 @@ class PoolSpec(BaseModel):
         if video and self.max_batch is None:  # the dispatcher and the worker size by it: one video a batch
             object.__setattr__(self, "max_batch", 1)
         return self
-
-    @property
-    def frames_limit(self) -> int | None:
-        """The most frames a job of this pool may ask for (None: an image pool)."""
-        rules = VIDEO_RULES.get(self.model_family or "")
-        return None if rules is None else (self.max_frames or rules.max_frames)
 
     @field_validator("family")
     @classmethod

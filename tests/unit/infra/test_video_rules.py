@@ -83,8 +83,7 @@ def test_a_video_costs_its_frames():
 
 def test_a_video_pool_batches_one_and_only_a_video_pool_takes_max_frames():
     pool = PoolSpec(name="wan", model="tiny-wan", family="wan")
-    assert pool.max_batch == 1 and pool.frames_limit == 81
-    assert PoolSpec(name="wan", model="x", family="wan", max_frames=33).frames_limit == 33
+    assert pool.max_batch == 1 and pool.max_frames is None  # the family's limit applies (81)
     with pytest.raises(ValidationError, match="one job per batch"):
         PoolSpec(name="wan", model="x", family="wan", max_batch=4)
     with pytest.raises(ValidationError, match="max_frames is for video pools"):
