@@ -61,7 +61,7 @@ def test_download_content_is_the_mp4_and_thumbnail_and_spritesheet_are_images(sd
     poster = Image.open(io.BytesIO(sdk.videos.download_content(done.id, variant="thumbnail").content))
     assert poster.size == (96, 64)
     preview = Image.open(io.BytesIO(sdk.videos.download_content(done.id, variant="spritesheet").content))
-    assert preview.format == "WEBP" and getattr(preview, "n_frames", 1) == 8
+    assert preview.format == "WEBP" and getattr(preview, "n_frames", 1) > 1  # animated
 
 
 def test_list_pages_with_the_sdks_cursor(sdk, done):

@@ -148,6 +148,8 @@ async def _store_reference(farm: Farm, upload: UploadFile) -> str | JSONResponse
     except InputRefused as exc:
         return _error(400 if exc.status == 422 else exc.status, f"input_reference: {exc.reason}",
                       param="input_reference")
+    except (ValueError, OSError) as exc:
+        return _error(400, f"input_reference: {exc}", param="input_reference")
     return image.key
 
 
