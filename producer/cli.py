@@ -134,7 +134,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         line = f"job {status.job_id}: {status.state}, progress {status.progress:.0%}, attempts {status.attempts}"
         if status.result:
-            line += f"\n  {status.result.key} {status.result.width}x{status.result.height}\n  {status.result.url}"
+            result = status.result
+            video = f", {result.num_frames} frames at {result.fps} fps" if result.num_frames and result.fps else ""
+            line += f"\n  {result.key} {result.width}x{result.height}{video}\n  {result.url}"
+            if result.poster_url:
+                line += f"\n  poster {result.poster_url}"
         if status.error:
             line += f"\n  {status.error.type}: {status.error.message}"
         print(line)

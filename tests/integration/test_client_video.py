@@ -91,3 +91,10 @@ def test_cli_download_writes_the_mp4_and_poster(api_server, video_job, farm_env,
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [f"{video_job.job_id}.mp4", f"{video_job.job_id}.poster.png"]
     assert Image.open(io.BytesIO((tmp_path / names[1]).read_bytes())).format == "PNG"
+
+
+@MP4_STORAGE
+def test_cli_status_shows_a_videos_frames_and_poster(api_server, video_job, farm_env):
+    shown = _cli(farm_env, "status", video_job.job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"{video_job.job_id}.mp4 96x64, 9 frames at 8 fps" in shown.stdout and "\n  poster http" in shown.stdout

@@ -85,8 +85,9 @@ def test_input_reference_is_stored_and_becomes_the_init_image(sdk, api_server):
 
 
 def test_delete_removes_the_files_and_content_then_is_404(sdk):
-    video = sdk.videos.poll(sdk.videos.create(prompt="to delete", model="null", seconds="1", size="96x64").id,
-                            poll_interval_ms=200)
+    # create_and_poll waits as the farm's openai-poll-after-ms header says
+    video = sdk.videos.create_and_poll(prompt="to delete", model="null", seconds="1", size="96x64")
+    assert video.status == "completed", video.error
     assert sdk.videos.download_content(video.id).content  # stored
     deleted = sdk.videos.delete(video.id)
     assert (deleted.id, deleted.deleted, deleted.object) == (video.id, True, "video.deleted")

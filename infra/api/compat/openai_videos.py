@@ -22,9 +22,10 @@ Routes and what they do on the farm:
   caller's tenant, also one submitted as ``POST /v1/jobs``).
 - ``GET /v1/videos?after=&limit=&order=``: the caller's videos, newest first (``order=asc``:
   oldest first), ``limit`` 1…100 (default 20), ``after`` a video id (the previous page's
-  ``last_id``). An honest subset: the video jobs among the tenant's :data:`LIST_SCAN_BATCHES`
-  newest batches (each ``POST /v1/videos`` is a batch of one), as long as their records live
-  (``RENDERFARM_JOB_TTL_S``).
+  ``last_id``; an id not in the list gives an empty page). An honest subset: the video jobs of
+  batches of one job (each ``POST /v1/videos`` is one; so is ``POST /v1/jobs``) among the
+  tenant's :data:`LIST_SCAN_BATCHES` newest batches, as long as their records live
+  (``RENDERFARM_JOB_TTL_S``); a video in a larger batch is retrieved by id, not listed.
 - ``DELETE /v1/videos/{id}``: an unfinished video is canceled; a finished one's stored files
   (MP4, poster, preview) are deleted from the bucket. Its record stays until it expires, so
   ``retrieve`` still answers; ``content`` then answers 404.
