@@ -1,4 +1,5 @@
-"""The CLI's producer side: ``renderfarm submit``, ``status`` and ``wait``.
+"""The CLI's producer side: ``renderfarm submit`` (images, or videos with ``--video``/``--frames``/``--fps``),
+``status`` and ``wait``.
 
 Data flow: **CLI** → ``RenderClient`` → status API. Bad input is refused before anything is
 sent, with the field and the rule named.
@@ -65,17 +66,25 @@ def _inputs_from_args(args: argparse.Namespace, client: RenderClient) -> dict:
     return fields
 
 
+def _video_fields(args: argparse.Namespace) -> dict:
+    """``kind: video`` (with ``--frames``/``--fps``) when ``--video``, ``--frames`` or ``--fps`` is given; else {}."""
+    frames, fps = getattr(args, "frames", None), getattr(args, "fps", None)
+    if not (getattr(args, "video", False) or frames is not None or fps is not None):
+        return {}
+    return {"kind": "video", "num_frames": frames, "fps": fps}
+
+
 def _requests_from_args(args: argparse.Namespace, extra: dict | None = None) -> list[RenderRequest]:
-    prompts = list(args.prompt or [])
+    prompts = list(args.prompt or []) + list(getattr(args, "text", None) or [])
     if args.prompts:
         prompts.extend(load_prompts(args.prompts))
     if not prompts:
-        raise SystemExit("error: give --prompt TEXT or --prompts FILE")
+        raise SystemExit("error: give a prompt (PROMPT, --prompt TEXT or --prompts FILE)")
     common = {k: v for k, v in {
         "model": args.model, "width": args.width, "height": args.height, "num_inference_steps": args.steps,
         "guidance_scale": args.guidance_scale, "negative_prompt": args.negative_prompt,
         "scheduler": args.scheduler, "output_format": args.format, "upscale": args.upscale,
-        "upscaler": args.upscaler, **(extra or {})}.items() if v is not None}
+        "upscaler": args.upscaler, **_video_fields(args), **(extra or {})}.items() if v is not None}
     return [RenderRequest(prompt=p, seed=None if args.seed is None else args.seed + i, **common)
             for i, p in enumerate(prompts)]
 
@@ -83,7 +92,8 @@ def _requests_from_args(args: argparse.Namespace, extra: dict | None = None) -> 
 def _print_error(exc: Exception) -> int:
     if isinstance(exc, ValidationError):
         for err in exc.errors():
-            print(f"error: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}", file=sys.stderr)
+            where = ".".join(str(x) for x in err["loc"])
+            print(f"error: {where + ': ' if where else ''}{err['msg']}", file=sys.stderr)
         return 2
     print(f"error: {exc}", file=sys.stderr)
     return 2 if isinstance(exc, (RenderFarmError, NotFoundError)) else 1
@@ -124,7 +134,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         line = f"job {status.job_id}: {status.state}, progress {status.progress:.0%}, attempts {status.attempts}"
         if status.result:
-            line += f"\n  {status.result.key} {status.result.width}x{status.result.height}\n  {status.result.url}"
+            result = status.result
+            video = f", {result.num_frames} frames at {result.fps} fps" if result.num_frames and result.fps else ""
+            line += f"\n  {result.key} {result.width}x{result.height}{video}\n  {result.url}"
+            if result.poster_url:
+                line += f"\n  poster {result.poster_url}"
         if status.error:
             line += f"\n  {status.error.type}: {status.error.message}"
         print(line)
@@ -147,7 +161,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``submit``, ``status`` and ``wait`` to the CLI."""
-    p = subparsers.add_parser("submit", help="submit renders; prints the batch id")
+    p = subparsers.add_parser("submit", help="submit renders (images or videos); prints the batch id",
+                              epilog='e.g. renderfarm submit --video --frames 49 "a product turning on a table"')
+    p.add_argument("text", nargs="*", metavar="PROMPT", help="prompts (one job each), beside --prompt/--prompts")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--prompts", help="a text file (one prompt a line) or a PartiPrompts-style TSV")
     p.add_argument("--model")
@@ -162,7 +178,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--upscale", type=int, choices=[2, 4],
                    help="upscale the rendered images by 2 or 4 (with --upscaler)")
     p.add_argument("--upscaler", help="an upscaler the pool declares, e.g. esrgan-x4-arch")
-    p.add_argument("--init-image", help="img2img/inpainting input: a local file (uploaded), an https URL or a key")
+    p.add_argument("--video", action="store_true",
+                   help="render videos (kind video: an MP4 with a poster and a WebP preview); a video model renders "
+                        "video without it")
+    p.add_argument("--frames", type=int, metavar="N",
+                   help="video frames (implies --video); the family's rule applies: Wan 4k+1 (max 81), LTX-Video "
+                        "8k+1 (max 257); default: the family's (Wan 81, LTX-Video 121)")
+    p.add_argument("--fps", type=int, metavar="N",
+                   help="video frames per second, 1…60 (implies --video); default: the family's (Wan 16, LTX-Video 25)")
+    p.add_argument("--init-image", help="img2img/inpainting input, or a video's first frame (image-to-video): a "
+                                        "local file (uploaded), an https URL or a key")
     p.add_argument("--mask", help="inpainting mask (white = repaint), the init image's size; a file, URL or key")
     p.add_argument("--strength", type=float, help="0 < strength ≤ 1: how much of the init image is re-noised")
     p.add_argument("--lora", action="append", metavar="NAME:WEIGHT", help="an adapter the pool declares (repeatable)")

@@ -154,6 +154,28 @@ class RenderClient:
         return JobAccepted.model_validate(self._call("POST", "/v1/jobs", content=request.model_dump_json(),
                                                      headers={"Content-Type": "application/json"}))
 
+    def submit_video(self, prompt: str, *, num_frames: int | None = None, fps: int | None = None,
+                     init_image: str | Path | None = None, **fields: Any) -> JobAccepted:
+        """Submit one video (``kind: video``): ``num_frames`` frames played at ``fps`` frames per
+        second (None: the video family's defaults, e.g. Wan 81 at 16 fps, LTX-Video 121 at 25;
+        the family's rule applies: Wan 4k+1 frames, LTX-Video 8k+1), from text, or from
+        ``init_image`` as the first frame (image-to-video: a bucket key, an https URL or a local
+        file, uploaded first). ``fields`` are other :class:`~infra.schemas.RenderRequest` fields
+        (``model``, ``width``, ``height``, ``seed``, …). The result is an MP4 (``result.key``
+        ``{batch}/{job}.mp4``) with a poster frame and an animated WebP preview.
+
+        Raises:
+            pydantic.ValidationError: a field the schema refuses (e.g. ``mask_image`` on a
+                video); nothing is sent.
+            RenderFarmError: the API refused it (422 naming the field: a frame count off the
+                family's rule or over the pool's ``max_frames``, a family without image-to-video).
+        """
+        request: dict[str, Any] = {"prompt": prompt, **fields, "kind": "video"}
+        for name, value in (("num_frames", num_frames), ("fps", fps), ("init_image", init_image)):
+            if value is not None:
+                request[name] = value
+        return self.submit(request)
+
     def upload(self, path: str | Path) -> str:
         """Upload one input image (``POST /v1/uploads``); returns its content-addressed key
         (``inputs/<sha256>.<ext>``) for ``init_image`` / ``mask_image`` / ``controls[].image``.
@@ -275,13 +297,24 @@ class RenderClient:
         image.load()
         return image
 
-    def download(self, job: str | JobStatus, dest_dir: str | Path) -> Path:
-        """Save a succeeded job's image file into ``dest_dir``; returns its path."""
+    def download(self, job: str | JobStatus, dest_dir: str | Path, *, poster: bool = False) -> Path:
+        """Save a succeeded job's file into ``dest_dir`` under its object key's name (an image's
+        ``<job id>.png|webp|jpg``, a video's ``<job id>.mp4``); returns its path. With ``poster``,
+        a video's poster frame is saved beside it too (``<job id>.poster.<ext>``, the key's name).
+
+        Raises:
+            RuntimeError: the job has not succeeded. httpx.HTTPError: a file could not be fetched.
+        """
         status = self.job(job) if isinstance(job, str) else job
         dest = Path(dest_dir)
         dest.mkdir(parents=True, exist_ok=True)
         path = dest / Path(status.result.key).name if status.result else dest / status.job_id
         path.write_bytes(self.fetch_bytes(status))
+        result = status.result
+        if poster and result is not None and result.poster is not None and result.poster_url is not None:
+            response = httpx.get(result.poster_url, timeout=60)
+            response.raise_for_status()
+            (dest / Path(result.poster).name).write_bytes(response.content)
         return path
 
     def download_all(self, jobs: Iterable[JobStatus], dest_dir: str | Path) -> list[Path]:

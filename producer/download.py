@@ -1,8 +1,9 @@
-"""``renderfarm download BATCH_ID [--dir D]``: a batch's images onto the disk, with a progress bar.
+"""``renderfarm download BATCH_ID [--dir D]``: a batch's images (and videos) onto the disk, with a progress bar.
 
 Data flow: status API (the batch's jobs, each succeeded one with a presigned GET URL) → **here**
 → the images, fetched straight from the bucket through those URLs (no S3 credentials), a few
-at a time, into ``D/<job id>.<ext>``. Jobs that did not succeed are listed, not fetched.
+at a time, into ``D/<job id>.<ext>`` (a video: ``D/<job id>.mp4`` and its poster frame
+``D/<job id>.poster.<ext>``). Jobs that did not succeed are listed, not fetched.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Downloaded:
 
 def download_batch(client: RenderClient, batch_id: str, dest: str | Path, *, progress: bool | None = None,
                    concurrency: int = CONCURRENCY) -> Downloaded:
-    """Save every succeeded job's image of ``batch_id`` into ``dest`` (created if needed), in
+    """Save every succeeded job's image (a video's MP4 and poster) of ``batch_id`` into ``dest`` (created if needed), in
     submission order of the jobs; a tqdm bar (images, with the bytes so far) on a terminal.
 
     Raises:
@@ -48,7 +49,7 @@ def download_batch(client: RenderClient, batch_id: str, dest: str | Path, *, pro
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=len(ready), unit="img", desc=f"batch {batch_id[:8]}", disable=not show, file=sys.stderr) as bar, \
             ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="download") as pool:
-        for path in pool.map(lambda job: client.download(job, dest), ready):
+        for path in pool.map(lambda job: client.download(job, dest, poster=True), ready):
             out.paths.append(path)
             out.bytes += path.stat().st_size
             bar.update(1)

@@ -28,7 +28,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from infra.api.auth import TenantMiddleware, redacting_log_config
-from infra.api.compat import a1111, a1111_controlnet, openai_edits, openai_images
+from infra.api.compat import a1111, a1111_controlnet, openai_edits, openai_images, openai_videos
 from infra.api.deps import Farm
 from infra.api.limits import RateLimited, RateLimitMiddleware
 from infra.api.routes import (
@@ -58,7 +58,7 @@ from infra.settings import Settings, get_settings
 ROUTERS: tuple[APIRouter, ...] = (jobs.router, batches.router, catalog.router, deadletter.router, workers.router,
                                   queues.router, health.router, telemetry.router, gallery.router, dashboard.router,
                                   webhook_routes.router, uploads.router, a1111.router, a1111_controlnet.router,
-                                  openai_images.router, openai_edits.router)
+                                  openai_images.router, openai_edits.router, openai_videos.router)
 
 DESCRIPTION = ("Submit text-to-image render jobs and follow them to their images.\n\n"
                "Every `/v1` route acts for the tenant of the `X-API-Key` header (required when the farm requires "

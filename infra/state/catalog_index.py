@@ -69,7 +69,8 @@ def record(client: redis.Redis, tenant: str, batch_id: str, jobs: Sequence[NewJo
     for job in jobs:
         key = job.request.metadata.get(CATALOG_KEY_FIELD)
         if key:
-            entries[key] = json.dumps({"job": job.job_id, "batch": batch_id, "fmt": job.request.output_format,
+            fmt = "mp4" if job.request.is_video else job.request.output_format  # a video's file is {job}.mp4
+            entries[key] = json.dumps({"job": job.job_id, "batch": batch_id, "fmt": fmt,
                                        "t": round(time.time(), 3)})
     if entries:
         client.hset(keys.catalog(tenant), mapping=entries)

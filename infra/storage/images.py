@@ -84,7 +84,8 @@ def format_parameters(request: RenderRequest, *, model: str, job_id: str | None 
         fields["Postprocess upscale by"] = str(request.upscale)
         fields["Postprocess upscaler"] = request.upscaler or ""
     if request.mode != "txt2img":
-        fields["Denoising strength"] = f"{request.effective_strength:g}"
+        if request.effective_strength is not None:  # None for image-to-video: the init image is the first frame
+            fields["Denoising strength"] = f"{request.effective_strength:g}"
         fields["Mode"] = request.mode
         fields["Init image"] = request.init_image or ""
         if request.mask_image is not None:

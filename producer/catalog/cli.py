@@ -52,7 +52,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     params = {k: v for k, v in {"width": args.width, "height": args.height, "num_inference_steps": args.steps,
                                 "guidance_scale": args.guidance_scale, "scheduler": args.scheduler,
                                 "upscale": args.upscale, "upscaler": args.upscaler,
-                                "output_format": args.format}.items() if v is not None}
+                                "output_format": args.format, "num_frames": args.frames,
+                                "fps": args.fps}.items() if v is not None}
+    if args.video or args.frames is not None or args.fps is not None:
+        params["kind"] = "video"
     if not 1 <= args.chunk_size <= MAX_CHUNK:
         print(f"error: --chunk-size must be 1…{MAX_CHUNK}", file=sys.stderr)
         return 2
@@ -111,6 +114,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["png", "webp", "jpeg"], help="image format")
     p.add_argument("--upscale", type=int, choices=[2, 4], help="upscale every image by 2 or 4 (with --upscaler)")
     p.add_argument("--upscaler", help="an upscaler the pool declares, e.g. esrgan-x4-arch")
+    p.add_argument("--video", action="store_true",
+                   help="every item a video unless its video column says no (a video column or frames/fps "
+                        "columns make single items videos without it)")
+    p.add_argument("--frames", type=int, metavar="N", help="video frames of every video item (implies --video; "
+                                                           "the family's rule: Wan 4k+1, LTX-Video 8k+1)")
+    p.add_argument("--fps", type=int, metavar="N", help="video frames per second, 1…60 (implies --video)")
     p.add_argument("--input-format", choices=["auto", "csv", "jsonl"], default="auto",
                    help="catalog format (default: by extension, else sniffed)")
     p.add_argument("--report", help="write the JSON report here (with a manifest: item id, S3 key, presigned URL)")

@@ -10,9 +10,14 @@ the local files; an https URL's image is downloaded first and counts by its byte
 like a local file) and ``strength``, and for an item with a ``control_image`` column (and
 ``control_type``, optional ``control_weight`` and ``control_preprocess``: one ControlNet unit) the
 unit with its image's content key: a re-run after a photo or control image changed renders that
-item again, and only that one. Local paths are relative to the catalog's folder; the
-run uploads them (:mod:`producer.local_inputs`) before submitting. Its seed is the item's ``seed``
-field, or else derived from that same content, so a re-run computes the same keys.
+item again, and only that one. A video item (a ``video`` column saying yes: ``1``/``true``/``yes``/
+``video``; or ``kind`` ``video``; or a ``frames``/``fps`` column; or ``--video`` with ``--frames``/``--fps``
+on the command line) adds ``kind``, ``num_frames`` and ``fps`` to its key (absent ones as null:
+the family's defaults), so another frame count or rate renders again; ``video`` saying no (``0``/
+``false``/``no``/``image``) keeps an item an image under ``--video``. Local paths are relative to
+the catalog's folder; the run uploads them (:mod:`producer.local_inputs`) before submitting. Its
+seed is the item's ``seed`` field, or else derived from that same content, so a re-run computes
+the same keys.
 """
 
 from __future__ import annotations
@@ -35,7 +40,11 @@ from producer.local_inputs import fetch_url_input, local_input_key
 PARAM_FIELDS = {"seed": "seed", "width": "width", "height": "height", "steps": "num_inference_steps",
                 "num_inference_steps": "num_inference_steps", "guidance_scale": "guidance_scale",
                 "negative_prompt": "negative_prompt", "scheduler": "scheduler", "output_format": "output_format",
-                "model": "model", "upscale": "upscale", "upscaler": "upscaler", "strength": "strength"}
+                "model": "model", "upscale": "upscale", "upscaler": "upscaler", "strength": "strength",
+                "kind": "kind", "frames": "num_frames", "num_frames": "num_frames", "fps": "fps"}
+#: Values of a ``video`` column that make an item a video (case-insensitive; JSON ``true`` too),
+#: and those that leave it an image; anything else fails the item.
+VIDEO_YES, VIDEO_NO = ("1", "true", "yes", "y", "video"), ("0", "false", "no", "n", "image")
 #: Item columns that name input images (local paths relative to the catalog, or https URLs).
 IMAGE_COLUMNS = {"image": "init_image", "mask": "mask_image", "control_image": "control_image"}
 #: Item columns of a ControlNet unit (``control_image`` is its image; ``control_type`` is required with it).
@@ -55,6 +64,8 @@ def _canonical(request: RenderRequest, with_seed: bool) -> bytes:
         data["strength"] = request.effective_strength
     if request.controls:  # only then: the unit set, each unit's image key (naming its SHA-256) and settings
         data["controls"] = [unit.model_dump(mode="json") for unit in request.controls]
+    if request.is_video:  # only then: a video's frames and rate (None: the family's defaults) make another key
+        data["kind"], data["num_frames"], data["fps"] = "video", request.num_frames, request.fps
     if with_seed:
         data["seed"] = request.seed
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -87,6 +98,20 @@ class Plan:
 
 def _value(v: Any) -> Any:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False) if isinstance(v, (dict, list)) else v
+
+
+def _video_kind(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"kind": "video"}`` when the item's ``video`` column says yes (or it sets ``frames``/``fps``
+    without a ``kind``), ``{"kind": "image"}`` when it says no, ``{}`` otherwise. Raises ValueError
+    for a ``video`` value that is neither."""
+    video = values.get("video")
+    if video is not None:
+        text = str(video).strip().lower()
+        if text not in VIDEO_YES + VIDEO_NO:
+            raise ValueError(f"column 'video': {video!r} is not one of {', '.join(VIDEO_YES + VIDEO_NO)}")
+        return {"kind": "video" if text in VIDEO_YES else "image"}
+    framed = any(values.get(c) is not None for c in ("frames", "num_frames", "fps"))
+    return {"kind": "video"} if framed and values.get("kind") is None else {}
 
 
 def _inputs(values: Mapping[str, Any], base_dir: Path) -> tuple[dict[str, str], dict[str, Path]]:
@@ -156,6 +181,12 @@ def plan_item(item: Item, template: Template, defaults: Mapping[str, Any],
     for name, target in PARAM_FIELDS.items():
         if name in values:
             params[target] = values[name]
+    try:
+        params.update(_video_kind(values))
+    except ValueError as exc:
+        return Plan(item, error={"type": "ValidationError", "message": f"item {item.id!r} (line {item.line}): {exc}"})
+    if params.get("kind") == "image":  # an image item in a --video catalog: the command line's frames are not its
+        params = {k: v for k, v in params.items() if k not in ("num_frames", "fps") or k in values}
     try:
         inputs, files = _inputs(values, base_dir)
     except (ValueError, OSError) as exc:
