@@ -16,9 +16,6 @@ from PIL import Image
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.integration
-MP4_STORAGE = pytest.mark.xfail(strict=True, reason="needs the worker's MP4 storage ({batch}/{job}.mp4, poster, "
-                                                    "WebP preview); until it lands a video is stored as a PNG of its "
-                                                    "first frame")
 SMALL = {"model": "null", "width": 96, "height": 64}
 
 
@@ -58,7 +55,6 @@ def test_submit_video_refuses_what_a_video_cannot_take_before_sending(client):
         client.submit_video("x", num_frames=9, init_image="inputs/a.png", mask_image="inputs/b.png")
 
 
-@MP4_STORAGE
 def test_download_names_the_video_mp4_and_saves_its_poster(client, video_job, tmp_path):
     path = client.download(video_job.job_id, tmp_path, poster=True)
     assert path.name == f"{video_job.job_id}.mp4" and path.read_bytes()[4:8] == b"ftyp"
@@ -84,7 +80,6 @@ def test_cli_refuses_bad_video_flags_by_name(api_server, farm_env):
     assert zero.returncode == 2 and "fps: Input should be greater than or equal to 1" in zero.stderr, zero.stderr
 
 
-@MP4_STORAGE
 def test_cli_download_writes_the_mp4_and_poster(api_server, video_job, farm_env, tmp_path):
     done = _cli(farm_env, "download", video_job.batch_id, "--dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -93,7 +88,6 @@ def test_cli_download_writes_the_mp4_and_poster(api_server, video_job, farm_env,
     assert Image.open(io.BytesIO((tmp_path / names[1]).read_bytes())).format == "PNG"
 
 
-@MP4_STORAGE
 def test_cli_status_shows_a_videos_frames_and_poster(api_server, video_job, farm_env):
     shown = _cli(farm_env, "status", video_job.job_id)
     assert shown.returncode == 0, shown.stderr

@@ -15,9 +15,6 @@ from PIL import Image
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.filterwarnings("ignore:The Sora API is scheduled:DeprecationWarning")]
-MP4_STORAGE = pytest.mark.xfail(strict=True, reason="needs the worker's MP4 storage (video/mp4 + poster + WebP "
-                                                    "preview); until it lands a video is stored as a PNG of its "
-                                                    "first frame")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +45,6 @@ def test_create_and_poll_answers_a_completed_video_with_the_farms_frames(sdk, do
     assert sdk.videos.retrieve(done.id).status == "completed"
 
 
-@MP4_STORAGE
 def test_download_content_is_the_mp4_and_thumbnail_and_spritesheet_are_images(sdk, done):
     import av
 

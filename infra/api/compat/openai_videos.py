@@ -136,7 +136,7 @@ def _family_of(farm: Farm, model: str, width: int, height: int) -> tuple[str | N
     router_ = farm.submitter.router
     pool = router_.pool_for(model, width, height)
     spec = router_.spec(pool)
-    return router_.family(pool, model), spec.frames_limit if spec is not None else None
+    return router_.family(pool, model), spec.max_frames if spec is not None else None
 
 
 async def _store_reference(farm: Farm, upload: UploadFile) -> str | JSONResponse:
