@@ -146,6 +146,8 @@ def _register_pipeline(sub) -> None:
     p.add_argument("--embeds", action="store_true",
                    help="--video: build no text encoder, render from random prompt_embeds of the real shape "
                         "(the -arch builds' UMT5-XXL / T5-XXL are 5.7B / 4.8B parameters)")
+    p.add_argument("--video-overrides", default="",
+                   help='--video: video recipe knobs as JSON on top of exact, e.g. \'{"compile_regional": false}\'')
     p.add_argument("--modes-overrides", default=None,
                    help='--modes: recipe knobs as JSON, e.g. \'{"compile_denoiser": true}\' (adapters then hot-swap)')
     p.set_defaults(func=lambda args: sys.exit(handlers.pipeline(args)))

@@ -61,7 +61,7 @@ def _video(args: argparse.Namespace) -> int:
     config = VideoBenchConfig(model=args.model, width=args.width, height=args.height, frames=args.frames,
                               steps=args.steps, guidance_scale=guidance,
                               repeats=args.repeats, device=args.device, cache_threshold=args.cache_threshold,
-                              embeds=args.embeds)
+                              embeds=args.embeds, overrides=args.video_overrides)
     return run_and_report("bench pipeline --video", lambda log: run_video_bench(config, log=log), video_table,
                           args.json)
 

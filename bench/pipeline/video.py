@@ -54,7 +54,8 @@ ROWS = ("baseline", "vae_tiling", "step_cache")
 class VideoBenchConfig:
     """What to measure: ``model`` at ``width`` × ``height``, ``frames`` frames, ``steps`` steps,
     ``guidance_scale``; ``repeats`` timed rounds (≥ 2); ``cache_threshold`` the step cache's;
-    ``embeds``: random ``prompt_embeds`` instead of a built text encoder (see the module docstring)."""
+    ``embeds``: random ``prompt_embeds`` instead of a built text encoder (see the module docstring);
+    ``overrides``: video recipe knobs (JSON) on top of ``exact``, e.g. ``{"compile_regional": false}``."""
 
     model: str = "tiny-wan"
     width: int = 256
@@ -66,6 +67,7 @@ class VideoBenchConfig:
     device: str = "cpu"
     cache_threshold: float = 0.05
     embeds: bool = False
+    overrides: str = ""
 
 
 class _Subject:
@@ -80,7 +82,7 @@ class _Subject:
         profile = probe(config.device)
         self.device = profile.torch_device
         self.profile = profile.to_dict()
-        recipe = video_recipe(profile, "exact", self.family)
+        recipe = video_recipe(profile, "exact", self.family, config.overrides)
         if config.embeds:
             import diffusers
 
@@ -97,7 +99,8 @@ class _Subject:
         else:
             from pipeline.video.prepare import prepare_video_renderer
 
-            self.renderer, _ = prepare_video_renderer(config.model, config.device, "exact", family=self.family)
+            self.renderer, _ = prepare_video_renderer(config.model, config.device, "exact", config.overrides,
+                                                      family=self.family)
             self.pipe = self.renderer.pipe
         self.recipe = recipe.name
         self.full_passes = 0
