@@ -18,6 +18,7 @@ from pipeline.memory import BatchLimits
 from pipeline.models.load import load_pipeline
 from pipeline.pool_options import PoolOptions
 from pipeline.video.apply import DTYPES, apply_video_recipe
+from pipeline.video.frames import largest_size, measure_max_frames
 from pipeline.video.recipes import video_recipe
 from pipeline.video.render import VideoRenderer
 
@@ -38,7 +39,10 @@ def prepare_video_renderer(model: str, device: str = "auto", recipe_name: str = 
         ``(renderer, device profile as a dict)``. ``renderer.recipe``: the video recipe
         (:meth:`VideoRecipe.to_dict`) with ``report`` (what was applied and skipped) and
         :meth:`VideoRenderer.describe`; ``max_batch_size`` 1; ``limits`` a fresh
-        :class:`pipeline.memory.BatchLimits`; ``pool``; ``compiler_warm_up`` None; ``family``.
+        :class:`pipeline.memory.BatchLimits`; ``pool``; ``compiler_warm_up`` None; ``family``. A pool
+        that declares ``sizes`` or ``max_pixels`` gets ``renderer.recipe["max_frames"]``: the frames
+        that fit ``memory_fraction`` of the device at its largest size, from two short renders
+        (:func:`pipeline.video.frames.measure_max_frames`).
     Raises:
         ValueError / FileNotFoundError: the model cannot be loaded, a bad override, or a pool
             whose declared family is not the model's.
@@ -57,6 +61,12 @@ def prepare_video_renderer(model: str, device: str = "auto", recipe_name: str = 
     renderer.limits = BatchLimits()
     renderer.pool = pool
     renderer.compiler_warm_up = None
+    size = largest_size(pool, renderer.capabilities.size_multiple)
+    if size is not None:  # a declared pool: how many frames fit at its largest size
+        budget = recipe.memory_fraction * profile.total_memory_bytes
+        renderer.recipe["max_frames"] = measure_max_frames(renderer, int(budget), *size)
+        log.info("max_frames %d at %dx%d (peaks %s, budget %.0f MiB)", renderer.recipe["max_frames"]["max_frames"],
+                 *size, renderer.recipe["max_frames"]["samples"], budget / 2**20)
     log.info("loaded %s (%s video) on %s with recipe %s in %.1fs (applied: %s; skipped: %s)", model,
              renderer.family, target, recipe.name, time.perf_counter() - t0, sorted(report["applied"]),
              report["skipped"])

@@ -36,6 +36,10 @@ from pipeline.schedulers import scheduler_name
 
 #: Family → the diffusers image-to-video pipeline made from the pinned one with ``from_pipe``.
 I2V_PIPELINES = {"ltx": "LTXImageToVideoPipeline"}
+#: Family → the fewest ``num_inference_steps`` it renders. LTX-Video's scheduler stretches its sigmas
+#: to ``shift_terminal`` 0.1 (FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal): with one
+#: step the only sigma is 1 and diffusers 0.42.1 divides by zero (then an IndexError in ``step``).
+MIN_STEPS = {"ltx": 2}
 
 
 def frames_to_uint8(frames: np.ndarray) -> np.ndarray:
@@ -90,7 +94,8 @@ class VideoRenderer:
         return requested if requested != "default" else scheduler_name(self.pipe.scheduler)
 
     def warmup(self, *, width: int = 64, height: int = 64, num_inference_steps: int = 1) -> float:
-        """Render one short clip (``frame_step + 1`` frames) to load kernels; wall seconds."""
+        """Render one short clip (``frame_step + 1`` frames; the family's fewest steps when
+        ``num_inference_steps`` is under them) to load kernels; wall seconds."""
         import time
 
         multiple = self.capabilities.size_multiple
@@ -116,18 +121,25 @@ class VideoRenderer:
 
     def _render_one(self, request: RenderRequest, on_step: Callable[[int, int], None] | None) -> PIL.Image.Image:
         frames, fps = self._shape(request)
+        steps = request.num_inference_steps
+        least = MIN_STEPS.get(self.family or "", 1)
+        if steps < least:
+            if request.is_video:
+                raise ValueError(f"num_inference_steps: the {self.family} family renders at least {least} steps "
+                                 f"(its scheduler's shift_terminal needs them), got {steps}")
+            steps = least  # a warm-up render: the fewest it can do
         pipe = self._pipeline_for(request)
         generator = torch.Generator(self.generator_device).manual_seed(int(request.seed))  # type: ignore[arg-type]
 
         def step_end(pipeline, step_index, timestep, callback_kwargs):
             if on_step is not None:
-                on_step(step_index + 1, getattr(pipeline, "num_timesteps", None) or request.num_inference_steps)
+                on_step(step_index + 1, getattr(pipeline, "num_timesteps", None) or steps)
             return callback_kwargs
 
         kwargs: dict[str, Any] = {
             "prompt": request.prompt, "negative_prompt": request.negative_prompt or None,
             "num_frames": frames, "height": request.height, "width": request.width,
-            "num_inference_steps": request.num_inference_steps, "guidance_scale": request.guidance_scale,
+            "num_inference_steps": steps, "guidance_scale": request.guidance_scale,
             "generator": generator, "output_type": "np", "callback_on_step_end": step_end,
             "frame_rate": fps}
         if request.init_image is not None:

@@ -111,3 +111,28 @@ def test_video_arch_configs_count_the_published_parameters_on_meta(name, per_lay
         assert counts["transformer"] == 1_418_996_800 and counts["text_encoder"] == 5_680_910_336
     else:
         assert counts["transformer"] == 1_923_385_472 and counts["text_encoder"] == 4_762_310_656
+
+
+def test_max_frames_extrapolates_two_peaks_linearly_to_the_family_rule():
+    from pipeline.video.frames import max_frames_from_peaks
+
+    mib = 2**20
+    # 1000 MiB at 5 frames, 1100 MiB at 9: 25 MiB a frame; 2000 MiB fits 5 + 40 = 45 frames (4k+1)
+    assert max_frames_from_peaks([(5, 1000 * mib), (9, 1100 * mib)], 2000 * mib, 4, 81) == 45
+    assert max_frames_from_peaks([(9, 1100 * mib), (17, 1300 * mib)], 2000 * mib, 8, 257) == 41  # 8k+1 below 45
+    assert max_frames_from_peaks([(5, 1000 * mib), (9, 1100 * mib)], 100_000 * mib, 4, 81) == 81  # the cap
+    assert max_frames_from_peaks([(5, 1000 * mib), (9, 1000 * mib)], 2000 * mib, 4, 80) == 77  # flat: cap, to rule
+    assert max_frames_from_peaks([(5, 3000 * mib), (9, 3100 * mib)], 2000 * mib, 4, 81) == 1  # over budget already
+    with pytest.raises(ValueError, match="different frame counts"):
+        max_frames_from_peaks([(5, 1), (5, 2)], 10, 4, 81)
+
+
+def test_a_declared_pool_reports_its_max_frames(cache):
+    from pipeline.warm import PoolOptions, prepare_renderer
+
+    renderer, profile = prepare_renderer("tiny-ltx", "cpu", "exact", pool=PoolOptions(max_pixels=96 * 96))
+    report = renderer.recipe["max_frames"]
+    assert (report["width"], report["height"]) == (96, 96)  # the square of max_pixels, a multiple of 32
+    assert [s[0] for s in report["samples"]] == [9, 17] and all(s[1] > 0 for s in report["samples"])
+    assert 1 <= report["max_frames"] <= 257 and (report["max_frames"] - 1) % 8 == 0
+    assert report["budget_bytes"] == int(renderer.recipe["memory_fraction"] * profile["total_memory_bytes"])

@@ -122,10 +122,16 @@ def test_requests_a_family_cannot_render_fail_alone_with_the_reason(renderers):
         ltx.render([video("tiny-ltx", num_frames=13)])
     with pytest.raises(ValueError, match="own scheduler"):
         wan.render([video("tiny-wan", scheduler="euler")])
+    with pytest.raises(ValueError, match="num_inference_steps: the ltx family renders at least 2"):
+        ltx.render([video("tiny-ltx", num_inference_steps=1)])
 
 
-def test_a_warm_up_image_request_renders_the_shortest_clip(renderers):
-    (poster,) = renderers["tiny-wan"].render([RenderRequest(prompt="warm-up", model="tiny-wan", seed=0, width=64,
-                                                            height=64, num_inference_steps=1)])
-    frames, fps = frames_of(poster)
-    assert frames.shape == (5, 64, 64, 3) and fps == 16  # Wan: 4k+1 frames, 16 fps
+@pytest.mark.parametrize("model, frames, fps", [("tiny-wan", 5, 16), ("tiny-ltx", 9, 25)])
+def test_a_warm_up_image_request_renders_the_shortest_clip(renderers, model, frames, fps):
+    # the warm-up's 1-step image request (pipeline.warm.warm_up): LTX-Video renders its 2 steps instead
+    steps: list[int] = []
+    (poster,) = renderers[model].render([RenderRequest(prompt="warm-up", model=model, seed=0, width=64, height=64,
+                                                       num_inference_steps=1)], lambda s, t: steps.append(t))
+    clip_frames, clip_fps = frames_of(poster)
+    assert clip_frames.shape == (frames, 64, 64, 3) and clip_fps == fps  # 4k+1 / 8k+1 frames, the family's fps
+    assert steps[-1] == (2 if model == "tiny-ltx" else 1)
