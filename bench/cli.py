@@ -137,6 +137,17 @@ def _register_pipeline(sub) -> None:
     p.add_argument("--ip-adapter", type=int, default=1, choices=[0, 1],
                    help="--modes: also a row of txt2img with one IP-Adapter unit (an offline tiny-ip-adapter build: "
                         "the model's cross-attention layout, a tiny image encoder) (0: none)")
+    p.add_argument("--video", action="store_true",
+                   help="a video model (tiny-wan, tiny-ltx, wan2.1-t2v-1.3b-arch, ltx-video-arch): s/frame and peak "
+                        "memory of the exact recipe, then with VAE tiling and with step caching (First Block Cache)")
+    p.add_argument("--frames", type=int, default=17, help="--video: num_frames (Wan 4k+1, LTX-Video 8k+1; default 17)")
+    p.add_argument("--cache-threshold", type=float, default=0.05,
+                   help="--video: the step cache's threshold (FirstBlockCacheConfig; default 0.05)")
+    p.add_argument("--embeds", action="store_true",
+                   help="--video: build no text encoder, render from random prompt_embeds of the real shape "
+                        "(the -arch builds' UMT5-XXL / T5-XXL are 5.7B / 4.8B parameters)")
+    p.add_argument("--video-overrides", default="",
+                   help='--video: video recipe knobs as JSON on top of exact, e.g. \'{"compile_regional": false}\'')
     p.add_argument("--modes-overrides", default=None,
                    help='--modes: recipe knobs as JSON, e.g. \'{"compile_denoiser": true}\' (adapters then hot-swap)')
     p.set_defaults(func=lambda args: sys.exit(handlers.pipeline(args)))

@@ -54,6 +54,18 @@ def _two_stage(args: argparse.Namespace) -> int:
                           two_stage_table, args.json)
 
 
+def _video(args: argparse.Namespace) -> int:
+    from bench.pipeline.video import VideoBenchConfig, run_video_bench, video_table
+
+    guidance = 5.0 if args.guidance_scale is None else args.guidance_scale
+    config = VideoBenchConfig(model=args.model, width=args.width, height=args.height, frames=args.frames,
+                              steps=args.steps, guidance_scale=guidance,
+                              repeats=args.repeats, device=args.device, cache_threshold=args.cache_threshold,
+                              embeds=args.embeds, overrides=args.video_overrides)
+    return run_and_report("bench pipeline --video", lambda log: run_video_bench(config, log=log), video_table,
+                          args.json)
+
+
 def _modes(args: argparse.Namespace) -> int:
     from bench.pipeline.image_modes import ModesConfig, modes_table, run_modes_bench
 
@@ -73,6 +85,8 @@ def pipeline(args: argparse.Namespace) -> int:
         return _two_stage(args)
     if args.modes:
         return _modes(args)
+    if args.video:
+        return _video(args)
     config = PipelineBenchConfig(
         model=args.model, width=args.width, height=args.height, steps=args.steps, batch_sizes=args.batch_sizes,
         recipes=args.recipes, repeats=args.repeats, guidance_scale=args.guidance_scale, device=args.device,

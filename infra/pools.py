@@ -115,11 +115,11 @@ FAMILIES: dict[str, Capabilities] = {
 }
 #: Offline model name → family (the names ``pipeline.models`` builds; a test keeps them equal).
 OFFLINE_FAMILIES: dict[str, str] = {
-    "tiny": "sd1", "sd15-arch": "sd1", "bk-sdm-tiny-arch": "sd1", "sd-turbo-arch": "sd2",
-    "tiny-sdxl": "sdxl", "sdxl-arch": "sdxl", "tiny-sd3": "sd3", "sd3-arch": "sd3",
-    "tiny-flux": "flux-schnell", "flux-schnell-arch": "flux-schnell",
-    "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
+    "tiny": "sd1", "sd15-arch": "sd1", "bk-sdm-tiny-arch": "sd1", "sd-turbo-arch": "sd2", "tiny-sdxl": "sdxl",
+    "sdxl-arch": "sdxl", "tiny-sd3": "sd3", "sd3-arch": "sd3", "tiny-flux": "flux-schnell",
+    "flux-schnell-arch": "flux-schnell", "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
     "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1", "tiny-kolors": "kolors", "kolors-arch": "kolors",
+    "tiny-wan": "wan", "wan2.1-t2v-1.3b-arch": "wan", "tiny-ltx": "ltx", "ltx-video-arch": "ltx",
 }
 #: Upscalers ``pipeline.upscale`` builds offline with random weights (ESRGAN's ``OFFLINE_UPSCALERS``
 #: and the diffusion upscalers' ``OFFLINE_DIFFUSION_UPSCALERS``; a test keeps them equal): the

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from infra.schemas import RenderRequest
+from infra.video import is_video_family
 from pipeline import compile_count
 from pipeline.buckets import bucket_sizes
 from pipeline.capabilities import check_pool_family
@@ -84,7 +85,9 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
         ``renderer.max_batch_size`` the recipe's batch cap; ``renderer.limits`` the per-shape
         OOM caps (:class:`pipeline.memory.BatchLimits`); ``renderer.compiler_warm_up`` the child
         process of :func:`pipeline.optimize.compile.start_compiler_warm_up` (CPU recipes that
-        compile), else None.
+        compile), else None. A video family (:func:`infra.video.is_video_family`) is loaded by
+        :func:`pipeline.video.prepare.prepare_video_renderer` instead (a
+        :class:`pipeline.video.VideoRenderer`, batch size 1, its video recipe).
     Raises:
         ValueError / FileNotFoundError: the model cannot be loaded, a bad override, a pool whose
             declared family is not the model's, or an allocator configuration that the SDNQ
@@ -92,9 +95,14 @@ def prepare_renderer(model: str, device: str = "auto", recipe_name: str = "exact
     """
     check_allocator_env(os.environ)
     pool = pool or PoolOptions()
+    family = pool.family or peek_family(model)
+    if is_video_family(family):  # Wan, LTX-Video: one request per call, their own recipe table
+        from pipeline.video.prepare import prepare_video_renderer
+
+        return prepare_video_renderer(model, device, recipe_name, overrides, pool,  # type: ignore[return-value]
+                                      family=family)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     profile = probe(device)
-    family = pool.family or peek_family(model)
     recipe = apply_overrides(recipe_for(profile, recipe_name, family, model), overrides,
                              allow_approximate=recipe_name != "exact")
     if pool.batch_invariant is not None:  # the pool's choice counts as configured (resolve_conflicts)

@@ -27,6 +27,9 @@
 #              fp8 on the denoiser eager (the lower bound), the farm's exact (regional compile)  FLUX_A_S 150
 #   flux-fast  the same: reference, the farm's fast (torchao fp8 + compile) with GEMM autotuning off
 #              (compile_gemm_autotune=false: one cuBLASLt choice per fp8 GEMM)              FLUX_FAST_S 130
+#   wan-video  wan2.1-t2v-1.3b-arch (with its UMT5-XXL) 832x480, 33 frames, 4 steps, guidance 5: bench
+#              pipeline --video (exact, eager; with VAE tiling; with First Block Cache 0.05), s/frame and
+#              peak allocated, 2 rounds (dry run: tiny-wan 64², 9 frames, 2 steps)         WAN_VIDEO_S 150
 #   sd15-pool  sd15-arch 512², 20 steps, the pool's batch (16 on a cuda-large card): exact, reference,
 #              fast                                                                         SD15_POOL_S 200
 #   sdxl-pool  sdxl-arch 1024², 20 steps, the pool's batch: exact, reference                SDXL_POOL_S 220
@@ -72,6 +75,7 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$W/inductor-cache}
 FARM=compile_dynamic=false+compile_mode=reduce-overhead
 if [ "$dry" = 1 ]; then
   DEV=cpu SD15=tiny SDXL=tiny-sdxl FLUX=tiny-flux S=64 L=64 STEPS=2 FSTEPS=2 N=1 PY=${PYTHON:-python3}
+  WAN=tiny-wan VW=64 VH=64 VF=9 VSTEPS=2
   NOGEMM=--no-gemm  # the CPU's GEMM probe takes seconds a row and says nothing about the GPU's
   FARM=$FARM+compile_denoiser=false+compile_vae=false
   BUCKETS=1 RSTEPS=1 SDPA=math  # the CPU has no cuDNN attention: the same knob, another backend
@@ -80,6 +84,7 @@ if [ "$dry" = 1 ]; then
   READY='{"compile_denoiser": false, "compile_vae": true, "batch_invariant": false, "compile_dynamic": false, "compile_freeze": false}'
 else
   DEV=cuda SD15=sd15-arch SDXL=sdxl-arch FLUX=flux-schnell-arch S=512 L=1024 STEPS=20 FSTEPS=4 N=5 PY=python3
+  WAN=wan2.1-t2v-1.3b-arch VW=832 VH=480 VF=33 VSTEPS=4
   NOGEMM=
   BUCKETS=1,2,4,8,16 RSTEPS=2 SDPA=cudnn
   PEER_PLAIN=peer:compile_mode=default+tuning=false PEER_GRAPHS=peer:compile_mode=reduce-overhead+tuning=false
@@ -132,6 +137,8 @@ sd15=(--model "$SD15" --width "$S" --height "$S" --steps "$STEPS" --guidance-sca
 part flux-a "${FLUX_A_S:-150}" "${pipe[@]}" 1 "${flux[@]}" --recipes "reference,reference:fp8=true,exact:$FARM"
 part flux-fast "${FLUX_FAST_S:-130}" "${pipe[@]}" 1 "${flux[@]}" \
   --recipes "reference,fast:$FARM+compile_gemm_autotune=false"
+part wan-video "${WAN_VIDEO_S:-150}" pipeline --video --model "$WAN" --device "$DEV" --width "$VW" --height "$VH" \
+  --frames "$VF" --steps "$VSTEPS" --guidance-scale 5 --repeats 2 --video-overrides '{"compile_regional": false}'
 part sd15-pool "${SD15_POOL_S:-200}" "${pipe[@]}" pool "${sd15[@]}" --recipes "exact:$FARM,reference,fast:$FARM"
 part sdxl-pool "${SDXL_POOL_S:-220}" "${pipe[@]}" pool --model "$SDXL" --width "$L" --height "$L" --steps "$STEPS" \
   --guidance-scale 7.5 --recipes "exact:$FARM,reference"

@@ -108,7 +108,8 @@ def pack(work: Path, results: Path, return_mib: float, return_files: int) -> Pat
 
 def _row_line(row: dict) -> str:
     keys = ("recipe", "batch_size", "status", "cold_s", "settle_s", "hot_median_s_per_img", "hot_best_s_per_img",
-            "hot_spread_pct", "images_per_s", "psnr_db", "speedup", "speedup_best", "vs_peer", "vs_peer_best")
+            "hot_spread_pct", "images_per_s", "psnr_db", "speedup", "speedup_best", "vs_peer", "vs_peer_best",
+            "row", "s_per_frame_median", "s_per_frame_best", "ratio", "peak_mib", "full_passes")  # + bench --video
     return " ".join(f"{k}={row[k]}" for k in keys if row.get(k) is not None)
 
 

@@ -191,3 +191,43 @@ def tiny_chatglm(hidden: int, pieces: int) -> dict:
     return {"num_layers": 2, "padded_vocab_size": pieces + 16, "hidden_size": hidden, "ffn_hidden_size": 2 * hidden,
             "kv_channels": 8, "num_attention_heads": 4, "seq_length": 256, "multi_query_attention": True,
             "multi_query_group_num": 2, "original_rope": True, "add_qkv_bias": True}
+
+
+# ---- video (Wan 2.1, LTX-Video) ----------------------------------------------------------------
+
+#: Wan-AI/Wan2.1-T2V-1.3B-Diffusers scheduler: UniPCMultistepScheduler on flow-matching sigmas
+#: (``prediction_type="flow_prediction"``, ``use_flow_sigmas``), ``flow_shift`` 3.0, the value the
+#: Wan 2.1 card gives for 480p (5.0 for 720p).
+UNIPC_WAN = {"num_train_timesteps": 1000, "solver_order": 2, "prediction_type": "flow_prediction",
+             "use_flow_sigmas": True, "flow_shift": 3.0}
+#: Lightricks/LTX-Video scheduler: FlowMatchEulerDiscreteScheduler with resolution-dependent
+#: (dynamic) shifting from 0.95 at 1,024 tokens to 2.05 at 4,096 and a terminal sigma of 0.1.
+FLOW_LTX = {"num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": True, "base_shift": 0.95,
+            "max_shift": 2.05, "base_image_seq_len": 1024, "max_image_seq_len": 4096, "shift_terminal": 0.1}
+#: google/umt5-xxl encoder (Wan 2.1's text encoder): T5-XXL's layout with a 256,384-token vocabulary
+#: and a relative attention bias in every layer (UMT5EncoderModel).
+UMT5_XXL = {**T5_XXL, "vocab_size": 256384}
+#: Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer: 30 layers of 1536 (12 heads × 128), FFN 8960,
+#: 4096-wide UMT5 text, 16 latent channels, patch (1, 2, 2) (the Wan 2.1 repository's t2v_1_3B config).
+WAN_1_3B_TRANSFORMER = {"patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128,
+                        "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 8960,
+                        "num_layers": 30, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
+                        "eps": 1e-6, "rope_max_seq_len": 1024}
+#: The Wan 2.1 VAE (AutoencoderKLWan): diffusers' defaults are its config (base 96, z 16, 4×8×8
+#: compression, the published latents_mean / latents_std).
+WAN_VAE: dict = {}
+#: Lightricks/LTX-Video (2B, 0.9.x) transformer: diffusers' LTXVideoTransformer3DModel defaults — 28
+#: layers, 32 heads × 64 (2048 wide), 4096-wide T5 captions, 128 latent channels, patch 1.
+LTX_TRANSFORMER: dict = {}
+#: The LTX-Video 0.9.0 VAE (AutoencoderKLLTXVideo): diffusers' defaults (128 latent channels, patch 4,
+#: 32× spatial and 8× temporal compression, no timestep conditioning).
+LTX_VAE: dict = {}
+TINY_WAN_TRANSFORMER = {**WAN_1_3B_TRANSFORMER, "num_attention_heads": 2, "attention_head_dim": 12,
+                        "text_dim": 32, "ffn_dim": 32, "num_layers": 2, "rope_max_seq_len": 32}
+TINY_WAN_VAE = {"base_dim": 3, "z_dim": 16, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1,
+                "temperal_downsample": [False, True, True]}
+TINY_LTX_TRANSFORMER = {"in_channels": 8, "out_channels": 8, "num_attention_heads": 4, "attention_head_dim": 8,
+                        "cross_attention_dim": 32, "num_layers": 2, "caption_channels": 32}
+#: The real compression (patch 4, three spatio-temporal downsamplings: 32× in space, 8× in time) at width 8.
+TINY_LTX_VAE = {"latent_channels": 8, "block_out_channels": [8, 8, 8, 8], "decoder_block_out_channels": [8, 8, 8, 8],
+                "layers_per_block": [1, 1, 1, 1, 1], "decoder_layers_per_block": [1, 1, 1, 1, 1]}

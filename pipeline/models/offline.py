@@ -130,6 +130,25 @@ def _ernie(name, description, transformer, text, vae, **kw):
         {"pe": None, "pe_tokenizer": None}, **kw)
 
 
+def _wan(name, description, transformer, text, vae, **kw):
+    """Wan 2.1 text-to-video: WanPipeline with a UMT5 text encoder and its T5-style tokenizer."""
+    return OfflineModel(name, description, "WanPipeline", {
+        "transformer": ("diffusers", "WanTransformer3DModel", transformer),
+        "vae": ("diffusers", "AutoencoderKLWan", vae),
+        "text_encoder": ("transformers", "UMT5EncoderModel", text),
+        "tokenizer": ("tokenizer", "t5", {"vocab_size": text["vocab_size"]}),
+        "scheduler": ("scheduler", "UniPCMultistepScheduler", c.UNIPC_WAN)}, **kw)
+
+
+def _ltx(name, description, transformer, text, vae, **kw):
+    """LTX-Video: LTXPipeline with a T5 v1.1 encoder (image-to-video: LTXImageToVideoPipeline.from_pipe)."""
+    return OfflineModel(name, description, "LTXPipeline", {
+        "transformer": ("diffusers", "LTXVideoTransformer3DModel", transformer),
+        "vae": ("diffusers", "AutoencoderKLLTXVideo", vae), "text_encoder": ("transformers", "T5EncoderModel", text),
+        "tokenizer": ("tokenizer", "t5", {"vocab_size": text["vocab_size"]}),
+        "scheduler": ("scheduler", "FlowMatchEulerDiscreteScheduler", c.FLOW_LTX)}, **kw)
+
+
 _TINY_VAE = {**c.SD_VAE, **c.TINY_VAE_BLOCKS}
 CHATGLM_TINY_VOCAB = 21000  # SentencePiece pieces of the offline ChatGLM tokenizer (pipeline.models.tokenizers)
 OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
@@ -197,4 +216,22 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
            "weights.", c.ERNIE_TRANSFORMER, c.ERNIE_TEXT, c.FLUX2_VAE, disk=False,
            notes="No published parameter count was available offline: the meta check compares the transformer with "
                  "its count from diffusers' defaults."),
+    _wan("tiny-wan", "Wan 2.1's classes at test widths: a 2-layer WanTransformer3DModel (24 wide), the Wan VAE "
+         "(causal 3D, 4x8x8 compression) at base width 3, a 2-layer UMT5 encoder; renders 9 frames of 64x64 in "
+         "2 steps in about a second on the CPU.", c.TINY_WAN_TRANSFORMER, c.tiny_t5(32), c.TINY_WAN_VAE),
+    _wan("wan2.1-t2v-1.3b-arch", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers architecture (transformer 1.3B: 30 layers of "
+         "1536, FFN 8960; UMT5-XXL encoder; Wan VAE), random weights.", c.WAN_1_3B_TRANSFORMER, c.UMT5_XXL, c.WAN_VAE,
+         disk=False, published_params={"text_encoder": 5.68e9},
+         notes="The VAE is diffusers' AutoencoderKLWan defaults (assumed equal to the checkpoint's vae/config.json); "
+               "the transformer's count (1.42B on meta) follows from the published dims, the card's 1.3B is a "
+               "rounded name; the tokenizer is the offline word-level T5 stand-in with UMT5's vocabulary size."),
+    _ltx("tiny-ltx", "LTX-Video's classes at test widths: a 2-layer LTXVideoTransformer3DModel (32 wide), the LTX "
+         "VAE at width 8 with the real 32x spatial / 8x temporal compression, a 2-layer T5 encoder.",
+         c.TINY_LTX_TRANSFORMER, c.tiny_t5(32), c.TINY_LTX_VAE),
+    _ltx("ltx-video-arch", "Lightricks/LTX-Video (2B, 0.9.x) architecture (transformer 28 layers of 32 x 64 heads, "
+         "T5-XXL captions; T5-XXL encoder; LTX VAE 128 latent channels), random weights.", c.LTX_TRANSFORMER,
+         c.T5_XXL, c.LTX_VAE, disk=False, published_params={"text_encoder": 4.762e9},
+         notes="Transformer and VAE are diffusers' LTXVideoTransformer3DModel / AutoencoderKLLTXVideo defaults "
+               "(assumed equal to the 0.9.0 checkpoint's configs; later 0.9.x VAEs add timestep conditioning "
+               "and noise injection in the decoder)."),
 )}

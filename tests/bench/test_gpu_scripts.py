@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FETCH, BENCH = ROOT / "deploy/gpu/fetch-wheels.sh", ROOT / "deploy/gpu/bench-gpu.sh"
 MEASURE, FARM = ROOT / "deploy/gpu/measure.sh", ROOT / "deploy/gpu/farm-gpu.sh"
 #: measure.sh's parts, in priority order
-PARTS = ["flux-a", "flux-fast", "sd15-pool", "sdxl-pool", "sd15-like", "sd15-cudnn", "ready"]
+PARTS = ["flux-a", "flux-fast", "wan-video", "sd15-pool", "sdxl-pool", "sd15-like", "sd15-cudnn", "ready"]
 STAGES = ("smoke", "sd15", "sd15-pool", "sdturbo", "sdxl", "flux", "ernie", "profile-sd15", "profile-sdxl",
           "profile-flux")
 
@@ -141,8 +141,8 @@ def _check_ready(members: dict[str, bytes]) -> None:
 
 
 def test_measure_dry_run_runs_every_part_in_order_and_returns_each_json(tmp_path, bench_cache):
-    budgets = {"FLUX_A_S": "400", "FLUX_FAST_S": "400", "SD15_POOL_S": "400", "SDXL_POOL_S": "400",
-               "SD15_LIKE_S": "400", "SD15_CUDNN_S": "400", "READY_S": "600"}
+    budgets = {"FLUX_A_S": "400", "FLUX_FAST_S": "400", "WAN_VIDEO_S": "400", "SD15_POOL_S": "400",
+               "SDXL_POOL_S": "400", "SD15_LIKE_S": "400", "SD15_CUDNN_S": "400", "READY_S": "600"}
     done, results, members, parts = _measure(tmp_path, "--budget", "3000", cache=bench_cache, **budgets)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     print("\n".join(f"dry run part {p['part']}: {p['status']}, {p['seconds']} s" for p in parts))
@@ -155,6 +155,8 @@ def test_measure_dry_run_runs_every_part_in_order_and_returns_each_json(tmp_path
     fast = _rows(members, "flux-fast")
     spec = next(r for r in fast if r.startswith("fast:"))
     assert json.loads(members["flux-fast.json"])["reports"][spec]["recipe"]["compile_gemm_autotune"] is False
+    wan = json.loads(members["wan-video.json"])  # bench pipeline --video: its three rows, the knobs each toggles
+    assert [r["row"] for r in wan["rows"]] == ["baseline", "vae_tiling", "step_cache"] and wan["rows"][0]["ratio"] == 1
     pool = json.loads(members["sd15-pool.json"])
     assert pool["config"]["resolved_batch_sizes"] == [pool["config"]["pool_batch_size"]] and \
         pool["config"]["pool_batch_size"] >= 1
