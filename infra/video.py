@@ -95,7 +95,7 @@ def video_errors(request: Any, family: str | None, max_frames: int | None = None
                               f"{rules.frame_step}); {frames} is not one: ask for {below} or {above}"})
     if frames > limit:
         errors.append({"type": "over_max_frames", "field": "num_frames", "input": frames,
-                       "msg": f"{frames} frames is over max_frames {limit} of {name}'s pool"})
+                       "msg": f"{frames} frames is over max_frames {limit} of the pool serving {name}"})
     if request.init_image is not None and not rules.i2v:
         errors.append({"type": "no_image_to_video", "field": "init_image", "input": request.init_image,
                        "msg": f"{name} has no image-to-video pipeline; send no init_image"})
