@@ -94,7 +94,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     if len(report["failures"]) > 20:
         print(f"… and {len(report['failures']) - 20} more failures (see the report)", file=sys.stderr)
     print(f"{report['items']} items: {report['rendered']} rendered, {report['skipped']} skipped, "
-          f"{report['failed']} failed in {report['wall_seconds']:.1f} s ({report['images_per_second']:.2f} images/s)",
+          f"{report['failed']} failed in {report['wall_seconds']:.1f} s ({report['images_per_second']:.2f} renders/s)",
           file=sys.stderr)
     return 1 if report["failed"] or report["pending"] else 0
 

@@ -187,9 +187,9 @@ class CatalogRun:
                                  "unconfirmed": len(recorded) - confirmed}
                 recorded_note = (f" ({len(recorded)} recorded in --state-dir, {len(recorded) - confirmed} of them "
                                  f"without an image now)")
-            tqdm.write(f"catalog: {len(self.plans)} items, {len(keys)} distinct images: {len(self.outcomes)} already "
-                       f"rendered{recorded_note}, {self.resumed} in flight from an earlier run, {len(pending)} to "
-                       f"submit", file=sys.stderr)
+            tqdm.write(f"catalog: {len(self.plans)} items, {len(keys)} distinct renders (images or videos): "
+                       f"{len(self.outcomes)} already rendered{recorded_note}, {self.resumed} in flight from an "
+                       f"earlier run, {len(pending)} to submit", file=sys.stderr)
             sys.stderr.flush()
             futures: set[Future] = set()
             round_robin: list[str] = []
