@@ -54,7 +54,7 @@ def apply_video_recipe(pipe, recipe: VideoRecipe, device: str | None = None) -> 
     if recipe.step_cache:
         step("step_cache", lambda: enable_step_cache(pipe.transformer, recipe.step_cache_threshold))
     if recipe.compile_regional:
-        step("compile", lambda: _compile(pipe, recipe.compile_mode))
+        step("compile", lambda: _compile(pipe, recipe.compile_mode, device))
     return {"recipe": recipe.name, "family": recipe.family, "device": device, "applied": applied,
             "skipped": skipped, "approximations": recipe.approximations(),
             "seconds": round(time.perf_counter() - t0, 3)}
@@ -108,10 +108,17 @@ def _vae(pipe, method: str) -> bool:
     return True
 
 
-def _compile(pipe, mode: str) -> dict:
+def _compile(pipe, mode: str, device: str | None) -> dict:
+    """Regional compilation of the transformer's repeated blocks, static shapes; with CUDA graphs
+    asked for, the blocks compile without them (:func:`pipeline.optimize.compile.regional_mode`:
+    one block graph replayed for every block would overwrite the output the next block reads)."""
+    from pipeline.optimize.compile import CUDAGRAPH_MODES, compile_kwargs, regional_mode
+
     transformer = pipe.transformer
     blocks = list(getattr(transformer, "_repeated_blocks", None) or ())
     if not blocks:
         raise ValueError(f"{type(transformer).__name__} declares no _repeated_blocks")
-    transformer.compile_repeated_blocks(mode=None if mode == "default" else mode, fullgraph=True)
-    return {"regional": blocks, "mode": mode}
+    graphs = str(device or "").startswith("cuda") and mode in CUDAGRAPH_MODES
+    block_mode, why = regional_mode(mode, graphs)
+    transformer.compile_repeated_blocks(**compile_kwargs(block_mode, False))
+    return {"regional": blocks, "mode": block_mode, **({"note": why} if why else {})}

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from pipeline.device import GB, DeviceProfile
-from pipeline.recipes import recipe_for
+from pipeline.recipes import COMPILE_MODES, DTYPES, recipe_for
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ VIDEO_DEVICE: dict[str, VideoDevice] = {"cuda": VideoDevice(48.0), "xpu": VideoD
 #: Knobs an override may set, and which of them are approximate (need a recipe that allows them).
 APPROXIMATE = ("vae_tiling", "step_cache")
 DEFAULT_CACHE_THRESHOLD = 0.05  # FirstBlockCacheConfig's default
+CHOICES = {"dtype": DTYPES, "vae_dtype": DTYPES, "compile_mode": COMPILE_MODES}
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,9 @@ def apply_video_overrides(recipe: VideoRecipe, overrides: Mapping[str, Any] | st
         if isinstance(default, bool) != isinstance(v, bool) or \
                 not isinstance(v, (bool, int, float) if isinstance(default, float) else type(default)):
             raise ValueError(f"video recipe field {k} must be {type(default).__name__}, got {v!r}")
+    for k, choices in CHOICES.items():
+        if k in overrides and overrides[k] not in choices:
+            raise ValueError(f"video recipe field {k}={overrides[k]!r}; expected one of {choices}")
     threshold = overrides.get("step_cache_threshold", recipe.step_cache_threshold)
     if not float(threshold) > 0:
         raise ValueError(f"video recipe field step_cache_threshold must be > 0, got {threshold!r}")

@@ -175,7 +175,7 @@ def test_measure_dry_run_runs_every_part_in_order_and_returns_each_json(tmp_path
 def test_measure_cut_off_by_its_budgets_still_returns_what_it_recorded(tmp_path):
     # 3 s cannot import torch and diffusers, load a pipeline and render: the parts named are cut off
     # by their budget; the others are skipped at once (--parts), and what is left is recorded
-    budgets = {k: "3" for k in ("FLUX_A_S", "FLUX_FAST_S", "SD15_POOL_S", "SDXL_POOL_S", "SD15_LIKE_S",
+    budgets = {k: "3" for k in ("FLUX_A_S", "FLUX_FAST_S", "WAN_VIDEO_S", "SD15_POOL_S", "SDXL_POOL_S", "SD15_LIKE_S",
                                 "SD15_CUDNN_S", "READY_S")}
     done, results, members, parts = _measure(tmp_path, "--budget", "60", "--parts", "flux-a,sd15-pool", **budgets)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -56,6 +56,8 @@ def test_approximate_video_knobs_need_a_recipe_that_allows_them():
         video_recipe(CPU, "fast", "wan", {"fuse_qkv": True})
     with pytest.raises(ValueError, match="step_cache_threshold must be > 0"):
         video_recipe(CPU, "fast", "wan", {"step_cache_threshold": 0})
+    with pytest.raises(ValueError, match="vae_dtype='float64'; expected one of"):
+        video_recipe(CPU, "fast", "wan", {"vae_dtype": "float64"})
     with pytest.raises(ValueError, match="vae_tiling must be bool"):
         video_recipe(CPU, "fast", "wan", {"vae_tiling": "yes"})
 
@@ -136,3 +138,20 @@ def test_a_declared_pool_reports_its_max_frames(cache):
     assert [s[0] for s in report["samples"]] == [9, 17] and all(s[1] > 0 for s in report["samples"])
     assert 1 <= report["max_frames"] <= 257 and (report["max_frames"] - 1) % 8 == 0
     assert report["budget_bytes"] == int(renderer.recipe["memory_fraction"] * profile["total_memory_bytes"])
+
+
+def test_regional_compile_of_the_repeated_blocks_with_the_step_cache(cache):
+    pytest.importorskip("torch._inductor")
+    from pipeline.optimize.compile import has_cpp_compiler
+    from pipeline.warm import prepare_renderer
+
+    if not has_cpp_compiler():
+        pytest.skip("no C++ compiler for Inductor's CPU kernels")
+    renderer, _ = prepare_renderer("tiny-wan", "cpu", "fast", '{"compile_regional": true, "step_cache": true}')
+    applied = renderer.recipe["report"]["applied"]
+    assert applied["compile"] == {"regional": ["WanTransformerBlock"], "mode": "default"}
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in renderer.pipe.transformer.blocks)
+    request = RenderRequest(prompt="a fox", model="tiny-wan", seed=1, width=64, height=64, num_inference_steps=2,
+                            kind="video", num_frames=9)
+    frames, _ = frames_of(renderer.render([request])[0])
+    assert frames.shape == (9, 64, 64, 3) and frames.std() > 1
