@@ -34,13 +34,15 @@ class VideoRules(NamedTuple):
     """One video family's rules. ``frame_step``: ``num_frames`` must be ``frame_step × k + 1``
     (the VAE's temporal compression). ``default_frames`` / ``default_fps``: what a request that
     names none gets. ``max_frames``: the most a pool of the family takes unless it declares its
-    own. ``i2v``: whether an ``init_image`` (image-to-video) is accepted."""
+    own. ``i2v``: whether an ``init_image`` (image-to-video) is accepted. ``min_steps``: the
+    fewest ``num_inference_steps`` it renders."""
 
     frame_step: int
     default_frames: int
     default_fps: int
     max_frames: int
     i2v: bool
+    min_steps: int = 1
 
     def frames_ok(self, frames: int) -> bool:
         """Whether the family can render exactly ``frames`` frames."""
@@ -55,7 +57,10 @@ class VideoRules(NamedTuple):
 #: Family → rules (the families of :data:`infra.pools.FAMILIES` that render video).
 VIDEO_RULES: dict[str, VideoRules] = {
     "wan": VideoRules(frame_step=4, default_frames=81, default_fps=16, max_frames=81, i2v=False),
-    "ltx": VideoRules(frame_step=8, default_frames=121, default_fps=25, max_frames=257, i2v=True),
+    # LTX-Video's scheduler stretches its sigmas to shift_terminal 0.1
+    # (FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal): with one step the only sigma is 1
+    # and diffusers 0.42.1 divides by zero, then fails in step(): two steps at least.
+    "ltx": VideoRules(frame_step=8, default_frames=121, default_fps=25, max_frames=257, i2v=True, min_steps=2),
 }
 
 
@@ -72,7 +77,8 @@ def video_errors(request: Any, family: str | None, max_frames: int | None = None
     (``kind: image``) for a video family (``video_model``), a frame count off the family's
     ``4k + 1`` / ``8k + 1`` rule (``frames_rule``) or over ``max_frames`` (the pool's, else the
     family's; ``over_max_frames``), and an ``init_image`` for a family without image-to-video
-    (``no_image_to_video``). Empty for an unknown family (the worker decides)."""
+    (``no_image_to_video``), and fewer steps than the family renders (``too_few_steps``). Empty
+    for an unknown family (the worker decides)."""
     if family is None:
         return []
     rules = VIDEO_RULES.get(family)
@@ -96,6 +102,9 @@ def video_errors(request: Any, family: str | None, max_frames: int | None = None
     if frames > limit:
         errors.append({"type": "over_max_frames", "field": "num_frames", "input": frames,
                        "msg": f"{frames} frames is over max_frames {limit} of the pool serving {name}"})
+    if request.num_inference_steps < rules.min_steps:
+        errors.append({"type": "too_few_steps", "field": "num_inference_steps", "input": request.num_inference_steps,
+                       "msg": f"{name} renders at least {rules.min_steps} denoising steps"})
     if request.init_image is not None and not rules.i2v:
         errors.append({"type": "no_image_to_video", "field": "init_image", "input": request.init_image,
                        "msg": f"{name} has no image-to-video pipeline; send no init_image"})

@@ -36,10 +36,6 @@ from pipeline.schedulers import scheduler_name
 
 #: Family → the diffusers image-to-video pipeline made from the pinned one with ``from_pipe``.
 I2V_PIPELINES = {"ltx": "LTXImageToVideoPipeline"}
-#: Family → the fewest ``num_inference_steps`` it renders. LTX-Video's scheduler stretches its sigmas
-#: to ``shift_terminal`` 0.1 (FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal): with one
-#: step the only sigma is 1 and diffusers 0.42.1 divides by zero (then an IndexError in ``step``).
-MIN_STEPS = {"ltx": 2}
 
 
 def frames_to_uint8(frames: np.ndarray) -> np.ndarray:
@@ -122,7 +118,7 @@ class VideoRenderer:
     def _render_one(self, request: RenderRequest, on_step: Callable[[int, int], None] | None) -> PIL.Image.Image:
         frames, fps = self._shape(request)
         steps = request.num_inference_steps
-        least = MIN_STEPS.get(self.family or "", 1)
+        least = self.rules.min_steps  # infra.video.VIDEO_RULES (checked at submission too)
         if steps < least:
             if request.is_video:
                 raise ValueError(f"num_inference_steps: the {self.family} family renders at least {least} steps "
@@ -167,7 +163,20 @@ class VideoRenderer:
         if errors:
             raise ValueError("; ".join(f"{e['field']}: {e['msg']}" for e in errors))
         frames = request.num_frames if request.num_frames is not None else self.rules.default_frames
+        limit = self.frames_limit(request.width, request.height)
+        if limit is not None and frames > limit:
+            raise ValueError(f"num_frames: {frames} frames at {request.width}x{request.height} would not fit this "
+                             f"worker's memory (it holds about {limit}; measured at start-up)")
         return frames, request.fps or self.rules.default_fps
+
+    def frames_limit(self, width: int, height: int) -> int | None:
+        """The most frames this worker's memory holds at ``width × height`` pixels, from the
+        start-up measurement (``recipe["max_frames"]``, at the pool's largest size; memory grows
+        with frames × pixels, so a smaller size holds proportionally more), or None when not measured."""
+        measured = (getattr(self, "recipe", None) or {}).get("max_frames")
+        if not measured:
+            return None
+        return int(measured["max_frames"] * measured["width"] * measured["height"] / (width * height))
 
     def _pipeline_for(self, request: RenderRequest):
         if request.init_image is None:

@@ -67,6 +67,9 @@ def test_the_pools_max_frames_and_image_to_video_are_checked():
     assert image_model["type"] == "not_a_video_model"
     [image_kind] = video_errors(RenderRequest(prompt="x", model="tiny-wan", kind="image"), "wan")
     assert image_kind["type"] == "video_model"
+    [steps] = video_errors(video(model="tiny-ltx", num_frames=9, num_inference_steps=1), "ltx")
+    assert steps["type"] == "too_few_steps" and "at least 2" in steps["msg"]
+    assert video_errors(video(num_frames=9, num_inference_steps=1), "wan") == []
 
 
 def test_defaults_fill_what_a_video_of_its_family_leaves_out():

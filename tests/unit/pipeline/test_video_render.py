@@ -122,8 +122,21 @@ def test_requests_a_family_cannot_render_fail_alone_with_the_reason(renderers):
         ltx.render([video("tiny-ltx", num_frames=13)])
     with pytest.raises(ValueError, match="own scheduler"):
         wan.render([video("tiny-wan", scheduler="euler")])
-    with pytest.raises(ValueError, match="num_inference_steps: the ltx family renders at least 2"):
+    with pytest.raises(ValueError, match="num_inference_steps: .*renders at least 2"):
         ltx.render([video("tiny-ltx", num_inference_steps=1)])
+
+
+def test_a_clip_over_what_the_workers_memory_holds_fails_alone_before_rendering(renderers):
+    wan = renderers["tiny-wan"]
+    saved = wan.recipe.get("max_frames")
+    wan.recipe["max_frames"] = {"max_frames": 9, "width": 64, "height": 64}  # as measured at start-up
+    try:
+        assert wan.frames_limit(64, 64) == 9 and wan.frames_limit(32, 64) == 18  # half the pixels, twice the frames
+        with pytest.raises(ValueError, match="13 frames at 64x64 would not fit this worker's memory"):
+            wan.render([video("tiny-wan", num_frames=13)])
+        assert frames_of(wan.render([video("tiny-wan", num_frames=9)])[0])[0].shape[0] == 9
+    finally:
+        wan.recipe["max_frames"] = saved
 
 
 @pytest.mark.parametrize("model, frames, fps", [("tiny-wan", 5, 16), ("tiny-ltx", 9, 25)])
