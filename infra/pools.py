@@ -108,10 +108,11 @@ FAMILIES: dict[str, Capabilities] = {
     # Kolors: an SDXL-style UNet (any scheduler) conditioned by ChatGLM3 (prompts padded to 256 tokens).
     "kolors": Capabilities(True, True, _ANY_SCHEDULER, 8, modes=("txt2img", "img2img")),
     # Video (infra.video): Wan 2.1/2.2 (WanPipeline; UniPC flow-matching scheduler, sizes multiple of
-    # VAE 8 × patch 2) and LTX-Video (LTXPipeline; sizes multiple of 32). Their image input is the
-    # first frame (image-to-video, LTX-Video only), checked by infra.video.video_errors.
+    # VAE 8 × patch 2), LTX-Video (LTXPipeline; sizes multiple of 32) and Wan 2.1 I2V (WanImageToVideoPipeline,
+    # Wan's sizes). Their image input is the first frame (optional for LTX, required for wan-i2v; infra.video).
     "wan": Capabilities(True, True, _OWN_SCHEDULER, 16, video=True),
     "ltx": Capabilities(True, True, _OWN_SCHEDULER, 32, video=True),
+    "wan-i2v": Capabilities(True, True, _OWN_SCHEDULER, 16, video=True),
 }
 #: Offline model name → family (the names ``pipeline.models`` builds; a test keeps them equal).
 OFFLINE_FAMILIES: dict[str, str] = {
@@ -120,6 +121,7 @@ OFFLINE_FAMILIES: dict[str, str] = {
     "flux-schnell-arch": "flux-schnell", "tiny-ernie-image": "ernie-image", "ernie-image-turbo-arch": "ernie-image",
     "tiny-taiyi": "sd1", "taiyi-sd-arch": "sd1", "tiny-kolors": "kolors", "kolors-arch": "kolors",
     "tiny-wan": "wan", "wan2.1-t2v-1.3b-arch": "wan", "tiny-ltx": "ltx", "ltx-video-arch": "ltx",
+    "tiny-wan-i2v": "wan-i2v", "wan2.1-i2v-14b-arch": "wan-i2v",
 }
 #: Upscalers ``pipeline.upscale`` builds offline with random weights (ESRGAN's ``OFFLINE_UPSCALERS``
 #: and the diffusion upscalers' ``OFFLINE_DIFFUSION_UPSCALERS``; a test keeps them equal): the

@@ -18,6 +18,11 @@ Sources of the rules (diffusers 0.42 pipelines and the model cards):
   compressed by 8, so ``num_frames`` is ``8k + 1``; sizes multiples of 32; the pipeline's default
   frame rate is 25 and the card's examples render 161 frames at 704 × 480 (up to 257 frames).
   The image-to-video pipeline shares every component with the text-to-video one.
+- **Wan 2.1 image-to-video** (``WanImageToVideoPipeline``, Wan-AI/Wan2.1-I2V-14B-480P-Diffusers
+  card): the Wan VAE and patch, so ``4k + 1`` frames and sizes multiples of 16; the card's example
+  renders 81 frames at 480P (about 832 × 480) and exports them at 16 fps. The model is conditioned
+  on its first frame: ``image`` is a required argument of the pipeline, so a request without an
+  ``init_image`` is refused (``needs_init_image``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ class VideoRules(NamedTuple):
     (the VAE's temporal compression). ``default_frames`` / ``default_fps``: what a request that
     names none gets. ``max_frames``: the most a pool of the family takes unless it declares its
     own. ``i2v``: whether an ``init_image`` (image-to-video) is accepted. ``min_steps``: the
-    fewest ``num_inference_steps`` it renders."""
+    fewest ``num_inference_steps`` it renders. ``needs_image``: an ``init_image`` is required (an
+    image-to-video-only model, Wan 2.1 I2V)."""
 
     frame_step: int
     default_frames: int
@@ -43,6 +49,7 @@ class VideoRules(NamedTuple):
     max_frames: int
     i2v: bool
     min_steps: int = 1
+    needs_image: bool = False
 
     def frames_ok(self, frames: int) -> bool:
         """Whether the family can render exactly ``frames`` frames."""
@@ -61,6 +68,8 @@ VIDEO_RULES: dict[str, VideoRules] = {
     # (FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal): with one step the only sigma is 1
     # and diffusers 0.42.1 divides by zero, then fails in step(): two steps at least.
     "ltx": VideoRules(frame_step=8, default_frames=121, default_fps=25, max_frames=257, i2v=True, min_steps=2),
+    # Wan-AI/Wan2.1-I2V-14B-480P-Diffusers card: 81 frames at 480P, exported at 16 fps.
+    "wan-i2v": VideoRules(frame_step=4, default_frames=81, default_fps=16, max_frames=81, i2v=True, needs_image=True),
 }
 
 
@@ -77,8 +86,9 @@ def video_errors(request: Any, family: str | None, max_frames: int | None = None
     (``kind: image``) for a video family (``video_model``), a frame count off the family's
     ``4k + 1`` / ``8k + 1`` rule (``frames_rule``) or over ``max_frames`` (the pool's, else the
     family's; ``over_max_frames``), and an ``init_image`` for a family without image-to-video
-    (``no_image_to_video``), and fewer steps than the family renders (``too_few_steps``). Empty
-    for an unknown family (the worker decides)."""
+    (``no_image_to_video``), no ``init_image`` for a family that needs one (``needs_init_image``),
+    and fewer steps than the family renders (``too_few_steps``). Empty for an unknown family (the
+    worker decides)."""
     if family is None:
         return []
     rules = VIDEO_RULES.get(family)
@@ -108,6 +118,9 @@ def video_errors(request: Any, family: str | None, max_frames: int | None = None
     if request.init_image is not None and not rules.i2v:
         errors.append({"type": "no_image_to_video", "field": "init_image", "input": request.init_image,
                        "msg": f"{name} has no image-to-video pipeline; send no init_image"})
+    if request.init_image is None and rules.needs_image:
+        errors.append({"type": "needs_init_image", "field": "init_image", "input": None,
+                       "msg": f"{name} is image-to-video only: send an init_image (the clip's first frame)"})
     return errors
 
 

@@ -45,7 +45,7 @@ def _model_class(kind: str, name: str):
 
 def _instantiate(kind: str, cls_name: str, config: dict):
     cls = _model_class(kind, cls_name)
-    if kind in ("diffusers", "scheduler"):
+    if kind in ("diffusers", "scheduler", "processor"):
         return cls(**config)
     if kind != "kolors":
         return cls(cls.config_class(**config)).eval()
@@ -90,7 +90,7 @@ def construct_components(spec: OfflineModel, device: str | torch.device = "cpu",
         for name, (kind, cls_name, config) in spec.components.items():
             if kind == "tokenizer":
                 out[name] = make_tokenizer({"kind": cls_name, **config}, scratch / name)
-            elif kind == "scheduler":
+            elif kind in ("scheduler", "processor"):
                 out[name] = _instantiate(kind, cls_name, config)
             else:
                 with _creation(device, dtype):

@@ -231,3 +231,22 @@ TINY_LTX_TRANSFORMER = {"in_channels": 8, "out_channels": 8, "num_attention_head
 #: The real compression (patch 4, three spatio-temporal downsamplings: 32× in space, 8× in time) at width 8.
 TINY_LTX_VAE = {"latent_channels": 8, "block_out_channels": [8, 8, 8, 8], "decoder_block_out_channels": [8, 8, 8, 8],
                 "layers_per_block": [1, 1, 1, 1, 1], "decoder_layers_per_block": [1, 1, 1, 1, 1]}
+#: Wan-AI/Wan2.1-I2V-14B-480P-Diffusers transformer: 40 layers of 5120 (40 heads × 128), FFN 13824,
+#: 36 input channels (16 noise latents + 4 first-frame mask + 16 first-frame latents, the layout
+#: WanImageToVideoPipeline.prepare_latents builds), 1280-wide CLIP image tokens projected to the keys
+#: and values of an added cross-attention (``added_kv_proj_dim``), the Wan 2.1 repository's i2v_14B config.
+WAN_I2V_14B_TRANSFORMER = {**WAN_1_3B_TRANSFORMER, "num_attention_heads": 40, "in_channels": 36, "ffn_dim": 13824,
+                           "num_layers": 40, "image_dim": 1280, "added_kv_proj_dim": 5120}
+#: Wan 2.1 I2V's image encoder: the OpenCLIP ViT-H/14 vision tower as transformers' CLIPVisionModel
+#: (32 layers of 1280, 16 heads, FFN 5120, 224 px in patches of 14); the pipeline takes its
+#: penultimate hidden states (257 tokens of 1280), so it has no projection.
+CLIP_VIT_H_VISION = {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                     "num_attention_heads": 16, "image_size": 224, "patch_size": 14, "projection_dim": 1024,
+                     "hidden_act": "gelu", "layer_norm_eps": 1e-5}
+#: Its CLIPImageProcessor: transformers' defaults (resize to 224 on the short side, centre crop 224,
+#: OpenAI CLIP mean and std).
+CLIP_IMAGE_PROCESSOR: dict = {}
+TINY_WAN_I2V_TRANSFORMER = {**TINY_WAN_TRANSFORMER, "in_channels": 36, "image_dim": 32, "added_kv_proj_dim": 24}
+TINY_CLIP_VISION = {**CLIP_VIT_H_VISION, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "image_size": 32, "patch_size": 8, "projection_dim": 32}
+TINY_CLIP_IMAGE_PROCESSOR = {"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}}

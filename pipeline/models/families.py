@@ -55,6 +55,9 @@ FAMILY_SPECS: dict[str, Family] = {f.name: f for f in (
     # default). Lightricks/LTX-Video card: torch.bfloat16, 704 x 480, 50 steps, guidance_scale 3.0.
     Family("wan", "WanPipeline", "transformer", "bfloat16", 480, 50, 5.0, regional_compile=True),
     Family("ltx", "LTXPipeline", "transformer", "bfloat16", 480, 50, 3.0, regional_compile=True),
+    # Wan-AI/Wan2.1-I2V-14B-480P-Diffusers card: torch_dtype=torch.bfloat16 (image encoder and VAE loaded in
+    # float32), 480P, guidance_scale 5.0; 40 steps, the Wan 2.1 repository's generate.py default for i2v tasks.
+    Family("wan-i2v", "WanImageToVideoPipeline", "transformer", "bfloat16", 480, 40, 5.0, regional_compile=True),
 )}
 assert set(FAMILY_SPECS) == set(FAMILIES), "FAMILY_SPECS out of sync with infra.pools.FAMILIES"
 

@@ -33,8 +33,9 @@ class OfflineModel:
 
     ``components`` maps a pipeline argument to ``(kind, class name, config)``: kind ``diffusers``
     (a model class, built with ``cls(**config)``), ``transformers`` (built from its config class),
-    ``scheduler``, or ``tokenizer`` (config as :func:`pipeline.models.tokenizers.write_tokenizer`
-    takes it). ``pipeline_kwargs`` are passed as they are (``safety_checker=None``, …).
+    ``scheduler``, ``tokenizer`` (config as :func:`pipeline.models.tokenizers.write_tokenizer`
+    takes it) or ``processor`` (a transformers image processor, ``cls(**config)``).
+    ``pipeline_kwargs`` are passed as they are (``safety_checker=None``, …).
     ``published_params`` gives, per component, the parameter count of the public checkpoint, for
     the meta-device check; ``disk`` says whether :func:`load_pipeline` builds it into the cache.
     """
@@ -140,6 +141,19 @@ def _wan(name, description, transformer, text, vae, **kw):
         "scheduler": ("scheduler", "UniPCMultistepScheduler", c.UNIPC_WAN)}, **kw)
 
 
+def _wan_i2v(name, description, transformer, text, image, processor, vae, **kw):
+    """Wan 2.1 image-to-video: WanImageToVideoPipeline, tiny-wan's UMT5 / VAE / scheduler classes plus
+    a CLIPVisionModel image encoder and its CLIPImageProcessor (one transformer, no ``boundary_ratio``)."""
+    return OfflineModel(name, description, "WanImageToVideoPipeline", {
+        "transformer": ("diffusers", "WanTransformer3DModel", transformer),
+        "vae": ("diffusers", "AutoencoderKLWan", vae),
+        "text_encoder": ("transformers", "UMT5EncoderModel", text),
+        "tokenizer": ("tokenizer", "t5", {"vocab_size": text["vocab_size"]}),
+        "image_encoder": ("transformers", "CLIPVisionModel", image),
+        "image_processor": ("processor", "CLIPImageProcessor", processor),
+        "scheduler": ("scheduler", "UniPCMultistepScheduler", c.UNIPC_WAN)}, **kw)
+
+
 def _ltx(name, description, transformer, text, vae, **kw):
     """LTX-Video: LTXPipeline with a T5 v1.1 encoder (image-to-video: LTXImageToVideoPipeline.from_pipe)."""
     return OfflineModel(name, description, "LTXPipeline", {
@@ -225,6 +239,19 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {m.name: m for m in (
          notes="The VAE is diffusers' AutoencoderKLWan defaults (assumed equal to the checkpoint's vae/config.json); "
                "the transformer's count (1.42B on meta) follows from the published dims, the card's 1.3B is a "
                "rounded name; the tokenizer is the offline word-level T5 stand-in with UMT5's vocabulary size."),
+    _wan_i2v("tiny-wan-i2v", "Wan 2.1 I2V's classes at test widths: tiny-wan's transformer with 36 input channels "
+             "and a 32-wide image cross-attention, tiny-wan's VAE and UMT5, a 2-layer CLIPVisionModel (32 px, "
+             "patch 8) and its CLIPImageProcessor; renders 9 frames of 64x64 from an image in about a second.",
+             c.TINY_WAN_I2V_TRANSFORMER, c.tiny_t5(32), c.TINY_CLIP_VISION, c.TINY_CLIP_IMAGE_PROCESSOR,
+             c.TINY_WAN_VAE),
+    _wan_i2v("wan2.1-i2v-14b-arch", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers architecture (transformer 40 layers of "
+             "5120, FFN 13824, 36 input channels, CLIP image cross-attention; UMT5-XXL encoder; CLIP ViT-H/14 "
+             "image encoder; Wan VAE), random weights.", c.WAN_I2V_14B_TRANSFORMER, c.UMT5_XXL,
+             c.CLIP_VIT_H_VISION, c.CLIP_IMAGE_PROCESSOR, c.WAN_VAE, disk=False,
+             published_params={"text_encoder": 5.68e9},
+             notes="The transformer's count (16.4B on meta) follows from the published dims (the card's 14B is "
+                   "the model's name); the image encoder is OpenCLIP ViT-H/14's vision tower without its "
+                   "projection (0.63B); the VAE is diffusers' AutoencoderKLWan defaults."),
     _ltx("tiny-ltx", "LTX-Video's classes at test widths: a 2-layer LTXVideoTransformer3DModel (32 wide), the LTX "
          "VAE at width 8 with the real 32x spatial / 8x temporal compression, a 2-layer T5 encoder.",
          c.TINY_LTX_TRANSFORMER, c.tiny_t5(32), c.TINY_LTX_VAE),

@@ -27,7 +27,7 @@ log = logging.getLogger("renderfarm.worker")
 
 def prepare_video_renderer(model: str, device: str = "auto", recipe_name: str = "exact", overrides: str = "",
                            pool: PoolOptions | None = None, *, family: str) -> tuple[VideoRenderer, dict]:
-    """Load video ``model`` (family ``family``: ``wan`` or ``ltx``) on ``device`` with its video recipe.
+    """Load video ``model`` (family ``family``: ``wan``, ``wan-i2v`` or ``ltx``) on ``device`` with its video recipe.
 
     Args:
         model: an offline name (``tiny-wan``, ``tiny-ltx``, ``wan2.1-t2v-1.3b-arch``, ``ltx-video-arch``),

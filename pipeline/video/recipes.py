@@ -45,7 +45,10 @@ class VideoFit:
 
 #: Wan 2.1 T2V 1.3B: transformer 1.42B + UMT5-XXL 5.68B in bfloat16, VAE 0.13B in float32 (14.7 GB).
 #: LTX-Video 2B: transformer 1.92B + T5-XXL 4.76B + VAE 0.42B in bfloat16 (14.2 GB).
-VIDEO_FITS: dict[str, VideoFit] = {"wan": VideoFit(14.7, vae_float32=True), "ltx": VideoFit(14.2)}
+#: Wan 2.1 I2V 14B: transformer 16.39B + UMT5-XXL 5.68B + CLIP ViT-H/14 vision 0.63B in bfloat16, VAE 0.13B in
+#: float32 (45.9 GB; the card loads the image encoder in float32 too, 1.3 GB more, here it follows the dtype).
+VIDEO_FITS: dict[str, VideoFit] = {"wan": VideoFit(14.7, vae_float32=True), "ltx": VideoFit(14.2),
+                                   "wan-i2v": VideoFit(45.9, vae_float32=True)}
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ _KNOBS = tuple(f.name for f in fields(VideoRecipe) if f.name not in ("name", "fa
 def video_recipe(profile: DeviceProfile, name: str, family: str, overrides: Mapping[str, Any] | str | None = None,
                  model: str = "") -> VideoRecipe:
     """The video recipe for ``profile``, recipe ``name`` (``exact``, ``fast``, ``baseline`` or a
-    device class of :data:`pipeline.recipes.RECIPES`) and ``family`` (``wan`` or ``ltx``), with
+    device class of :data:`pipeline.recipes.RECIPES`) and ``family`` (``wan``, ``wan-i2v`` or ``ltx``), with
     ``overrides`` (a dict or JSON object of :data:`_KNOBS`) applied.
 
     Raises:

@@ -1,9 +1,10 @@
-"""The video renderer: one pinned video pipeline (Wan 2.1, LTX-Video), one call per request.
+"""The video renderer: one pinned video pipeline (Wan 2.1, Wan 2.1 I2V, LTX-Video), one call per request.
 
 Place in the data flow: worker → render stage (``worker.render_stage.Renderer`` protocol) →
 :class:`VideoRenderer` (here) → diffusers ``WanPipeline`` / ``LTXPipeline`` (or, for a request with
 ``init_image``, ``LTXImageToVideoPipeline.from_pipe``: the same component objects, no second copy
-of the weights) → the first frame as a PIL image carrying every frame
+of the weights) or ``WanImageToVideoPipeline`` (the pinned pipeline is the image-to-video one: every
+request's ``init_image`` is its ``image``) → the first frame as a PIL image carrying every frame
 (:func:`infra.video.attach_frames`) → the post stage, which encodes the video.
 
 Each request renders alone (batch 1: a clip's latents are ``num_frames`` images' worth), with its
@@ -13,7 +14,9 @@ every device. Every denoising step is reported through ``on_step(step, total)`` 
 pipeline call between two steps and propagates.
 
 A request that is not a video (the worker's warm-up renders, :func:`pipeline.warm.warm_up`) renders
-the family's shortest clip, ``frame_step + 1`` frames (:data:`infra.video.VIDEO_RULES`).
+the family's shortest clip, ``frame_step + 1`` frames (:data:`infra.video.VIDEO_RULES`); for a
+family that needs an image (``needs_image``: Wan 2.1 I2V) from a uniform grey (128) image of the
+request's size.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from pipeline.schedulers import scheduler_name
 
 #: Family → the diffusers image-to-video pipeline made from the pinned one with ``from_pipe``.
 I2V_PIPELINES = {"ltx": "LTXImageToVideoPipeline"}
+#: The first frame a warm-up render of an image-to-video-only family starts from (RGB).
+WARM_UP_GREY = (128, 128, 128)
 
 
 def frames_to_uint8(frames: np.ndarray) -> np.ndarray:
@@ -48,7 +53,7 @@ class VideoRenderer:
     """Renders video requests with one warm diffusers video pipeline.
 
     Args:
-        pipe: a loaded ``WanPipeline`` or ``LTXPipeline`` (recipe applied).
+        pipe: a loaded ``WanPipeline``, ``WanImageToVideoPipeline`` or ``LTXPipeline`` (recipe applied).
         model: the model name the worker pinned. device: where it runs (torch device string).
     Attributes set by :func:`pipeline.video.prepare.prepare_video_renderer`: ``recipe`` (the
     recipe with its report), ``max_batch_size`` (1), ``limits``, ``pool``, ``compiler_warm_up``
@@ -109,8 +114,8 @@ class VideoRenderer:
 
         Raises:
             ValueError: a request this family cannot render (the reason named: no seed, a frame count
-                off the family's rule, image-to-video on a family without it, no input loader, a
-                scheduler other than the pipeline's own).
+                off the family's rule, image-to-video on a family without it, a video without the
+                ``init_image`` its family needs, no input loader, a scheduler other than the pipeline's own).
             whatever ``on_step`` raises (the render stops between two denoising steps).
         """
         return [self._render_one(r, on_step) for r in requests]
@@ -140,6 +145,8 @@ class VideoRenderer:
             "frame_rate": fps}
         if request.init_image is not None:
             kwargs["image"] = self._init_image(request)
+        elif self.rules.needs_image:  # a warm-up (video requests without an image were refused in _shape)
+            kwargs["image"] = PIL.Image.new("RGB", (request.width, request.height), WARM_UP_GREY)
         params = call_parameters(pipe)
         kwargs = {k: v for k, v in kwargs.items() if k in params}
         with torch.inference_mode():
@@ -179,7 +186,7 @@ class VideoRenderer:
         return int(measured["max_frames"] * measured["width"] * measured["height"] / (width * height))
 
     def _pipeline_for(self, request: RenderRequest):
-        if request.init_image is None:
+        if request.init_image is None or self.rules.needs_image:  # wan-i2v: the pinned pipeline is the I2V one
             return self.pipe
         name = I2V_PIPELINES.get(self.family or "")
         if name is None or not self.rules.i2v:

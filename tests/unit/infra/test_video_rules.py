@@ -100,3 +100,21 @@ def test_routing_refuses_what_the_video_pool_cannot_render():
         router.route_all([video(model="x/wan", num_frames=17), video(model="x/wan", num_frames=21, width=72)])
     [error] = caught.value.errors
     assert error["index"] == 1 and error["type"] == "size_not_multiple"
+
+
+def test_wan_i2v_needs_an_init_image_and_routing_refuses_a_clip_without_one():
+    image = "inputs/" + "c" * 64 + ".png"
+    [missing] = video_errors(video(model="tiny-wan-i2v", num_frames=9), "wan-i2v")
+    assert (missing["type"], missing["field"]) == ("needs_init_image", "init_image")
+    assert "image-to-video only: send an init_image" in missing["msg"]
+    assert video_errors(video(model="tiny-wan-i2v", num_frames=9, init_image=image), "wan-i2v") == []
+    [rule] = video_errors(video(model="tiny-wan-i2v", num_frames=8, init_image=image), "wan-i2v")
+    assert rule["type"] == "frames_rule" and "ask for 5 or 9" in rule["msg"]
+    filled = with_video_defaults(RenderRequest(prompt="x", model="tiny-wan-i2v", init_image=image), "wan-i2v")
+    assert (filled.kind, filled.num_frames, filled.fps) == ("video", 81, 16)  # the Wan 2.1 I2V card's clip
+    assert not VIDEO_RULES["wan"].needs_image and not VIDEO_RULES["ltx"].needs_image
+    router = Router([PoolSpec(name="i2v", model="tiny-wan-i2v", family="wan-i2v", max_pixels=128 * 128)])
+    assert router.route_all([video(model="tiny-wan-i2v", num_frames=9, init_image=image)]) == ["i2v"]
+    with pytest.raises(NoPoolError) as caught:
+        router.route_all([video(model="tiny-wan-i2v", num_frames=9)])
+    assert [e["type"] for e in caught.value.errors] == ["needs_init_image"]
