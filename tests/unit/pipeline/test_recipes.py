@@ -138,7 +138,9 @@ def test_table_is_data_and_every_rule_names_a_recipe():
     assert [device_class(p) for p in (cuda(40, (8, 0)), cuda(12, (8, 6)), cuda(11.9, (8, 6)))] == \
         ["cuda-large", "cuda-mid", "cuda-small"]
     assert device_class(DeviceProfile(kind="xpu", total_memory_bytes=16 * GB)) == "accelerator"
-    assert set(FAMILY_FITS) == set(FAMILY_SPECS)
+    from pipeline.video.recipes import VIDEO_FITS  # video families fit through the video recipes
+
+    assert set(FAMILY_FITS) | set(VIDEO_FITS) == set(FAMILY_SPECS) and not set(FAMILY_FITS) & set(VIDEO_FITS)
 
 
 # --- exactness -------------------------------------------------------------------------------
