@@ -38,7 +38,8 @@ from pipeline.recipes.table import FAMILY_FITS, RECIPE_TABLE, RECIPES, FamilyFit
 
 __all__ = ["ATTENTION", "BASELINE", "COMPILE_MODES", "DTYPES", "FAMILY_FITS", "OPTIMIZATIONS", "QUANTIZATION",
            "RECIPES", "RECIPE_TABLE", "FamilyFit", "Optimization", "Recipe", "Rule", "apply_overrides",
-           "device_class", "fit_adapters", "overrides_from_env", "recipe_for", "resolve_conflicts", "select_recipe"]
+           "device_class", "fit_adapters", "overrides_from_env", "parse_overrides", "recipe_for", "resolve_conflicts",
+           "select_recipe"]
 OVERRIDES_ENV = "RENDERFARM_RECIPE_OVERRIDES"
 BASELINE = Recipe()
 
@@ -213,17 +214,30 @@ def select_recipe(profile: DeviceProfile, allow_approximate: bool = False,
     return apply_overrides(recipe, overrides, allow_approximate) if overrides else recipe
 
 
+def parse_overrides(overrides: Mapping[str, Any] | str | None) -> Mapping[str, Any]:
+    """Recipe overrides as a mapping: a JSON object's text parsed, None or blank text as ``{}``
+    (the image and the video recipes read them alike).
+
+    Raises:
+        ValueError: text that is not JSON, or JSON that is not an object.
+    """
+    if isinstance(overrides, str):
+        overrides = json.loads(overrides) if overrides.strip() else {}
+    if not overrides:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"recipe overrides must be a JSON object, got {type(overrides).__name__}")
+    return overrides
+
+
 def apply_overrides(recipe: Recipe, overrides: Mapping[str, Any] | str | None,
                     allow_approximate: bool = False) -> Recipe:
     """``recipe`` with configured knob values. Unknown fields and bad values raise ValueError; so
     does turning on an approximate knob when ``allow_approximate`` is false. ``compile_unet`` is
     accepted as the old name of ``compile_denoiser``."""
-    if isinstance(overrides, str):
-        overrides = json.loads(overrides) if overrides.strip() else {}
+    overrides = parse_overrides(overrides)
     if not overrides:
         return recipe
-    if not isinstance(overrides, Mapping):
-        raise ValueError(f"recipe overrides must be a JSON object, got {type(overrides).__name__}")
     overrides = {ALIASES.get(k, k): v for k, v in overrides.items()}
     knobs = knob_names()
     unknown = sorted(k for k in overrides if k not in knobs)

@@ -25,13 +25,12 @@ this module's table (:data:`VIDEO_FITS`, :data:`VIDEO_DEVICE`):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from pipeline.device import GB, DeviceProfile
-from pipeline.recipes import COMPILE_MODES, DTYPES, recipe_for
+from pipeline.recipes import COMPILE_MODES, DTYPES, parse_overrides, recipe_for
 
 
 @dataclass(frozen=True)
@@ -142,12 +141,9 @@ def video_recipe(profile: DeviceProfile, name: str, family: str, overrides: Mapp
 
 def apply_video_overrides(recipe: VideoRecipe, overrides: Mapping[str, Any] | str | None) -> VideoRecipe:
     """``recipe`` with configured knob values (see :func:`video_recipe`'s errors)."""
-    if isinstance(overrides, str):
-        overrides = json.loads(overrides) if overrides.strip() else {}
+    overrides = parse_overrides(overrides)
     if not overrides:
         return recipe
-    if not isinstance(overrides, Mapping):
-        raise ValueError(f"recipe overrides must be a JSON object, got {type(overrides).__name__}")
     unknown = sorted(k for k in overrides if k not in _KNOBS)
     if unknown:
         raise ValueError(f"unknown video recipe field(s) in overrides: {', '.join(unknown)}; "
