@@ -6,7 +6,7 @@ and how long it may go without a step (the watchdog's stall limit, :mod:`worker.
 
 A fixed timeout fits images, whose renders take seconds; a video job takes minutes (frames ×
 pixels × steps), so both limits grow with the group's estimated seconds, the estimate the quotas
-charge (:func:`infra.state.quota.job_cost_s` × :func:`infra.video.frames_factor`, at the pool's
+charge (:func:`infra.state.quota.request_cost_s`, at the pool's
 ``s_per_mpx_step``). The configured limits (``RENDERFARM_JOB_TIMEOUT_S``,
 ``RENDERFARM_RENDER_STALL_S``) stay the floor, so images keep them.
 
@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra.schemas import RenderRequest
-from infra.state.quota import job_cost_s
-from infra.video import frames_factor
+from infra.state.quota import request_cost_s
 
 #: A render may take this many times its estimate before it is stopped (estimates are per pool,
 #: from ``s_per_mpx_step``, and a device runs slower while it shares its memory or heats up).
@@ -40,10 +39,9 @@ class RenderBudget:
 
 def estimate_s(requests: Sequence[RenderRequest], s_per_mpx_step: float) -> float:
     """Estimated seconds of one pipeline call rendering ``requests`` (one group: the same size,
-    steps and frames): the sum of their quota costs, ``s_per_mpx_step`` × megapixels × steps ×
-    frames each."""
-    return sum(job_cost_s(r.width, r.height, r.num_inference_steps, s_per_mpx_step) * frames_factor(r)
-               for r in requests)
+    steps and frames): the sum of their quota costs (:func:`infra.state.quota.request_cost_s`:
+    ``s_per_mpx_step`` × megapixels × steps run × frames each)."""
+    return sum(request_cost_s(r, s_per_mpx_step) for r in requests)
 
 
 def render_budget(requests: Sequence[RenderRequest], *, s_per_mpx_step: float, job_timeout_s: float,

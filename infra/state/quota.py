@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
 
 from infra import keys
+from infra.video import frames_factor
 
 #: Bytes a job's record holds in Redis besides its request's JSON: its other fields (state, times,
 #: attempt, worker, epoch, the result or error written when it ends), the hash's and its entries'
@@ -95,6 +96,15 @@ return 1
 def job_cost_s(width: int, height: int, steps: int, s_per_mpx_step: float) -> float:
     """Estimated accelerator seconds of one render: ``s_per_mpx_step`` × megapixels × steps."""
     return s_per_mpx_step * width * height / 1e6 * steps
+
+
+def request_cost_s(request: Any, s_per_mpx_step: float) -> float:
+    """Estimated accelerator seconds of ``request`` (a RenderRequest): :func:`job_cost_s` at the
+    steps it runs (img2img and inpainting about ``num_inference_steps × strength``, at least 1),
+    times its frames for a video (:func:`infra.video.frames_factor`). What the quota charges and
+    what a worker's time budgets scale by (``worker.budgets``)."""
+    steps = request.num_inference_steps * (request.effective_strength or 1.0)
+    return job_cost_s(request.width, request.height, max(1, round(steps)), s_per_mpx_step) * frames_factor(request)
 
 
 def job_bytes(request_json: str) -> int:

@@ -34,9 +34,9 @@ from infra.schemas import MAX_SEED, BatchAccepted, RenderRequest
 from infra.state import catalog_index
 from infra.state.durable import DurableAck
 from infra.state.job_store import PUBLIC_TENANT, JobStore, NewJob
-from infra.state.quota import Quotas, job_bytes, job_cost_s
+from infra.state.quota import Quotas, job_bytes, request_cost_s
 from infra.submission.input_refs import InputResolver
-from infra.video import frames_factor, with_video_defaults
+from infra.video import with_video_defaults
 
 #: Delete an idempotency claim only while it is still this submission's (KEYS[1], ARGV[1] = claim).
 _UNCLAIM = """
@@ -158,8 +158,7 @@ class Submitter:
         times its frames, :func:`infra.video.frames_factor`)."""
         spec = self.router.spec(pool)
         rate = spec.s_per_mpx_step if spec is not None and spec.s_per_mpx_step else self.s_per_mpx_step
-        steps = request.num_inference_steps * (request.effective_strength or 1.0)  # img2img runs steps × strength
-        return job_cost_s(request.width, request.height, max(1, round(steps)), rate) * frames_factor(request)
+        return request_cost_s(request, rate)
 
     def _new_jobs(self, batch_id: str, requests: Sequence[RenderRequest], pools: Sequence[str]) -> list[NewJob]:
         """The jobs of ``batch_id`` (ids in its shard) with their quota costs: estimated GPU-seconds
